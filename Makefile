@@ -1,0 +1,35 @@
+# `make synth` and `make test` set up .venv on first use. Each set-up step leaves a stamp file in
+# .venv and is redone only when pyproject.toml changes or .venv is removed, so later runs start at once.
+PYTHON ?= python3
+VENV := .venv
+VENV_PYTHON := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed.stamp
+REFERENCE_INSTALLED := $(VENV)/.reference-installed.stamp
+
+.PHONY: synth test
+
+# The bundled model's random weights seldom end speech on their own, so every row would run to the
+# default cap (minutes on CPU); 30 frames (2.4 s of audio) a row keeps the demo well under a minute.
+synth: $(INSTALLED)
+	$(VENV)/bin/tts synth examples/corpus.txt --out out/example --max-frames 30
+
+test: $(INSTALLED) $(REFERENCE_INSTALLED)
+	$(VENV_PYTHON) -m pytest -q
+
+$(VENV_PYTHON):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: 2.13.0 is a CPU wheel on local disk here, while an unpinned torch
+# requirement would pull a multi-GB CUDA build.
+$(INSTALLED): pyproject.toml | $(VENV_PYTHON)
+	$(VENV_PYTHON) -m pip install torch==2.13.0
+	$(VENV_PYTHON) -m pip install -e '.[test]'
+	touch $@
+
+# The official implementation, for the test that compares against it live. Its code breaks on
+# transformers after 5.17; --no-deps because it declares torchaudio (which brings another torch),
+# gradio, librosa and more, none of which running its model needs.
+$(REFERENCE_INSTALLED): $(INSTALLED)
+	$(VENV_PYTHON) -m pip install transformers==5.17.0
+	$(VENV_PYTHON) -m pip install --no-deps qwen-tts-hf==0.1.1.post1 einops accelerate==1.12.0
+	touch $@

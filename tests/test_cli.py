@@ -1,0 +1,272 @@
+"""`tts` end to end: with a fake synthesizer for the CLI's own logic, and with the bundled tiny model."""
+import importlib.util
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+import torch
+from typer.testing import CliRunner
+
+from tts_cli import __version__, cli
+from tts_cli.errors import CheckpointError, RequestError
+from tts_cli.request import Result
+
+SAMPLES_PER_FRAME = 1920
+runner = CliRunner()
+
+real_model_missing = importlib.util.find_spec("tts_cli.synthesizer") is None or not (
+    cli.BUNDLED_MODEL_DIR / "config.json").is_file()
+needs_real_model = pytest.mark.skipif(
+    real_model_missing, reason="tts_cli/synthesizer.py or the bundled tiny model is not there yet")
+
+
+class FakeSynthesizer:
+    """The Synthesizer interface with made-up audio: frames = text length mod 5 + 2."""
+    speakers = ["ryan", "vivian"]
+    languages = ["auto", "chinese", "english"]
+    supports_instruct = True
+    sample_rate = 24000
+
+    def __init__(self):
+        self.batches = []
+
+    def validate(self, request):
+        if request.speaker not in self.speakers:
+            raise RequestError(f"unknown speaker {request.speaker!r}; valid: {', '.join(self.speakers)}")
+        if request.language not in self.languages:
+            raise RequestError(f"unknown language {request.language!r}; valid: {', '.join(self.languages)}")
+
+    def synthesize(self, requests, greedy=False, max_frames=None):
+        self.batches.append([r.id for r in requests])
+        if len(requests) > 1 and any("boom" in r.text for r in requests):
+            raise RequestError("a row of this batch is bad")
+        if any("boom" in r.text for r in requests):
+            raise RequestError("boom is not speakable")
+        results = []
+        for r in requests:
+            frames = len(r.text) % 5 + 2
+            hit_cap = max_frames is not None and frames >= max_frames
+            frames = min(frames, max_frames or frames)
+            audio = 0.3 * np.sin(np.arange(frames * SAMPLES_PER_FRAME, dtype=np.float32) / 10)
+            results.append(Result(r.id, torch.zeros(frames, 16, dtype=torch.int64), audio, hit_cap))
+        return results
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    synth = FakeSynthesizer()
+    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device: synth)
+    monkeypatch.delenv("TTS_MODEL", raising=False)
+    (tmp_path / "model").mkdir()
+    return synth
+
+
+def _invoke(*args, env=None):
+    return runner.invoke(cli.app, [str(a) for a in args], env=env)
+
+
+def _assert_outputs_consistent(out, report):
+    """Every ok row has a 24 kHz WAV of frames * 1920 samples; report.md lists every row."""
+    markdown = (out / "report.md").read_text()
+    for row in report["rows"]:
+        assert f"| {row['id']} |" in markdown
+        if row["error"] is None:
+            audio, rate = sf.read(out / row["file"])
+            assert rate == 24000
+            assert len(audio) == row["frames"] * SAMPLES_PER_FRAME
+            assert row["audio_seconds"] == pytest.approx(len(audio) / 24000, abs=1e-3)
+        else:
+            assert row["file"] is None
+            assert f"error: {row['error']}" in markdown
+    totals = report["totals"]
+    assert totals["ok"] + totals["failed"] == totals["rows"] == len(report["rows"])
+    assert totals["audio_seconds"] == pytest.approx(sum(r["audio_seconds"] or 0 for r in report["rows"]), abs=1e-2)
+    assert totals["xrt"] == totals["audio_seconds_per_second"]
+    assert f"| {totals['ok']} | {totals['failed']} | {totals['skipped_empty']} |" in markdown
+    assert "xRT = audio_seconds / wall_seconds" in markdown
+
+
+def test_synth_writes_a_wav_per_row_and_both_reports(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n\nsecond\tGood bye.\n../escape\tNot outside.\n")
+    out = tmp_path / "out"
+    result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model", "--batch-size", 2)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [(r["id"], r["file"]) for r in report["rows"]] == [
+        ("000001", "000001.wav"), ("second", "second.wav"), ("../escape", "___escape.wav")]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "000001.wav", "___escape.wav", "report.json", "report.md", "second.wav"]
+    assert report["totals"]["skipped_empty"] == 1
+    assert report["model"] == {"dir": str(tmp_path / "model"), "source": "--model", "bundled_random_model": False}
+    assert fake.batches == [["000001", "second"], ["../escape"]]
+    _assert_outputs_consistent(out, report)
+    assert "3 rows ok, 0 failed, 1 empty skipped" in result.stdout
+
+
+def test_invalid_rows_fail_with_the_valid_values_and_others_go_on(fake, tmp_path):
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "d"], "text": ["One.", "Two.", "Three boom.", "Four."],
+                             "speaker": [None, "nobody", None, None],
+                             "language": [None, None, None, "klingon"]}), manifest)
+    out = tmp_path / "out"
+    result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model")
+    assert result.exit_code == 1, result.output
+    report = json.loads((out / "report.json").read_text())
+    errors = {r["id"]: r["error"] for r in report["rows"]}
+    assert errors == {"a": None, "b": "unknown speaker 'nobody'; valid: ryan, vivian",
+                      "c": "boom is not speakable", "d": "unknown language 'klingon'; valid: auto, chinese, english"}
+    # The failing batch is retried row by row, so its good row still gets audio.
+    assert fake.batches == [["a", "c"], ["a"], ["c"]]
+    assert "row b: unknown speaker 'nobody'; valid: ryan, vivian" in result.stderr
+    _assert_outputs_consistent(out, report)
+
+
+def test_max_frames_and_greedy_reach_the_synthesizer_and_the_report(fake, tmp_path, monkeypatch):
+    seen = {}
+    synthesize = fake.synthesize
+
+    def spy(requests, greedy=False, max_frames=None):
+        seen.update(greedy=greedy, max_frames=max_frames, seeds=[r.seed for r in requests])
+        return synthesize(requests, greedy=greedy, max_frames=max_frames)
+
+    monkeypatch.setattr(fake, "synthesize", spy)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("A long enough sentence.\n\nAnother.\n")
+    out = tmp_path / "out"
+    result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model",
+                     "--greedy", "--max-frames", 3, "--seed", 40)
+    assert result.exit_code == 0, result.output
+    assert seen == {"greedy": True, "max_frames": 3, "seeds": [40, 42]}
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["greedy"] is True and report["settings"]["max_frames"] == 3
+    assert all(r["frames"] <= 3 for r in report["rows"])
+
+
+def test_bundled_model_is_used_with_a_random_weights_warning(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "BUNDLED_MODEL_DIR", tmp_path / "model")
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "random weights: its audio is noise; pass --model or set TTS_MODEL" in result.stderr
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["model"]["bundled_random_model"] is True
+    assert "random weights: its audio is noise" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_model_option_wins_over_env_and_env_over_bundled(tmp_path, monkeypatch):
+    monkeypatch.setenv("TTS_MODEL", str(tmp_path))
+    assert cli.resolve_model(None).source == "$TTS_MODEL"
+    assert cli.resolve_model(tmp_path).source == "--model"
+    monkeypatch.setenv("TTS_MODEL", "")
+    monkeypatch.setattr(cli, "BUNDLED_MODEL_DIR", tmp_path)
+    assert cli.resolve_model(None).source == "bundled"
+
+
+def _assert_one_red_line(result, message):
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert result.stderr.strip() == f"error: {message}"
+
+
+def test_missing_model_dir_names_the_path(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "no-such-model")
+    _assert_one_red_line(result, f"model directory not found: {tmp_path / 'no-such-model'} (from --model)")
+
+
+def test_missing_tts_model_dir_names_the_path_and_the_variable(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", env={"TTS_MODEL": str(tmp_path / "gone")})
+    _assert_one_red_line(result, f"model directory not found: {tmp_path / 'gone'} (from $TTS_MODEL)")
+
+
+def test_bad_manifest_fails_before_the_model_loads(tmp_path, monkeypatch):
+    def must_not_load(model_dir, device):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "load_synthesizer", must_not_load)
+    (tmp_path / "model").mkdir()
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": ["a"]}), manifest)
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
+    _assert_one_red_line(result, f"{manifest}: missing required column 'text' (columns present: id)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_manifest_of_empty_lines_is_an_error(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("\n  \n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
+    _assert_one_red_line(result, f"{manifest}: no non-empty rows (2 empty rows skipped)")
+
+
+def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
+    def broken(model_dir, device):
+        raise CheckpointError(f"{model_dir / 'config.json'}: not valid JSON")
+
+    monkeypatch.setattr(cli, "load_synthesizer", broken)
+    (tmp_path / "model").mkdir()
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
+    _assert_one_red_line(result, f"{tmp_path / 'model' / 'config.json'}: not valid JSON")
+
+
+@pytest.mark.parametrize("device, message", [
+    ("toaster", "--device 'toaster': Expected one of"),
+    pytest.param("cuda", "--device 'cuda': torch reports no CUDA device on this machine",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_unusable_device_is_one_red_line(fake, tmp_path, device, message):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--device", device)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(f"error: {message}")
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command, issue", [("bench", "engine"), ("verify-golden", "quality")])
+def test_unimplemented_commands_say_so(command, issue):
+    help_result = _invoke(command, "--help")
+    assert help_result.exit_code == 0
+    assert f"Not implemented yet (issue: {issue})" in help_result.output
+    result = _invoke(command, "--rows", "64")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"tts {command}: not implemented yet (issue: {issue})"
+
+
+def test_version_and_help():
+    assert _invoke("--version").stdout.strip() == f"tts {__version__}"
+    help_text = _invoke("synth", "--help").output
+    assert "1 some rows failed" in help_text and "--max-frames" in help_text
+
+
+@needs_real_model
+def test_bundled_model_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.delenv("TTS_MODEL", raising=False)
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "d"],
+                             "text": ["The birch canoe slid on the smooth planks.", "Hello.", "", "Rice bowls."],
+                             "speaker": [None, "nobody", None, None],
+                             "language": [None, None, None, "english"]}), manifest)
+    out = tmp_path / "out"
+    result = _invoke("synth", manifest, "--out", out, "--max-frames", 6, "--batch-size", 2)
+    assert result.exit_code == 1, result.output
+    assert "random weights: its audio is noise" in result.stderr
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["id"]: r for r in report["rows"]}
+    assert rows.keys() == {"a", "b", "d"}
+    assert rows["a"]["error"] is None and rows["d"]["error"] is None
+    assert "nobody" in rows["b"]["error"] and "vivian" in rows["b"]["error"]
+    assert 1 <= rows["a"]["frames"] <= 6
+    assert report["totals"]["skipped_empty"] == 1
+    assert report["model"]["bundled_random_model"] is True
+    _assert_outputs_consistent(out, report)

@@ -1,0 +1,97 @@
+"""Manifest files -> Requests: formats, default ids and seeds, empty rows, and the errors."""
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tts_cli.errors import TTSError
+from tts_cli.manifest import RowDefaults, read_manifest
+
+DEFAULTS = RowDefaults(speaker="Vivian", language="auto", base_seed=100)
+
+
+def _write_parquet(path, columns):
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_txt_ids_default_to_zero_padded_line_numbers_and_empty_lines_are_counted(tmp_path):
+    path = tmp_path / "m.txt"
+    path.write_text("\ufeffFirst line.\n\n   \nintro\tSecond line.\n\t\nThird line.  \n", encoding="utf-8")
+    manifest = read_manifest(path, DEFAULTS)
+    assert [(r.id, r.text) for r in manifest.requests] == [
+        ("000001", "First line."), ("intro", "Second line."), ("000006", "Third line.")]
+    assert manifest.skipped_empty == 3   # a blank line, a whitespace line, an id with no text
+    assert [r.seed for r in manifest.requests] == [100, 103, 105]   # base seed + 0-based line index
+    assert {(r.speaker, r.language, r.instruct) for r in manifest.requests} == {("vivian", "auto", None)}
+
+
+def test_txt_text_may_contain_tabs_after_the_id(tmp_path):
+    path = tmp_path / "m.txt"
+    path.write_text("a\tone\ttwo\n", encoding="utf-8")
+    assert [(r.id, r.text) for r in read_manifest(path, DEFAULTS).requests] == [("a", "one\ttwo")]
+
+
+def test_parquet_optional_columns_fall_back_to_defaults(tmp_path):
+    path = _write_parquet(tmp_path / "m.parquet", {
+        "id": [7, None, 9, 10],
+        "text": ["Hello.", "World.", "  ", "Again."],
+        "speaker": ["Ryan", None, "x", ""],
+        "language": [None, "English", None, "chinese"],
+        "instruct": [None, "whisper", None, ""],
+        "seed": [None, 5, None, 0],
+        "duration": [1.0, 2.0, 3.0, 4.0],
+    })
+    manifest = read_manifest(path, DEFAULTS)
+    rows = [(r.id, r.text, r.speaker, r.language, r.instruct, r.seed) for r in manifest.requests]
+    assert rows == [
+        ("7", "Hello.", "ryan", "auto", None, 100),
+        ("000002", "World.", "vivian", "english", "whisper", 5),
+        ("10", "Again.", "vivian", "chinese", None, 0),
+    ]
+    assert manifest.skipped_empty == 1
+    assert manifest.ignored_columns == ["duration"]
+
+
+def test_parquet_with_only_a_text_column(tmp_path):
+    path = _write_parquet(tmp_path / "m.parquet", {"text": ["a", None, "b"]})
+    manifest = read_manifest(path, DEFAULTS)
+    assert [(r.id, r.seed) for r in manifest.requests] == [("000001", 100), ("000003", 102)]
+    assert manifest.skipped_empty == 1
+
+
+def test_parquet_without_text_column_names_file_and_column(tmp_path):
+    path = _write_parquet(tmp_path / "m.parquet", {"id": ["a"], "sentence": ["Hello."]})
+    with pytest.raises(TTSError, match=r"m\.parquet: missing required column 'text' \(columns present: id, sentence\)"):
+        read_manifest(path, DEFAULTS)
+
+
+def test_unreadable_parquet_names_file(tmp_path):
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"not parquet at all")
+    with pytest.raises(TTSError, match=r"broken\.parquet: cannot read as parquet"):
+        read_manifest(path, DEFAULTS)
+
+
+def test_non_integer_seed_names_column_and_row(tmp_path):
+    path = _write_parquet(tmp_path / "m.parquet", {"id": ["a"], "text": ["Hi."], "seed": ["one"]})
+    with pytest.raises(TTSError, match=r"m\.parquet: column 'seed', row id 'a': expected an integer, got 'one'"):
+        read_manifest(path, DEFAULTS)
+
+
+def test_unknown_extension_names_accepted_ones(tmp_path):
+    path = tmp_path / "m.csv"
+    path.write_text("id,text\n")
+    with pytest.raises(TTSError, match=r"m\.csv: unsupported manifest type '\.csv'; accepted: \.txt, \.parquet"):
+        read_manifest(path, DEFAULTS)
+
+
+def test_missing_manifest_names_path(tmp_path):
+    with pytest.raises(TTSError, match=r"manifest not found: .*nope\.txt"):
+        read_manifest(tmp_path / "nope.txt", DEFAULTS)
+
+
+def test_txt_that_is_not_utf8_names_file(tmp_path):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes("caf\xe9\n".encode("latin-1"))
+    with pytest.raises(TTSError, match=r"latin1\.txt: cannot read as UTF-8 text"):
+        read_manifest(path, DEFAULTS)

@@ -1,0 +1,76 @@
+"""The samplers against Hugging Face's own logits processors, and the counter-based draws."""
+import pytest
+import torch
+from transformers.generation.logits_process import (MinNewTokensLengthLogitsProcessor,
+                                                    RepetitionPenaltyLogitsProcessor,
+                                                    SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
+                                                    TopKLogitsWarper, TopPLogitsWarper)
+
+from tts_cli.model.sampler import (SamplerSettings, TalkerLogitsProcessor, apply_top_k, gumbel_draw,
+                                   uniform_noise, warp)
+
+VOCAB, EOS = 3072, 2150
+
+
+def _history(batch, steps, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 2048, (batch, steps), generator=g)
+
+
+@pytest.mark.parametrize("steps", [0, 1, 5])
+def test_talker_processors_equal_hf_in_official_order(steps):
+    g = torch.Generator().manual_seed(steps)
+    logits = torch.randn(3, VOCAB, generator=g) * 3
+    history = _history(3, steps)
+    suppress = [i for i in range(VOCAB - 1024, VOCAB) if i != EOS]
+    hf = logits.clone()
+    for p in (RepetitionPenaltyLogitsProcessor(1.05),
+              MinNewTokensLengthLogitsProcessor(0, 2, torch.tensor([EOS])),
+              SuppressTokensLogitsProcessor(suppress),
+              TemperatureLogitsWarper(0.9), TopKLogitsWarper(50), TopPLogitsWarper(0.8)):
+        hf = p(history, hf)
+    seen = torch.zeros(3, VOCAB, dtype=torch.bool)
+    seen.scatter_(1, history, True)
+    processed = TalkerLogitsProcessor(VOCAB, EOS, 1.05, "cpu")(logits, seen, torch.full((3,), steps < 2))
+    assert torch.isinf(processed[:, EOS]).all() == (steps < 2)
+    ours = warp(processed, SamplerSettings(True, 0.9, 50, 0.8, 1.05))
+    assert torch.equal(torch.isinf(ours), torch.isinf(hf))
+    finite = torch.isfinite(hf)
+    torch.testing.assert_close(ours[finite], hf[finite], rtol=1e-6, atol=1e-6)
+
+
+def test_top_k_keeps_ties_at_the_boundary():
+    logits = torch.tensor([[5.0, 4.0, 3.0, 3.0, 3.0, 1.0]])
+    kept = torch.isfinite(apply_top_k(logits, 3))
+    assert kept.tolist() == [[True, True, True, True, True, False]]
+    hf = TopKLogitsWarper(3)(torch.zeros(1, 0, dtype=torch.long), logits.clone())
+    assert torch.equal(kept, torch.isfinite(hf))
+
+
+def test_noise_is_a_pure_function_of_seed_frame_group_token():
+    a = uniform_noise(torch.tensor([7, 8, 9]), frame=3, group=2, vocab=100)
+    alone = uniform_noise(torch.tensor([8]), frame=3, group=2, vocab=100)
+    assert torch.equal(a[1], alone[0])                       # batch mates do not matter
+    assert not torch.equal(a[0], a[1])                       # seeds differ
+    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 4, 2, 100))   # frames differ
+    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 3, 1, 100))   # groups differ
+    big = uniform_noise(torch.tensor([2**40 + 1, 1]), 0, 0, 10)
+    assert not torch.equal(big[0], big[1])                   # the high 32 bits of a seed count
+    assert 0 < a.min() and a.max() < 1
+
+
+def test_gumbel_draws_follow_the_softmax():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    seeds = torch.arange(40000)
+    logits = probs.log().expand(len(seeds), -1)
+    draws = gumbel_draw(logits, seeds, frame=0, group=0)
+    freq = torch.bincount(draws, minlength=4).float() / len(seeds)
+    assert torch.allclose(freq, probs, atol=0.01), freq
+
+
+def test_gumbel_never_draws_a_masked_token():
+    logits = torch.full((500, 6), float("-inf"))
+    logits[:, 2] = 0.0
+    logits[:, 4] = 0.0
+    draws = gumbel_draw(logits, torch.arange(500), 1, 1)
+    assert set(draws.tolist()) == {2, 4}

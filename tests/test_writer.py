@@ -1,0 +1,59 @@
+"""WAV file names from row ids, and atomic WAV writes."""
+import numpy as np
+import pytest
+import soundfile as sf
+
+from tts_cli.output.writer import sanitize_id, wav_names, write_atomically, write_wav
+
+
+@pytest.mark.parametrize("row_id, stem", [
+    ("000001", "000001"),
+    ("../x", "___x"),
+    ("a/b", "a_b"),
+    ("a\\b", "a_b"),
+    ("..", "__"),
+    (".hidden", "_hidden"),
+    ("v1.2-final_take", "v1.2-final_take"),
+    ("héllo wörld", "h_llo_w_rld"),
+    ("", "_"),
+])
+def test_sanitize_id_keeps_safe_characters_only(row_id, stem):
+    assert sanitize_id(row_id) == stem
+
+
+def test_sanitize_id_caps_length():
+    assert len(sanitize_id("x" * 1000)) == 200
+
+
+def test_colliding_ids_get_distinct_names_in_order():
+    assert wav_names(["a/b", "a_b", "A_B", "a_b_2", "c"]) == [
+        "a_b.wav", "a_b_2.wav", "A_B_3.wav", "a_b_2_2.wav", "c.wav"]
+
+
+def test_write_wav_is_16_bit_at_the_given_rate_and_leaves_no_temp_file(tmp_path):
+    audio = (0.5 * np.sin(np.linspace(0, 100, 3840))).astype(np.float32)
+    write_wav(tmp_path / "x.wav", audio, 24000)
+    info = sf.info(tmp_path / "x.wav")
+    assert (info.samplerate, info.frames, info.subtype, info.format) == (24000, 3840, "PCM_16", "WAV")
+    decoded, _ = sf.read(tmp_path / "x.wav", dtype="float32")
+    assert np.abs(decoded - audio).max() < 1e-4
+    assert [p.name for p in tmp_path.iterdir()] == ["x.wav"]
+
+
+def test_failed_write_keeps_the_old_file_and_removes_the_temp_file(tmp_path):
+    target = tmp_path / "r.json"
+    target.write_text("old")
+
+    def half_write(tmp):
+        tmp.write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        write_atomically(target, half_write)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_write_wav_into_missing_folder_raises_oserror(tmp_path):
+    with pytest.raises(OSError):
+        write_wav(tmp_path / "missing" / "x.wav", np.zeros(10, np.float32), 24000)

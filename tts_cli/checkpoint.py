@@ -1,0 +1,294 @@
+"""The official Qwen3-TTS-12Hz checkpoint layout -> typed configs and tensors.
+
+A checkpoint directory holds config.json, generation_config.json, model.safetensors (or shards
+with model.safetensors.index.json), the Qwen2 tokenizer files and speech_tokenizer/ (the codec).
+Every special id, speaker, language, dialect and sampling default is read from these files; a
+missing or malformed file raises CheckpointError naming it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tts_cli.errors import CheckpointError, UnsupportedModelError
+
+
+def read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"missing file: {path}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"malformed JSON in {path}: {e}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"malformed JSON in {path}: expected an object at the top level")
+    return data
+
+
+class _Fields:
+    """Reads typed fields from one JSON object, naming file and field in every error."""
+
+    def __init__(self, data: dict, where: str):
+        self.data, self.where = data, where
+
+    def get(self, key: str, kind: type | tuple, default: Any = ...) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise CheckpointError(f"{self.where}: missing field '{key}'")
+            return default
+        value = self.data[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise CheckpointError(f"{self.where}: field '{key}' should be {_kind_name(kind)}, got {value!r}")
+        return value
+
+    def sub(self, key: str) -> "_Fields":
+        return _Fields(self.get(key, dict), f"{self.where} -> {key}")
+
+
+def _kind_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """One Qwen3 decoder stack (the talker's or the code predictor's)."""
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+
+    @classmethod
+    def parse(cls, f: _Fields) -> "DecoderConfig":
+        hidden = f.get("hidden_size", int)
+        heads = f.get("num_attention_heads", int)
+        kv_heads = f.get("num_key_value_heads", int, heads)
+        if heads % kv_heads:
+            raise CheckpointError(f"{f.where}: num_attention_heads {heads} is not a multiple of "
+                                  f"num_key_value_heads {kv_heads}")
+        act = f.get("hidden_act", str, "silu")
+        if act != "silu":
+            raise CheckpointError(f"{f.where}: hidden_act '{act}' is not supported (only 'silu')")
+        layer_types = f.get("layer_types", list, [])
+        if any(t != "full_attention" for t in layer_types) or f.get("use_sliding_window", bool, False):
+            raise CheckpointError(f"{f.where}: sliding-window attention layers are not supported")
+        return cls(
+            hidden_size=hidden,
+            intermediate_size=f.get("intermediate_size", int),
+            num_layers=f.get("num_hidden_layers", int),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=f.get("head_dim", int, hidden // heads),
+            rms_norm_eps=f.get("rms_norm_eps", float, 1e-6),
+            rope_theta=f.get("rope_theta", float, 10000.0),
+            attention_bias=f.get("attention_bias", bool, False),
+        )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """config.json of a CustomVoice checkpoint: model shapes and every id the prompt needs."""
+    model_size: str                 # "1b7" or "0b6" as written in the checkpoint
+    talker: DecoderConfig
+    code_predictor: DecoderConfig
+    text_vocab_size: int
+    text_hidden_size: int
+    codec_vocab_size: int           # talker vocabulary: 2048 audio codes + specials
+    code_vocab_size: int            # code predictor vocabulary (per group)
+    num_code_groups: int
+    # text-side special ids
+    im_start_id: int
+    im_end_id: int
+    tts_pad_id: int
+    tts_bos_id: int
+    tts_eos_id: int
+    # codec-side special ids
+    codec_pad_id: int
+    codec_bos_id: int
+    codec_eos_id: int
+    codec_think_id: int
+    codec_nothink_id: int
+    codec_think_bos_id: int
+    codec_think_eos_id: int
+    speaker_ids: dict[str, int]
+    speaker_dialects: dict[str, str]       # speaker -> dialect language, only for dialect speakers
+    language_ids: dict[str, int]           # includes dialect entries
+
+    @property
+    def supports_instruct(self) -> bool:
+        # The official wrapper drops instructs for 0.6B with `tts_model_size in "0b6"`.
+        return self.model_size not in "0b6"
+
+    @property
+    def languages(self) -> list[str]:
+        """Languages a user may ask for: 'auto' plus every non-dialect entry, as the official API."""
+        return ["auto"] + sorted(k for k in self.language_ids if "dialect" not in k)
+
+    @property
+    def speakers(self) -> list[str]:
+        return sorted(self.speaker_ids)
+
+    @classmethod
+    def parse(cls, data: dict, path: Path) -> "ModelConfig":
+        top = _Fields(data, str(path))
+        kind = top.get("tts_model_type", str)
+        if kind != "custom_voice":
+            raise UnsupportedModelError(
+                f"{path}: tts_model_type '{kind}' is not supported yet; tts synthesizes CustomVoice "
+                "checkpoints (Qwen3-TTS-12Hz-1.7B-CustomVoice, Qwen3-TTS-12Hz-0.6B-CustomVoice)")
+        tokenizer_type = top.get("tokenizer_type", str)
+        if tokenizer_type != "qwen3_tts_tokenizer_12hz":
+            raise UnsupportedModelError(f"{path}: tokenizer_type '{tokenizer_type}' is not supported yet "
+                                        "(only the 12 Hz codec, qwen3_tts_tokenizer_12hz)")
+        talker = top.sub("talker_config")
+        cp = talker.sub("code_predictor_config")
+        talker_cfg = DecoderConfig.parse(talker)
+        cp_cfg = DecoderConfig.parse(cp)
+        groups = talker.get("num_code_groups", int)
+        if cp.get("num_code_groups", int, groups) != groups:
+            raise CheckpointError(f"{path}: talker and code predictor disagree on num_code_groups")
+
+        speaker_ids = {k.lower(): v for k, v in talker.get("spk_id", dict).items()}
+        dialects = {k.lower(): v for k, v in talker.get("spk_is_dialect", dict, {}).items() if v}
+        language_ids = {k.lower(): v for k, v in talker.get("codec_language_id", dict).items()}
+        for spk, dialect in dialects.items():
+            if dialect not in language_ids:
+                raise CheckpointError(f"{path}: speaker '{spk}' has dialect '{dialect}', "
+                                      "which is not in codec_language_id")
+        return cls(
+            model_size=top.get("tts_model_size", str),
+            talker=talker_cfg,
+            code_predictor=cp_cfg,
+            text_vocab_size=talker.get("text_vocab_size", int),
+            text_hidden_size=talker.get("text_hidden_size", int),
+            codec_vocab_size=talker.get("vocab_size", int),
+            code_vocab_size=cp.get("vocab_size", int),
+            num_code_groups=groups,
+            im_start_id=top.get("im_start_token_id", int),
+            im_end_id=top.get("im_end_token_id", int),
+            tts_pad_id=top.get("tts_pad_token_id", int),
+            tts_bos_id=top.get("tts_bos_token_id", int),
+            tts_eos_id=top.get("tts_eos_token_id", int),
+            codec_pad_id=talker.get("codec_pad_id", int),
+            codec_bos_id=talker.get("codec_bos_id", int),
+            codec_eos_id=talker.get("codec_eos_token_id", int),
+            codec_think_id=talker.get("codec_think_id", int),
+            codec_nothink_id=talker.get("codec_nothink_id", int),
+            codec_think_bos_id=talker.get("codec_think_bos_id", int),
+            codec_think_eos_id=talker.get("codec_think_eos_id", int),
+            speaker_ids=speaker_ids,
+            speaker_dialects=dialects,
+            language_ids=language_ids,
+        )
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings for the talker (codebook 0) and the code predictor (codebooks 1..15).
+
+    Defaults are the official hard defaults; generation_config.json overrides them, the CLI
+    overrides that."""
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    subtalker_do_sample: bool = True
+    subtalker_temperature: float = 0.9
+    subtalker_top_k: int = 50
+    subtalker_top_p: float = 1.0
+    max_new_tokens: int = 2048
+
+    @classmethod
+    def parse(cls, data: dict, path: Path) -> "SamplingConfig":
+        f = _Fields(data, str(path))
+        base = cls()
+        return cls(
+            do_sample=f.get("do_sample", bool, base.do_sample),
+            temperature=f.get("temperature", float, base.temperature),
+            top_k=f.get("top_k", int, base.top_k),
+            top_p=f.get("top_p", float, base.top_p),
+            repetition_penalty=f.get("repetition_penalty", float, base.repetition_penalty),
+            subtalker_do_sample=f.get("subtalker_dosample", bool, base.subtalker_do_sample),
+            subtalker_temperature=f.get("subtalker_temperature", float, base.subtalker_temperature),
+            subtalker_top_k=f.get("subtalker_top_k", int, base.subtalker_top_k),
+            subtalker_top_p=f.get("subtalker_top_p", float, base.subtalker_top_p),
+            max_new_tokens=f.get("max_new_tokens", int, base.max_new_tokens),
+        )
+
+    def greedy(self) -> "SamplingConfig":
+        """The official do_sample=False, subtalker_dosample=False: argmax in both samplers."""
+        from dataclasses import replace
+        return replace(self, do_sample=False, subtalker_do_sample=False)
+
+
+def load_safetensors(model_dir: Path, name: str = "model.safetensors") -> dict[str, torch.Tensor]:
+    """Tensors of a single file or of shards listed in `<name>.index.json`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    single, index = model_dir / name, model_dir / f"{name}.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        weight_map = _Fields(read_json(index), str(index)).get("weight_map", dict)
+        files = [model_dir / shard for shard in sorted(set(weight_map.values()))]
+    else:
+        raise CheckpointError(f"missing file: {single} (or sharded {index})")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in files:
+        if not path.is_file():
+            raise CheckpointError(f"missing file: {path} (listed in {index})")
+        try:
+            tensors.update(load_file(str(path)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"malformed safetensors file {path}: {e}") from None
+    return tensors
+
+
+@dataclass
+class Checkpoint:
+    root: Path
+    config: ModelConfig
+    sampling: SamplingConfig
+
+    @property
+    def speech_tokenizer_dir(self) -> Path:
+        return self.root / "speech_tokenizer"
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return load_safetensors(self.root)
+
+
+TOKENIZER_FILES = ("tokenizer_config.json",)
+
+
+def open_checkpoint(model_dir: str | Path) -> Checkpoint:
+    """Validates the layout and parses the configs; tensors are loaded later, on demand."""
+    root = Path(model_dir)
+    if not root.is_dir():
+        raise CheckpointError(f"model directory not found: {root}")
+    config = ModelConfig.parse(read_json(root / "config.json"), root / "config.json")
+    gen_path = root / "generation_config.json"
+    sampling = SamplingConfig.parse(read_json(gen_path), gen_path) if gen_path.exists() else SamplingConfig()
+    for name in TOKENIZER_FILES:
+        if not (root / name).is_file():
+            raise CheckpointError(f"missing tokenizer file: {root / name}")
+    if not (root / "tokenizer.json").is_file() and not (
+            (root / "vocab.json").is_file() and (root / "merges.txt").is_file()):
+        raise CheckpointError(f"missing tokenizer files in {root}: need tokenizer.json or vocab.json + merges.txt")
+    speech = root / "speech_tokenizer"
+    if not speech.is_dir():
+        raise CheckpointError(f"missing directory: {speech} (the 12 Hz codec)")
+    return Checkpoint(root=root, config=config, sampling=sampling)

@@ -1,0 +1,17 @@
+"""Errors a user can act on. Each message names the file, field or row at fault."""
+
+
+class TTSError(Exception):
+    """Base class: the CLI prints these without a traceback."""
+
+
+class CheckpointError(TTSError):
+    """A checkpoint file is missing or malformed (the message names the file)."""
+
+
+class UnsupportedModelError(TTSError):
+    """The checkpoint is valid but of a kind `tts` does not synthesize yet (Base, VoiceDesign)."""
+
+
+class RequestError(TTSError):
+    """One manifest row cannot be synthesized (unknown speaker, empty text...); other rows go on."""

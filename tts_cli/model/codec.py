@@ -1,0 +1,663 @@
+"""The Qwen3-TTS 12 Hz codec decoder: codes [B, T, num_quantizers] -> 24 kHz waveform [B, T * 1920].
+
+Same math as the official `Qwen3TTSTokenizerV2Decoder.forward`. Per frame: sum of the codebook
+vectors of its 16 codes -> causal conv (k=3) -> sliding-window transformer -> twice (transposed conv
+x2 + ConvNeXt block) -> causal conv (k=7) -> per upsample rate: SnakeBeta, causal transposed conv,
+three dilated residual units -> SnakeBeta -> causal conv to one channel -> clamp(-1, 1).
+
+Causality: convs pad on the left only, transposed convs drop their right overhang and attention
+sees the last `sliding_window` frames only, so output sample n depends on frames <= n // 1920 alone.
+The decoder therefore streams exactly: `decode_step` keeps, per batch row, the inputs each layer
+still needs from earlier calls (a `CodecState`) and continues every row where it stopped. `decode`
+runs the same modules on the whole sequence with an empty history (zero left padding).
+
+Difference to the official `Qwen3TTSTokenizerV2Model.decode`: it calls `chunked_decode`, which
+decodes chunks of 300 frames, each with only 25 frames of recomputed left context, and keeps RoPE
+positions restarting at 0 per chunk. Up to 300 frames that is the full causal decode; beyond, each
+chunk misses the history older than those 25 frames (the transformer alone looks back
+num_layers * (sliding_window - 1) = 568 frames, the convs further), so later samples differ slightly.
+`decode` and `decode_step` compute the exact causal function, i.e. the official `forward` on the
+whole sequence, whatever the length or the chunking of the calls.
+
+Module and parameter names mirror the checkpoint ("decoder." + name), so every parameter loads from
+the tensor of the same name; only the codebooks are transformed, into lookup tables, at load time.
+Every module's forward takes `(x, state)`: `state` is None for a whole-sequence decode, else the
+CodecState to read and update; stateless modules ignore it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from torch import nn
+
+from tts_cli.errors import CheckpointError
+
+# Architecture constants of the official decoder (not in config.json).
+PRE_CONV_KERNEL = 3
+CONV_KERNEL = 7
+RESIDUAL_DILATIONS = (1, 3, 9)
+CONVNEXT_EXPANSION = 4
+CONVNEXT_NORM_EPS = 1e-6
+SNAKE_EPS = 1e-9
+CLUSTER_USAGE_MIN = 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """Decoder hyper-parameters, read from speech_tokenizer/config.json."""
+
+    num_quantizers: int
+    codebook_size: int
+    codebook_dim: int  # width of a frame's summed code vector; each codebook is half as wide
+    latent_dim: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int  # a query at frame t attends to frames t - sliding_window + 1 .. t
+    rope_theta: float
+    rms_norm_eps: float
+    attention_bias: bool
+    upsampling_ratios: tuple[int, ...]  # frame-rate upsampling (transposed conv + ConvNeXt)
+    upsample_rates: tuple[int, ...]  # vocoder blocks; channels halve at each
+    decoder_dim: int
+    sample_rate: int
+
+    @property
+    def samples_per_frame(self) -> int:
+        return math.prod(self.upsampling_ratios) * math.prod(self.upsample_rates)
+
+    @classmethod
+    def from_dict(cls, config: dict) -> CodecConfig:
+        """From the parsed speech_tokenizer/config.json; ValueError names a missing or bad field."""
+        if not isinstance(config, dict):
+            raise ValueError("the top level is not a JSON object")
+        decoder = config.get("decoder_config")
+        if not isinstance(decoder, dict):
+            raise ValueError("decoder_config is missing or not an object")
+        where = "decoder_config."
+        hidden_size = _int_field(decoder, "hidden_size", where)
+        num_heads = _int_field(decoder, "num_attention_heads", where)
+        # The official attention falls back to hidden_size // heads when head_dim is absent.
+        head_dim = (_int_field(decoder, "head_dim", where) if "head_dim" in decoder
+                    else hidden_size // num_heads)
+        num_kv_heads = _int_field(decoder, "num_key_value_heads", where)
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{where}num_attention_heads ({num_heads}) is not a multiple of "
+                             f"num_key_value_heads ({num_kv_heads})")
+        hidden_act = decoder.get("hidden_act", "silu")
+        if hidden_act != "silu":
+            raise ValueError(f"{where}hidden_act {hidden_act!r} is not supported (only 'silu')")
+        attention_bias = decoder.get("attention_bias", False)
+        if not isinstance(attention_bias, bool):
+            raise ValueError(f"{where}attention_bias must be true or false, got {attention_bias!r}")
+        codebook_dim = _int_field(decoder, "codebook_dim", where)
+        if codebook_dim % 2:
+            raise ValueError(f"{where}codebook_dim must be even, got {codebook_dim}")
+        parsed = cls(
+            num_quantizers=_int_field(decoder, "num_quantizers", where, minimum=2),
+            codebook_size=_int_field(decoder, "codebook_size", where),
+            codebook_dim=codebook_dim,
+            latent_dim=_int_field(decoder, "latent_dim", where),
+            hidden_size=hidden_size,
+            intermediate_size=_int_field(decoder, "intermediate_size", where),
+            num_layers=_int_field(decoder, "num_hidden_layers", where),
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            sliding_window=_int_field(decoder, "sliding_window", where),
+            rope_theta=_float_field(decoder, "rope_theta", where),
+            rms_norm_eps=_float_field(decoder, "rms_norm_eps", where),
+            attention_bias=attention_bias,
+            upsampling_ratios=_int_list_field(decoder, "upsampling_ratios", where),
+            upsample_rates=_int_list_field(decoder, "upsample_rates", where),
+            decoder_dim=_int_field(decoder, "decoder_dim", where),
+            sample_rate=_int_field(config, "output_sample_rate", ""),
+        )
+        declared = config.get("decode_upsample_rate", parsed.samples_per_frame)
+        if declared != parsed.samples_per_frame:
+            raise ValueError(f"decode_upsample_rate is {declared!r} but upsampling_ratios x "
+                             f"upsample_rates give {parsed.samples_per_frame} samples per frame")
+        return parsed
+
+
+def _int_field(section: dict, key: str, where: str, minimum: int = 1) -> int:
+    if key not in section:
+        raise ValueError(f"{where}{key} is missing")
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{where}{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _float_field(section: dict, key: str, where: str) -> float:
+    if key not in section:
+        raise ValueError(f"{where}{key} is missing")
+    value = section[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{where}{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _int_list_field(section: dict, key: str, where: str) -> tuple[int, ...]:
+    if key not in section:
+        raise ValueError(f"{where}{key} is missing")
+    value = section[key]
+    if (not isinstance(value, list) or not value
+            or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)):
+        raise ValueError(f"{where}{key} must be a non-empty list of positive integers, got {value!r}")
+    return tuple(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming state
+
+
+@dataclass
+class CodecState:
+    """Per-row streaming state of a CodecDecoder; row b of every tensor belongs to batch slot b.
+
+    position: [B] int64, frames decoded so far by each row (= the RoPE position of its next frame).
+    history: one [B, ...] tensor per stateful module, keyed by the module's name:
+      causal convs: their last (kernel - 1) * dilation inputs [B, C_in, (kernel - 1) * dilation];
+      transposed convs with kernel 2 * stride: their last input frame [B, C_in, 1];
+      attention layers: their last sliding_window - 1 rotated keys and values
+      [B, 2, kv_heads, sliding_window - 1, head_dim] (only the last `position` of them are real).
+    The tensors are updated in place, so their storage stays fixed across calls.
+    """
+
+    position: torch.Tensor
+    history: dict[str, torch.Tensor]
+
+    @property
+    def batch_size(self) -> int:
+        return self.position.shape[0]
+
+    def reset(self, rows: torch.Tensor) -> None:
+        """Restart the rows selected by the bool mask `rows` [B] (a new request takes the slot).
+
+        Zero history is exactly the zero left padding a fresh decode sees; the attention window
+        needs no clearing (position 0 masks it out) but is zeroed too, for uniformity."""
+        rows = rows.to(device=self.position.device, dtype=torch.bool)
+        if rows.shape != self.position.shape:
+            raise ValueError(f"reset mask has shape {list(rows.shape)}, expected [{self.batch_size}]")
+        for buffer in self.history.values():
+            buffer.masked_fill_(rows.view(-1, *([1] * (buffer.dim() - 1))), 0)
+        self.position.masked_fill_(rows, 0)
+
+
+class StatefulModule(nn.Module):
+    """A module that, when streaming, needs inputs from previous calls. `state_key` (its module name,
+    set by CodecDecoder) is where its tensor lives in CodecState.history."""
+
+    state_key: str = ""
+
+    def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """The all-zero history of `batch_size` fresh rows, or None if the module needs none."""
+        raise NotImplementedError
+
+    def prepend_history(self, x: torch.Tensor, state: Optional[CodecState], context: int) -> torch.Tensor:
+        """x [B, C, T] preceded by its `context` previous inputs: zeros for a whole sequence, the
+        stored ones when streaming (which then become the last `context` inputs seen)."""
+        if context == 0:
+            return x
+        if state is None:
+            return F.pad(x, (context, 0))
+        history = state.history[self.state_key]
+        x = torch.cat([history, x], dim=-1)
+        history.copy_(x[..., x.shape[-1] - context:])
+        return x
+
+
+# ---------------------------------------------------------------------------------------------
+# Convolutional parts (activations [B, C, T])
+
+
+def _zero_inputs(conv: nn.Module, context: int, batch_size: int, device, dtype) -> Optional[torch.Tensor]:
+    """`context` zero input frames of `conv` per row, or None when it needs no history."""
+    if context == 0:
+        return None
+    return torch.zeros(batch_size, conv.in_channels, context, device=device, dtype=dtype)
+
+
+class CausalConv1d(StatefulModule):
+    """Conv1d padded on the left only: output t sees inputs t - (kernel - 1) * dilation .. t."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1,
+                 groups: int = 1):
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        self.context = (kernel_size - 1) * dilation
+
+    def init_state(self, batch_size, device, dtype):
+        return _zero_inputs(self.conv, self.context, batch_size, device, dtype)
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        return self.conv(self.prepend_history(x, state, self.context))
+
+
+class CausalConvTranspose1d(StatefulModule):
+    """ConvTranspose1d (kernel k, stride s) emitting exactly s samples per input frame.
+
+    Output block j (samples j*s .. j*s + s - 1) sums the contributions of input frames
+    j - context .. j, context = ceil(k / s) - 1. The k - s overhang of the last frame, which later
+    frames would complete, is dropped (the official right trim), so nothing waits for the future."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int):
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.stride = stride
+        self.context = -(-kernel_size // stride) - 1
+
+    def init_state(self, batch_size, device, dtype):
+        return _zero_inputs(self.conv, self.context, batch_size, device, dtype)
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        frames = x.shape[-1]
+        y = self.conv(self.prepend_history(x, state, self.context))
+        # The blocks of the history frames were emitted by the previous call.
+        return y[..., self.context * self.stride:(self.context + frames) * self.stride]
+
+
+class SnakeBeta(nn.Module):
+    """x + sin^2(x * e^alpha) / (e^beta + eps), per channel (alpha, beta are stored as logs)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState] = None) -> torch.Tensor:
+        alpha = self.alpha.exp()[:, None]
+        beta = self.beta.exp()[:, None]
+        return x + (1.0 / (beta + SNAKE_EPS)) * torch.sin(x * alpha).pow(2)
+
+
+class Chain(nn.ModuleList):
+    """Runs its modules in order, handing each the streaming state."""
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        for module in self:
+            x = module(x, state)
+        return x
+
+
+class ConvNeXtBlock(nn.Module):
+    """x + gamma * pwconv2(gelu(pwconv1(LayerNorm(causal depthwise conv(x)))))."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.dwconv = CausalConv1d(channels, channels, CONV_KERNEL, groups=channels)
+        self.norm = nn.LayerNorm(channels, eps=CONVNEXT_NORM_EPS)
+        self.pwconv1 = nn.Linear(channels, CONVNEXT_EXPANSION * channels)
+        self.pwconv2 = nn.Linear(CONVNEXT_EXPANSION * channels, channels)
+        self.gamma = nn.Parameter(torch.ones(channels))
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        h = self.dwconv(x, state).transpose(1, 2)  # LayerNorm and Linear act on the channel axis
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+
+class ResidualUnit(nn.Module):
+    """x + conv_1x1(snake(dilated causal conv(snake(x))))."""
+
+    def __init__(self, channels: int, dilation: int):
+        super().__init__()
+        self.act1 = SnakeBeta(channels)
+        self.conv1 = CausalConv1d(channels, channels, CONV_KERNEL, dilation=dilation)
+        self.act2 = SnakeBeta(channels)
+        self.conv2 = CausalConv1d(channels, channels, 1)
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        h = self.conv1(self.act1(x), state)
+        return x + self.conv2(self.act2(h), state)
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta, causal transposed conv (time x rate, channels in -> out), dilated residual units."""
+
+    def __init__(self, in_channels: int, out_channels: int, rate: int):
+        super().__init__()
+        # One Chain under `.block` so that parameter names match the checkpoint's.
+        self.block = Chain([
+            SnakeBeta(in_channels),
+            CausalConvTranspose1d(in_channels, out_channels, 2 * rate, rate),
+            *(ResidualUnit(out_channels, dilation) for dilation in RESIDUAL_DILATIONS),
+        ])
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        return self.block(x, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transformer (activations [B, T, C])
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # fp32 statistics, cast back before the weight multiply, as the official (matters in bf16).
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale * x
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin [B, 1, T, head_dim] for positions [B, T]; fp32 angles then cast, as the official."""
+    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    freqs = positions.float()[..., None] * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # broadcast over heads
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def sliding_window_mask(positions: torch.Tensor, cached: int, window: int) -> torch.Tensor:
+    """Bool [B, 1, T, cached + T]: which keys each query attends to.
+
+    positions [B, T] are the queries' frame positions; the keys are `cached` frames from the
+    state followed by the T new ones. A query at p sees keys at p - window + 1 .. p that exist:
+    keys at negative positions are the empty cache slots of rows that started recently."""
+    frames = positions.shape[1]
+    key_positions = positions[:, :1] - cached + torch.arange(cached + frames, device=positions.device)
+    key_positions = key_positions[:, None, :]
+    distance = positions[:, :, None] - key_positions
+    visible = (distance >= 0) & (distance < window) & (key_positions >= 0)
+    return visible[:, None]
+
+
+class SlidingWindowAttention(StatefulModule):
+    def __init__(self, config: CodecConfig):
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.window = config.sliding_window
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.num_heads * config.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=bias)
+
+    def init_state(self, batch_size, device, dtype):
+        # The newest frame is always part of the call, so window - 1 older ones suffice.
+        return torch.zeros(batch_size, 2, self.num_kv_heads, self.window - 1, self.head_dim,
+                           device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
+                state: Optional[CodecState]) -> torch.Tensor:
+        batch, frames, _ = x.shape
+        q = self.q_proj(x).view(batch, frames, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if state is not None:
+            cache = state.history[self.state_key]
+            k = torch.cat([cache[:, 0], k], dim=2)
+            v = torch.cat([cache[:, 1], v], dim=2)
+            kept = self.window - 1
+            cache[:, 0].copy_(k[:, :, k.shape[2] - kept:])
+            cache[:, 1].copy_(v[:, :, v.shape[2] - kept:])
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             enable_gqa=self.num_kv_heads != self.num_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, frames, -1))
+
+
+class TransformerLayer(nn.Module):
+    """Pre-norm block with LayerScale on both residual branches."""
+
+    def __init__(self, config: CodecConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = SlidingWindowAttention(config)
+        self.self_attn_layer_scale = LayerScale(config.hidden_size)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.mlp_layer_scale = LayerScale(config.hidden_size)
+
+    def forward(self, x, rope, mask, state: Optional[CodecState]) -> torch.Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), rope, mask, state))
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: CodecConfig):
+        super().__init__()
+        self.config = config
+        self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
+        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
+
+    def forward(self, x: torch.Tensor, start: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        """x [B, T, latent_dim]; start [B]: position of each row's first frame in x."""
+        positions = start[:, None] + torch.arange(x.shape[1], device=x.device)
+        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cached = 0 if state is None else self.config.sliding_window - 1
+        mask = sliding_window_mask(positions, cached, self.config.sliding_window)
+        h = self.input_proj(x)
+        for layer in self.layers:
+            h = layer(h, rope, mask, state)
+        return self.output_proj(self.norm(h))
+
+
+# ---------------------------------------------------------------------------------------------
+# Codebooks
+
+
+class CodebookSum(nn.Module):
+    """A frame's code vector: sum over quantizers q of tables[q, code_q].
+
+    tables[q] is codebook q already passed through its 1x1 output projection (the official
+    projects the sum of codebook vectors; projecting each first is the same linear map)."""
+
+    def __init__(self, num_quantizers: int, codebook_size: int, dim: int):
+        super().__init__()
+        self.register_buffer("tables", torch.zeros(num_quantizers, codebook_size, dim), persistent=False)
+
+    def forward(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes [B, T, Q] -> [B, T, dim]."""
+        out = F.embedding(codes[..., 0], self.tables[0])
+        for q in range(1, self.tables.shape[0]):
+            out = out + F.embedding(codes[..., q], self.tables[q])
+        return out
+
+
+def fold_codebook(embedding_sum: torch.Tensor, cluster_usage: torch.Tensor,
+                  output_proj: torch.Tensor) -> torch.Tensor:
+    """One quantizer's lookup table [codebook_size, out_dim] from its checkpoint tensors
+    (embedding_sum [N, d], cluster_usage [N], output_proj weight [out_dim, d, 1])."""
+    codebook = embedding_sum / cluster_usage.clamp(min=CLUSTER_USAGE_MIN)[:, None]
+    return codebook @ output_proj[:, :, 0].T
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoder
+
+
+class CodecDecoder(nn.Module):
+    def __init__(self, config: CodecConfig):
+        super().__init__()
+        self.config = config
+        self.samples_per_frame = config.samples_per_frame
+        self.sample_rate = config.sample_rate
+        latent = config.latent_dim
+        self.quantizer = CodebookSum(config.num_quantizers, config.codebook_size, config.codebook_dim)
+        self.pre_conv = CausalConv1d(config.codebook_dim, latent, PRE_CONV_KERNEL)
+        self.pre_transformer = Transformer(config)
+        self.upsample = Chain(
+            Chain([CausalConvTranspose1d(latent, latent, ratio, ratio), ConvNeXtBlock(latent)])
+            for ratio in config.upsampling_ratios
+        )
+        channels = [config.decoder_dim // 2 ** i for i in range(len(config.upsample_rates) + 1)]
+        self.decoder = Chain([
+            CausalConv1d(latent, channels[0], CONV_KERNEL),
+            *(DecoderBlock(channels[i], channels[i + 1], rate) for i, rate in enumerate(config.upsample_rates)),
+            SnakeBeta(channels[-1]),
+            CausalConv1d(channels[-1], 1, CONV_KERNEL),
+        ])
+        for name, module in self.named_modules():
+            if isinstance(module, StatefulModule):
+                module.state_key = name
+
+    def new_state(self, batch_size: int) -> CodecState:
+        """Streaming state for `batch_size` rows, each at the start of an utterance."""
+        weight = self.pre_conv.conv.weight
+        history = {}
+        for module in self.modules():
+            if isinstance(module, StatefulModule):
+                buffer = module.init_state(batch_size, weight.device, weight.dtype)
+                if buffer is not None:
+                    history[module.state_key] = buffer
+        position = torch.zeros(batch_size, dtype=torch.long, device=weight.device)
+        return CodecState(position=position, history=history)
+
+    def forward(self, codes: torch.Tensor, state: Optional[CodecState] = None) -> torch.Tensor:
+        """codes [B, T, num_quantizers] -> waveform [B, T * samples_per_frame] in [-1, 1].
+
+        With `state`, the frames continue each row's stream (and the state advances); without,
+        they are whole utterances."""
+        if codes.dim() != 3 or codes.shape[2] != self.config.num_quantizers or codes.shape[1] == 0:
+            raise ValueError(f"codes must be [batch, frames >= 1, {self.config.num_quantizers}], "
+                             f"got {list(codes.shape)}")
+        batch, frames, _ = codes.shape
+        if state is not None and state.batch_size != batch:
+            raise ValueError(f"codes have {batch} rows but the state has {state.batch_size}")
+        x = self.quantizer(codes).transpose(1, 2)
+        x = self.pre_conv(x, state).transpose(1, 2)
+        start = state.position if state is not None else torch.zeros(batch, dtype=torch.long, device=codes.device)
+        x = self.pre_transformer(x, start, state).transpose(1, 2)
+        x = self.upsample(x, state)
+        wav = self.decoder(x, state)
+        if state is not None:
+            state.position += frames
+        return wav.squeeze(1).clamp(-1, 1)
+
+    @torch.no_grad()
+    def decode(self, codes: torch.Tensor) -> torch.Tensor:
+        """Whole utterances: codes [B, T, 16] -> [B, T * 1920], one causal pass (no chunking).
+
+        Codes must lie in [0, codebook_size). For rows of different lengths, pad with any valid
+        code and cut each row to its own frames * 1920 samples: causality keeps padding from
+        affecting earlier samples (the official decode pads with -1, clamped to 0, and cuts too)."""
+        return self(codes)
+
+    @torch.no_grad()
+    def decode_step(self, codes: torch.Tensor, state: CodecState) -> torch.Tensor:
+        """The next K >= 1 frames of every row: codes [B, K, 16] -> [B, K * 1920]; advances `state`."""
+        return self(codes, state)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_codec(speech_tokenizer_dir: Path, device="cpu", dtype: torch.dtype = torch.float32) -> CodecDecoder:
+    """The decoder of a checkpoint's speech_tokenizer/ (config.json + the decoder.* tensors of
+    model.safetensors), in eval mode on `device` in `dtype`. CheckpointError names the file at fault."""
+    directory = Path(speech_tokenizer_dir)
+    config_path = directory / "config.json"
+    try:
+        config = CodecConfig.from_dict(_read_json(config_path))
+    except ValueError as e:
+        raise CheckpointError(f"{config_path}: {e}") from e
+    device = torch.device(device)
+    with torch.device("meta"):  # allocation only; every value comes from the checkpoint
+        model = CodecDecoder(config)
+    weights, tables = _read_decoder_tensors(directory / "model.safetensors", model, device)
+    model.load_state_dict({name: t.to(dtype) for name, t in weights.items()}, assign=True)
+    model.quantizer.tables = tables.to(dtype)
+    return model.eval().requires_grad_(False)
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file is missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+
+
+def _read_decoder_tensors(path: Path, model: CodecDecoder, device: torch.device):
+    """Every parameter of `model` from the tensor "decoder." + its name, and the folded codebook
+    tables [Q, codebook_size, codebook_dim] (computed in fp32)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file is missing")
+    try:
+        handle = safe_open(str(path), framework="pt", device=str(device))
+    except Exception as e:  # safetensors raises its own error types for a corrupt header
+        raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from e
+    with handle as file:
+        names = set(file.keys())
+
+        def tensor(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+            key = "decoder." + name
+            if key not in names:
+                raise CheckpointError(f"{path}: tensor {key} is missing")
+            try:
+                value = file.get_tensor(key)
+            except Exception as e:
+                raise CheckpointError(f"{path}: tensor {key} cannot be read ({e})") from e
+            if tuple(value.shape) != tuple(shape):
+                raise CheckpointError(f"{path}: tensor {key} has shape {list(value.shape)}, "
+                                      f"expected {list(shape)}")
+            return value
+
+        weights = {name: tensor(name, p.shape) for name, p in model.state_dict().items()}
+        config = model.config
+        n, d, out = config.codebook_size, config.codebook_dim // 2, config.codebook_dim
+        tables = []
+        # The official decoder splits the quantizers into one "first" (semantic) and the rest,
+        # each group with its own output projection.
+        for q in range(config.num_quantizers):
+            group, index = ("rvq_first", 0) if q == 0 else ("rvq_rest", q - 1)
+            codebook = f"quantizer.{group}.vq.layers.{index}._codebook."
+            tables.append(fold_codebook(
+                tensor(codebook + "embedding_sum", (n, d)).float(),
+                tensor(codebook + "cluster_usage", (n,)).float(),
+                tensor(f"quantizer.{group}.output_proj.weight", (out, d, 1)).float(),
+            ))
+    return weights, torch.stack(tables)

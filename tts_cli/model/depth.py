@@ -1,0 +1,59 @@
+"""The code predictor ("depth" transformer): codebooks 1..15 of one frame, given the talker's
+hidden state and codebook 0. Its KV cache lives for one frame only."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from tts_cli.checkpoint import ModelConfig
+from tts_cli.model.transformer import Decoder
+
+
+class CodePredictor(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        talker_hidden, hidden = cfg.talker.hidden_size, cfg.code_predictor.hidden_size
+        residual_groups = cfg.num_code_groups - 1
+        # 1.7B: the talker is wider than the predictor, so every input is projected; 0.6B: identity.
+        self.input_projection = (nn.Linear(talker_hidden, hidden, bias=True)
+                                 if talker_hidden != hidden else nn.Identity())
+        # Embeddings of codebooks 1..15 are talker-wide: they also feed the next talker input.
+        self.codec_embeddings = nn.ModuleList(
+            nn.Embedding(cfg.code_vocab_size, talker_hidden) for _ in range(residual_groups))
+        self.decoder = Decoder(cfg.code_predictor)
+        self.heads = nn.ModuleList(
+            nn.Linear(hidden, cfg.code_vocab_size, bias=False) for _ in range(residual_groups))
+
+    def predict_frame(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor,
+                      choose: Callable[[int, torch.Tensor], torch.Tensor],
+                      forced_codes: torch.Tensor | None = None):
+        """Codes 1..15 of one frame for every row.
+
+        talker_hidden, code0_embed: [B, H]. `choose(group, logits [B, V]) -> codes [B]` is the
+        sampler for codebook `group` (1..15). `forced_codes` [B, 15] replaces the choices
+        (teacher forcing, for parity tests). Returns (codes [B, 15], logits [B, 15, V])."""
+        b = talker_hidden.shape[0]
+        device = talker_hidden.device
+        x = self.input_projection(torch.stack((talker_hidden, code0_embed), dim=1))
+        caches, codes, all_logits = None, [], []
+        for j, head in enumerate(self.heads):
+            s, past = x.shape[1], (0 if caches is None else caches[0].k.shape[2])
+            positions = torch.arange(past, past + s, device=device).expand(b, s)
+            mask = torch.ones(s, past + s, dtype=torch.bool, device=device).tril(past)[None, None]
+            hidden, caches = self.decoder(x, positions, mask, caches)
+            logits = head(hidden[:, -1]).float()
+            code = forced_codes[:, j] if forced_codes is not None else choose(j + 1, logits)
+            codes.append(code)
+            all_logits.append(logits)
+            if j + 1 < len(self.heads):
+                x = self.input_projection(self.codec_embeddings[j](code))[:, None]
+        return torch.stack(codes, dim=1), torch.stack(all_logits, dim=1)
+
+    def frame_embedding(self, code0_embed: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Sum of the 16 codebook embeddings of a frame ([B, H]), the codec part of the next
+        talker input. Stacked then summed like the official model, for the same rounding."""
+        parts = [code0_embed] + [emb(codes[:, j]) for j, emb in enumerate(self.codec_embeddings)]
+        return torch.stack(parts, dim=1).sum(1)

@@ -1,0 +1,136 @@
+"""The reference generation loop: prefill, then one talker step + one code-predictor frame per
+12.5 Hz frame, for a batch of rows in lockstep. Plain and readable; the fast engine is tested
+against it.
+
+Frame f of a row: the talker output that predicted codebook 0 (g0[f]) plus the code predictor's
+codebooks 1..15, computed at the start of the next talker step (as in the official model). A row
+ends when it draws EOS as g0 (that frame is not emitted) or when it has max_frames frames.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from tts_cli.model.qwen3_tts import Qwen3TTS
+from tts_cli.model.sampler import SamplerSettings, TalkerLogitsProcessor, choose
+
+
+@dataclass
+class RowInput:
+    prompt_embeds: torch.Tensor     # [L, H]
+    seed: int
+    max_frames: int
+    teacher_codes: torch.Tensor | None = None   # [T, 16]: forced codes (parity tests)
+
+
+@dataclass
+class RowOutput:
+    codes: torch.Tensor             # [frames, 16] int64
+    hit_cap: bool
+    # filled when generate(..., trace=True): raw logits / hidden states along the way
+    talker_logits: list[torch.Tensor] = field(default_factory=list)   # [V] per talker output
+    cp_logits: list[torch.Tensor] = field(default_factory=list)       # [15, V'] per frame
+    past_hidden: list[torch.Tensor] = field(default_factory=list)     # [H] per talker output
+
+
+def _prefill_batch(rows: list[RowInput]):
+    """Left-pads prompts (like the official batch) -> embeds [B, L, H], valid [B, L]."""
+    longest = max(r.prompt_embeds.shape[0] for r in rows)
+    first = rows[0].prompt_embeds
+    embeds = first.new_zeros(len(rows), longest, first.shape[1])
+    valid = torch.zeros(len(rows), longest, dtype=torch.bool, device=first.device)
+    for i, r in enumerate(rows):
+        n = r.prompt_embeds.shape[0]
+        embeds[i, longest - n:] = r.prompt_embeds
+        valid[i, longest - n:] = True
+    return embeds, valid
+
+
+@torch.no_grad()
+def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSettings,
+             cp_sampler: SamplerSettings, min_new_tokens: int = 2, trace: bool = False) -> list[RowOutput]:
+    """min_new_tokens: EOS is blocked for the first min_new_tokens codebook-0 draws (the official
+    model hard-codes 2; max_frames + 1 forces every row to its full length)."""
+    cfg = model.cfg
+    talker, cp = model.talker, model.code_predictor
+    device = talker.codec_embedding.weight.device
+    b = len(rows)
+    seeds = torch.tensor([r.seed for r in rows], dtype=torch.int64, device=device)
+    process = TalkerLogitsProcessor(cfg.codec_vocab_size, cfg.codec_eos_id, talker_sampler.repetition_penalty, device)
+    pad_embed = talker.text_track(torch.tensor([cfg.tts_pad_id], device=device))   # [1, H]
+    outputs = [RowOutput(codes=torch.empty(0, cfg.num_code_groups, dtype=torch.int64), hit_cap=False)
+               for _ in rows]
+
+    embeds, key_valid = _prefill_batch(rows)
+    length = key_valid.shape[1]
+    positions = (key_valid.cumsum(1) - 1).clamp(min=0)
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    # Every query may see itself, so that padding rows stay finite (they are never attended).
+    mask = (causal & key_valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
+    hidden, logits, caches = talker(embeds, positions, mask[:, None])
+    next_position = key_valid.sum(1)
+
+    seen = torch.zeros(b, cfg.codec_vocab_size, dtype=torch.bool, device=device)
+    frames: list[list[torch.Tensor]] = [[] for _ in rows]
+    done = torch.zeros(b, dtype=torch.bool)
+    max_frames = torch.tensor([r.max_frames for r in rows])
+    frame = 0
+    while True:
+        last_hidden, last_logits = hidden[:, -1], logits[:, -1].float()
+        processed = process(last_logits, seen, torch.full((b,), frame < min_new_tokens, device=device))
+        code0 = choose(processed, talker_sampler, seeds, frame, group=0)
+        code0 = _teacher(rows, frame, 0, code0)
+        seen[torch.arange(b, device=device), code0] = True
+        if trace:
+            for i, out in enumerate(outputs):
+                out.talker_logits.append(last_logits[i].cpu())
+                out.past_hidden.append(last_hidden[i].float().cpu())
+
+        ended = (code0.cpu() == cfg.codec_eos_id) & ~done
+        capped = (torch.tensor(frame) >= max_frames) & ~done & ~ended
+        for i in torch.nonzero(capped).flatten().tolist():
+            outputs[i].hit_cap = True
+        done |= ended | capped
+        if bool(done.all()):
+            break
+
+        code0_embed = talker.codec_track(code0)
+        teacher = _teacher_frame(rows, frame)
+        codes, cp_logits = cp.predict_frame(
+            last_hidden, code0_embed,
+            choose=lambda group, lg: choose(lg, cp_sampler, seeds, frame, group),
+            forced_codes=teacher)
+        for i in torch.nonzero(~done).flatten().tolist():
+            frames[i].append(torch.cat((code0[i:i + 1], codes[i])).cpu())
+            if trace:
+                outputs[i].cp_logits.append(cp_logits[i].cpu())
+
+        step_embed = cp.frame_embedding(code0_embed, codes) + pad_embed
+        key_valid = torch.cat((key_valid, torch.ones(b, 1, dtype=torch.bool, device=device)), dim=1)
+        hidden, logits, caches = talker(step_embed[:, None], next_position[:, None],
+                                        key_valid[:, None, None, :], caches)
+        next_position = next_position + 1
+        frame += 1
+
+    for out, row_frames in zip(outputs, frames):
+        if row_frames:
+            out.codes = torch.stack(row_frames)
+    return outputs
+
+
+def _teacher(rows: list[RowInput], frame: int, group: int, chosen: torch.Tensor) -> torch.Tensor:
+    """Replaces chosen codes by teacher codes for rows that have one at this frame."""
+    for i, r in enumerate(rows):
+        if r.teacher_codes is not None and frame < r.teacher_codes.shape[0]:
+            chosen = chosen.clone()
+            chosen[i] = r.teacher_codes[frame, group]
+    return chosen
+
+
+def _teacher_frame(rows: list[RowInput], frame: int) -> torch.Tensor | None:
+    if all(r.teacher_codes is None for r in rows):
+        return None
+    if any(r.teacher_codes is None or frame >= r.teacher_codes.shape[0] for r in rows):
+        raise ValueError("teacher forcing needs teacher codes for every row and frame")
+    return torch.stack([r.teacher_codes[frame, 1:] for r in rows]).to(rows[0].prompt_embeds.device)

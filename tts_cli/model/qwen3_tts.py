@@ -1,0 +1,70 @@
+"""The whole Qwen3-TTS CustomVoice model (talker + code predictor) and its weight loading."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tts_cli.checkpoint import Checkpoint, ModelConfig
+from tts_cli.errors import CheckpointError
+from tts_cli.model.depth import CodePredictor
+from tts_cli.model.talker import Talker
+
+# official key prefix -> our module path (longest prefixes first)
+_KEY_PREFIXES = (
+    ("talker.code_predictor.small_to_mtp_projection.", "code_predictor.input_projection."),
+    ("talker.code_predictor.model.codec_embedding.", "code_predictor.codec_embeddings."),
+    ("talker.code_predictor.model.layers.", "code_predictor.decoder.layers."),
+    ("talker.code_predictor.model.norm.", "code_predictor.decoder.norm."),
+    ("talker.code_predictor.lm_head.", "code_predictor.heads."),
+    ("talker.model.text_embedding.", "talker.text_embedding."),
+    ("talker.model.codec_embedding.", "talker.codec_embedding."),
+    ("talker.model.layers.", "talker.decoder.layers."),
+    ("talker.model.norm.", "talker.decoder.norm."),
+    ("talker.text_projection.", "talker.text_projection."),
+    ("talker.codec_head.", "talker.codec_head."),
+)
+
+
+def official_to_local(key: str) -> str | None:
+    for official, local in _KEY_PREFIXES:
+        if key.startswith(official):
+            return local + key[len(official):]
+    return None
+
+
+class Qwen3TTS(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.talker = Talker(cfg)
+        self.code_predictor = CodePredictor(cfg)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, device="cpu", dtype=torch.float32) -> "Qwen3TTS":
+        with torch.device("meta"):
+            model = cls(ckpt.config)
+        model.load_official_state(ckpt.tensors(), source=ckpt.root / "model.safetensors")
+        return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+    def load_official_state(self, tensors: dict[str, torch.Tensor], source) -> None:
+        """Loads official-layout tensors, naming any missing, unexpected or misshapen tensor."""
+        expected = self.state_dict()
+        local: dict[str, torch.Tensor] = {}
+        for key, tensor in tensors.items():
+            name = official_to_local(key)
+            if name is None:
+                raise CheckpointError(f"{source}: unexpected tensor '{key}' (not part of a CustomVoice model)")
+            if name not in expected:
+                raise CheckpointError(f"{source}: unexpected tensor '{key}' for this config.json")
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise CheckpointError(f"{source}: tensor '{key}' has shape {tuple(tensor.shape)}, "
+                                      f"config.json implies {tuple(expected[name].shape)}")
+            local[name] = tensor
+        missing = sorted(set(expected) - set(local))
+        if missing:
+            inverse = {loc: off for off, loc in _KEY_PREFIXES}
+            first = missing[0]
+            official = next((inverse[p] + first[len(p):] for p in inverse if first.startswith(p)), first)
+            raise CheckpointError(f"{source}: missing tensor '{official}'"
+                                  + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+        self.load_state_dict(local, assign=True)

@@ -1,0 +1,130 @@
+"""The Qwen3 decoder block shared by the talker (28 layers) and the code predictor (5 layers).
+
+Pre-norm block: x + o(attn(rope(qnorm(q(n1 x))), rope(knorm(k(n1 x))), v(n1 x))), then
+h + down(silu(gate(n2 h)) * up(n2 h)); grouped-query attention, causal, no sliding window.
+The talker's "multimodal" RoPE always receives three identical position streams, which makes it
+exactly the standard rotate-half RoPE used here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tts_cli.checkpoint import DecoderConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in fp32, rounded back to the activation dtype BEFORE the weight multiply,
+        # as the official model does (it matters in bf16).
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin [..., head_dim] for integer positions, computed in fp32 then cast (as the official)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device)
+                                .float() / head_dim))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+@dataclass
+class KVCache:
+    """Keys and values of one layer for every row: [batch, kv_heads, length, head_dim]."""
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        hd = cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask, cache: KVCache | None) -> tuple[torch.Tensor, KVCache]:
+        """x [B, S, D]; cos/sin [B, S, hd]; mask [B, 1, S, S_past + S] bool (True = may attend)."""
+        b, s, _ = x.shape
+        hd = self.cfg.head_dim
+        q = self.q_norm(self.q_proj(x).view(b, s, -1, hd)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, s, -1, hd)).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, hd).transpose(1, 2)
+        cos, sin = cos[:, None], sin[:, None]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if cache is not None:
+            k = torch.cat((cache.k, k), dim=2)
+            v = torch.cat((cache.v, v), dim=2)
+        groups = self.cfg.num_heads // self.cfg.num_kv_heads
+        kk = k.repeat_interleave(groups, dim=1)
+        vv = v.repeat_interleave(groups, dim=1)
+        scores = (q @ kk.transpose(2, 3)) * hd ** -0.5
+        scores = scores.masked_fill(~mask, float("-inf"))
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = (probs @ vv).transpose(1, 2).reshape(b, s, -1)
+        return self.o_proj(out), KVCache(k, v)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, cache):
+        attn, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        h = x + attn
+        return h + self.mlp(self.post_attention_layernorm(h)), cache
+
+
+class Decoder(nn.Module):
+    """A stack of decoder layers and the final norm; returns normed hidden states and new caches."""
+
+    def __init__(self, cfg: DecoderConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, positions, mask, caches: list[KVCache] | None = None):
+        """x [B, S, D], positions [B, S] (RoPE position of each row's token), mask as in Attention."""
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        new_caches = []
+        for i, layer in enumerate(self.layers):
+            x, cache = layer(x, cos, sin, mask, caches[i] if caches else None)
+            new_caches.append(cache)
+        return self.norm(x), new_caches

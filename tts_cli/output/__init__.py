@@ -1,0 +1,1 @@
+"""What a run leaves on disk: one WAV per row and the run's reports."""

@@ -1,0 +1,169 @@
+"""report.json and report.md: what each row produced, and the run's totals and settings.
+
+report.md is rendered from the same dict that report.json holds, so the two always agree.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..request import Request
+from .writer import write_atomically
+
+DEFINITIONS = {
+    "xrt": "audio_seconds / wall_seconds: seconds of audio made per wall-clock second, the same number "
+           "as audio_seconds_per_second; above 1 is faster than real time",
+    "wall_seconds": "run total: synthesis and WAV writing, model loading excluded (see load_seconds); "
+                    "per row: the wall time of the batch that synthesized it, since a batch's rows run together",
+    "hit_cap": "the row stopped at its frame cap (--max-frames or the default cap), not at end of speech",
+}
+
+
+@dataclass
+class RowRecord:
+    """One non-empty manifest row: either a file or an error."""
+    request: Request
+    file: str | None = None
+    frames: int | None = None
+    audio_seconds: float | None = None
+    wall_seconds: float | None = None
+    hit_cap: bool | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class RunInfo:
+    manifest: str
+    model_dir: str
+    model_source: str            # "--model", "$TTS_MODEL" or "bundled"
+    bundled_random_model: bool
+    device: str
+    dtype: str
+    greedy: bool
+    base_seed: int
+    max_frames: int | None
+    batch_size: int
+    skipped_empty: int
+    load_seconds: float
+    wall_seconds: float
+    tts_version: str
+
+
+def build_report(info: RunInfo, rows: list[RowRecord]) -> dict:
+    audio_seconds = sum(row.audio_seconds or 0.0 for row in rows)
+    xrt = round(audio_seconds / info.wall_seconds, 3) if info.wall_seconds > 0 else None
+    return {
+        "tts_version": info.tts_version,
+        "manifest": info.manifest,
+        "model": {
+            "dir": info.model_dir,
+            "source": info.model_source,
+            "bundled_random_model": info.bundled_random_model,
+        },
+        "device": info.device,
+        "dtype": info.dtype,
+        "settings": {
+            "greedy": info.greedy,
+            "base_seed": info.base_seed,
+            "seed_rule": "a row without its own seed uses base_seed + its 0-based row index in the manifest; "
+                         "seeds are unused with greedy",
+            "max_frames": info.max_frames,
+            "batch_size": info.batch_size,
+        },
+        "totals": {
+            "rows": len(rows),
+            "ok": sum(row.ok for row in rows),
+            "failed": sum(not row.ok for row in rows),
+            "skipped_empty": info.skipped_empty,
+            "hit_cap": sum(bool(row.hit_cap) for row in rows),
+            "audio_seconds": round(audio_seconds, 3),
+            "wall_seconds": round(info.wall_seconds, 3),
+            "load_seconds": round(info.load_seconds, 3),
+            "audio_seconds_per_second": xrt,
+            "xrt": xrt,
+        },
+        "definitions": DEFINITIONS,
+        "rows": [_row_dict(row) for row in rows],
+    }
+
+
+def _row_dict(row: RowRecord) -> dict:
+    request = row.request
+    return {
+        "id": request.id,
+        "text": request.text,
+        "speaker": request.speaker,
+        "language": request.language,
+        "instruct": request.instruct,
+        "seed": request.seed,
+        "frames": row.frames,
+        "audio_seconds": None if row.audio_seconds is None else round(row.audio_seconds, 3),
+        "wall_seconds": None if row.wall_seconds is None else round(row.wall_seconds, 3),
+        "hit_cap": row.hit_cap,
+        "file": row.file,
+        "error": row.error,
+    }
+
+
+def write_reports(out_dir: Path, report: dict) -> tuple[Path, Path]:
+    json_path, md_path = Path(out_dir) / "report.json", Path(out_dir) / "report.md"
+    write_atomically(json_path, lambda tmp: tmp.write_text(
+        json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"))
+    write_atomically(md_path, lambda tmp: tmp.write_text(render_markdown(report), encoding="utf-8"))
+    return json_path, md_path
+
+
+def render_markdown(report: dict) -> str:
+    model, settings, totals = report["model"], report["settings"], report["totals"]
+    model_note = ("bundled tiny model with random weights: its audio is noise" if model["bundled_random_model"]
+                  else f"from {model['source']}")
+    sampling = "greedy" if settings["greedy"] else f"sampled, base seed {settings['base_seed']}"
+    lines = [
+        "# tts synth report",
+        "",
+        f"- manifest: `{report['manifest']}`",
+        f"- model: `{model['dir']}` ({model_note})",
+        f"- device / dtype: {report['device']} / {report['dtype']}",
+        f"- sampling: {sampling}; max frames: {settings['max_frames'] or 'default cap'}; "
+        f"batch size: {settings['batch_size']}",
+        f"- tts {report['tts_version']}",
+        "",
+        "## Totals",
+        "",
+        "| rows ok | rows failed | empty rows skipped | rows at frame cap | audio s | wall s | audio-s/s | xRT |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {totals['ok']} | {totals['failed']} | {totals['skipped_empty']} | {totals['hit_cap']} "
+        f"| {totals['audio_seconds']:.3f} | {totals['wall_seconds']:.3f} "
+        f"| {_number(totals['audio_seconds_per_second'])} | {_number(totals['xrt'])} |",
+        "",
+        f"xRT = {DEFINITIONS['xrt']}.",
+        f"Wall seconds: {DEFINITIONS['wall_seconds']}. Model loading took {totals['load_seconds']:.3f} s.",
+        "",
+        "## Rows",
+        "",
+        "| id | speaker | language | frames | audio s | wall s | hit cap | file or error | text |",
+        "|---|---|---|---:|---:|---:|---|---|---|",
+    ]
+    for row in report["rows"]:
+        outcome = f"`{row['file']}`" if row["error"] is None else f"error: {row['error']}"
+        lines.append("| " + " | ".join(_cell(value) for value in (
+            row["id"], row["speaker"], row["language"], _number(row["frames"]),
+            _number(row["audio_seconds"]), _number(row["wall_seconds"]),
+            "" if row["hit_cap"] is None else ("yes" if row["hit_cap"] else "no"),
+            outcome, row["text"])) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _number(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")

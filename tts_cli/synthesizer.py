@@ -1,0 +1,131 @@
+"""Requests in, audio out, with the plain reference model: tokenizer -> prompt -> generate ->
+codec. The CLI's `synth` uses it on CPU; the GPU engine is tested against it."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
+from tts_cli.errors import CheckpointError, RequestError
+from tts_cli.model.codec import load_codec
+from tts_cli.model.generate import RowInput, generate
+from tts_cli.model.prompt import (Prompt, assistant_text, build_prompt, check_speaker, instruct_text,
+                                  prompt_embeddings, resolve_language_id)
+from tts_cli.model.qwen3_tts import Qwen3TTS
+from tts_cli.model.sampler import SamplerSettings
+from tts_cli.request import Request, Result
+
+log = logging.getLogger(__name__)
+
+# Default frame cap per row: generous headroom over real speech (about 4 frames per text token
+# in English and Chinese), so only a runaway row hits it; it is flagged when it does.
+CAP_BASE_FRAMES = 50
+CAP_FRAMES_PER_TOKEN = 15
+
+
+def load_tokenizer(root: Path):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(root))
+    except Exception as e:  # transformers raises many types for broken tokenizer files
+        raise CheckpointError(f"cannot load the tokenizer files in {root}: {e}") from None
+
+
+def talker_settings(s: SamplingConfig) -> SamplerSettings:
+    return SamplerSettings(s.do_sample, s.temperature, s.top_k, s.top_p, s.repetition_penalty)
+
+
+def code_predictor_settings(s: SamplingConfig) -> SamplerSettings:
+    return SamplerSettings(s.subtalker_do_sample, s.subtalker_temperature, s.subtalker_top_k, s.subtalker_top_p)
+
+
+class Synthesizer:
+    def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec):
+        self.ckpt, self.model, self.tokenizer, self.codec = ckpt, model, tokenizer, codec
+        self.cfg = ckpt.config
+        self._warned_instruct = False
+
+    @classmethod
+    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype=torch.float32) -> "Synthesizer":
+        ckpt = open_checkpoint(model_dir)
+        tokenizer = load_tokenizer(ckpt.root)
+        model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)
+        codec = load_codec(ckpt.speech_tokenizer_dir, device=device, dtype=torch.float32)
+        return cls(ckpt, model, tokenizer, codec)
+
+    @property
+    def speakers(self) -> list[str]:
+        return self.cfg.speakers
+
+    @property
+    def languages(self) -> list[str]:
+        return self.cfg.languages
+
+    @property
+    def supports_instruct(self) -> bool:
+        return self.cfg.supports_instruct
+
+    @property
+    def sample_rate(self) -> int:
+        return self.codec.sample_rate
+
+    def validate(self, request: Request) -> None:
+        if not request.text.strip():
+            raise RequestError("empty text")
+        check_speaker(self.cfg, request.speaker)
+        resolve_language_id(self.cfg, request.speaker, request.language)
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text)["input_ids"])
+
+    def prompt(self, request: Request) -> Prompt:
+        instruct_ids = None
+        if request.instruct:
+            if self.supports_instruct:
+                instruct_ids = self.tokenize(instruct_text(request.instruct))
+            elif not self._warned_instruct:
+                log.warning("this %s checkpoint does not support instructions; ignoring them "
+                            "(as the official implementation does)", self.cfg.model_size)
+                self._warned_instruct = True
+        return build_prompt(self.cfg, self.tokenize(assistant_text(request.text)), request.speaker,
+                            request.language, instruct_ids)
+
+    def frame_cap(self, prompt: Prompt, max_frames: int | None) -> int:
+        official_cap = self.ckpt.sampling.max_new_tokens - 1   # the last drawn token gets no frame
+        if max_frames is not None:
+            return max_frames
+        return min(official_cap, CAP_BASE_FRAMES + CAP_FRAMES_PER_TOKEN * prompt.text_tokens)
+
+    @torch.no_grad()
+    def synthesize(self, requests: list[Request], greedy: bool = False, max_frames: int | None = None,
+                   min_new_tokens: int = 2) -> list[Result]:
+        """All requests as one lockstep batch. Raises RequestError for an invalid request."""
+        for r in requests:
+            self.validate(r)
+        sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
+        rows = []
+        for r in requests:
+            prompt = self.prompt(r)
+            rows.append(RowInput(prompt_embeddings(self.model.talker, prompt), r.seed,
+                                 self.frame_cap(prompt, max_frames)))
+        outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
+                        min_new_tokens=min_new_tokens)
+        audio = self.decode([o.codes for o in outs])
+        return [Result(id=r.id, codes=o.codes, audio=a, hit_cap=o.hit_cap)
+                for r, o, a in zip(requests, outs, audio)]
+
+    def decode(self, codes: list[torch.Tensor]):
+        """Codes of several rows -> float32 numpy waveforms, one padded causal decode: padding
+        at the end cannot change earlier samples of a causal decoder."""
+        longest = max(c.shape[0] for c in codes)
+        if longest == 0:
+            return [torch.zeros(0).numpy() for _ in codes]
+        device = next(self.codec.parameters()).device
+        batch = torch.zeros(len(codes), longest, self.cfg.num_code_groups, dtype=torch.int64, device=device)
+        for i, c in enumerate(codes):
+            batch[i, :c.shape[0]] = c
+        wav = self.codec.decode(batch).float().cpu()
+        spf = self.codec.samples_per_frame
+        return [wav[i, :c.shape[0] * spf].numpy() for i, c in enumerate(codes)]

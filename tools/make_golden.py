@@ -360,9 +360,12 @@ CODEC_LANGUAGE_ID = {"chinese": 2055, "english": 2050, "german": 2053, "italian"
                      "french": 2061, "russian": 2069, "beijing_dialect": 2074, "sichuan_dialect": 2062}
 CODEC_SPECIAL_IDS = dict(codec_pad_id=2148, codec_bos_id=2149, codec_eos_token_id=2150, codec_think_id=2154,
                          codec_nothink_id=2155, codec_think_bos_id=2156, codec_think_eos_id=2157)
+# Real checkpoints ship max_new_tokens 8192. The tiny random models seldom draw EOS, so every
+# row would run to that cap: 101 tokens (100 frames, 8 s of noise) keeps demos and tests short.
+TINY_MAX_NEW_TOKENS = 101
 GENERATION_CONFIG = {"do_sample": True, "temperature": 0.9, "top_k": 50, "top_p": 1.0,
                      "repetition_penalty": 1.05, "subtalker_dosample": True, "subtalker_temperature": 0.9,
-                     "subtalker_top_k": 50, "subtalker_top_p": 1.0, "max_new_tokens": 8192}
+                     "subtalker_top_k": 50, "subtalker_top_p": 1.0, "max_new_tokens": TINY_MAX_NEW_TOKENS}
 PREPROCESSOR_CONFIG = {"padding_side": "left", "padding_value": 0.0, "processor_class": "Qwen3TTSProcessor",
                        "return_attention_mask": True}
 SPEECH_PREPROCESSOR_CONFIG = {"chunk_length_s": None, "feature_extractor_type": "EncodecFeatureExtractor",

@@ -27,10 +27,18 @@ CAP_FRAMES_PER_TOKEN = 15
 
 def load_tokenizer(root: Path):
     from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # AutoTokenizer reads config.json and warns that `qwen3_tts` is no transformers model type:
+    # true and harmless, we only want the tokenizer.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
     try:
         return AutoTokenizer.from_pretrained(str(root))
     except Exception as e:  # transformers raises many types for broken tokenizer files
         raise CheckpointError(f"cannot load the tokenizer files in {root}: {e}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def talker_settings(s: SamplingConfig) -> SamplerSettings:

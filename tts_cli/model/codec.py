@@ -175,7 +175,8 @@ class CodecState:
       causal convs: their last (kernel - 1) * dilation inputs [B, C_in, (kernel - 1) * dilation];
       transposed convs with kernel 2 * stride: their last input frame [B, C_in, 1];
       attention layers: their last sliding_window - 1 rotated keys and values
-      [B, 2, kv_heads, sliding_window - 1, head_dim] (only the last `position` of them are real).
+      [B, 2, kv_heads, sliding_window - 1, head_dim] (a row holds real ones only in its last
+      min(position, sliding_window - 1) slots).
     The tensors are updated in place, so their storage stays fixed across calls.
     """
 

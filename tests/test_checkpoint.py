@@ -1,0 +1,153 @@
+"""Loading the official checkpoint layout: every file problem is named, shards load, unsupported
+kinds are refused, the 0.6B size drops instructs."""
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tts_cli.checkpoint import open_checkpoint
+from tts_cli.errors import CheckpointError, RequestError, UnsupportedModelError
+from tts_cli.request import Request
+from tts_cli.synthesizer import Synthesizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tts_cli" / "assets" / "tiny-1.7b-customvoice"
+TINY_06 = ROOT / "tests" / "fixtures" / "tiny-0.6b-customvoice"
+
+
+@pytest.fixture
+def ckpt(tmp_path) -> Path:
+    return Path(shutil.copytree(TINY, tmp_path / "ckpt"))
+
+
+def _edit_config(ckpt: Path, edit) -> None:
+    path = ckpt / "config.json"
+    cfg = json.loads(path.read_text())
+    edit(cfg)
+    path.write_text(json.dumps(cfg))
+
+
+def test_reads_ids_and_tables_from_config():
+    cfg = open_checkpoint(TINY).config
+    assert (cfg.im_start_id, cfg.tts_pad_id, cfg.codec_eos_id) == (1001, 1028, 2150)
+    assert cfg.speaker_ids["vivian"] == 3065 and cfg.speaker_dialects == {"eric": "sichuan_dialect",
+                                                                          "dylan": "beijing_dialect"}
+    assert "beijing_dialect" not in cfg.languages and cfg.languages[0] == "auto"
+    assert open_checkpoint(TINY).sampling.repetition_penalty == 1.05
+
+
+def test_missing_model_dir(tmp_path):
+    with pytest.raises(CheckpointError, match="model directory not found: .*nowhere"):
+        open_checkpoint(tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json"])
+def test_missing_file_is_named(ckpt, name):
+    (ckpt / name).unlink()
+    with pytest.raises(CheckpointError, match=f"missing.*{name}"):
+        open_checkpoint(ckpt)
+
+
+def test_missing_speech_tokenizer(ckpt):
+    shutil.rmtree(ckpt / "speech_tokenizer")
+    with pytest.raises(CheckpointError, match="speech_tokenizer"):
+        open_checkpoint(ckpt)
+
+
+def test_malformed_json_is_named(ckpt):
+    (ckpt / "generation_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="malformed JSON in .*generation_config.json"):
+        open_checkpoint(ckpt)
+
+
+def test_missing_field_is_named(ckpt):
+    _edit_config(ckpt, lambda c: c["talker_config"].pop("codec_bos_id"))
+    with pytest.raises(CheckpointError, match="config.json -> talker_config: missing field 'codec_bos_id'"):
+        open_checkpoint(ckpt)
+
+
+def test_wrong_field_type_is_named(ckpt):
+    _edit_config(ckpt, lambda c: c.update(tts_pad_token_id="pad"))
+    with pytest.raises(CheckpointError, match="field 'tts_pad_token_id' should be int"):
+        open_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("kind", ["base", "voice_design"])
+def test_base_and_voice_design_are_not_supported_yet(ckpt, kind):
+    _edit_config(ckpt, lambda c: c.update(tts_model_type=kind))
+    with pytest.raises(UnsupportedModelError, match=f"tts_model_type '{kind}' is not supported yet"):
+        open_checkpoint(ckpt)
+
+
+def test_missing_tensor_is_named(ckpt):
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    del tensors["talker.code_predictor.lm_head.3.weight"]
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="missing tensor 'talker.code_predictor.lm_head.3.weight'"):
+        Synthesizer.from_pretrained(ckpt)
+
+
+def test_misshapen_and_unexpected_tensors_are_named(ckpt):
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    tensors["talker.codec_head.weight"] = tensors["talker.codec_head.weight"][:, :8].contiguous()
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="'talker.codec_head.weight' has shape"):
+        Synthesizer.from_pretrained(ckpt)
+    tensors = load_file(str(TINY / "model.safetensors"))
+    tensors["speaker_encoder.fc.weight"] = torch.zeros(2, 2)
+    save_file(tensors, str(ckpt / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="unexpected tensor 'speaker_encoder.fc.weight'"):
+        Synthesizer.from_pretrained(ckpt)
+
+
+def test_corrupt_safetensors_is_named(ckpt):
+    (ckpt / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(CheckpointError, match="malformed safetensors file .*model.safetensors"):
+        Synthesizer.from_pretrained(ckpt)
+
+
+def test_sharded_checkpoint_loads_the_same_weights(ckpt):
+    tensors = load_file(str(ckpt / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(ckpt / shard))
+    (ckpt / "model.safetensors").unlink()
+    index = {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+    sharded = Synthesizer.from_pretrained(ckpt).model.state_dict()
+    single = Synthesizer.from_pretrained(TINY).model.state_dict()
+    assert sharded.keys() == single.keys()
+    assert all(torch.equal(sharded[k], single[k]) for k in single)
+
+    (ckpt / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="missing file: .*model-00002-of-00002.safetensors"):
+        Synthesizer.from_pretrained(ckpt)
+
+
+def test_unknown_speaker_and_language_list_the_valid_values():
+    synth = Synthesizer.from_pretrained(TINY)
+    with pytest.raises(RequestError, match="unknown speaker 'nobody'; valid: aiden, dylan, eric"):
+        synth.validate(Request(id="x", text="Hello.", speaker="nobody"))
+    with pytest.raises(RequestError, match="unknown language 'klingon'; valid: auto, chinese, english"):
+        synth.validate(Request(id="x", text="Hello.", speaker="vivian", language="klingon"))
+    with pytest.raises(RequestError, match="unknown language 'beijing_dialect'"):
+        synth.validate(Request(id="x", text="Hello.", speaker="dylan", language="beijing_dialect"))
+
+
+def test_small_model_ignores_instructs_with_a_warning(caplog):
+    synth = Synthesizer.from_pretrained(TINY_06)
+    assert not synth.supports_instruct
+    plain = synth.prompt(Request(id="a", text="Hello there.", speaker="aiden", language="english"))
+    with caplog.at_level(logging.WARNING):
+        instructed = synth.prompt(Request(id="b", text="Hello there.", speaker="aiden", language="english",
+                                          instruct="Whisper."))
+    assert instructed == plain
+    assert "does not support instructions" in caplog.text
+    big = Synthesizer.from_pretrained(TINY)
+    with_instruct = big.prompt(Request(id="b", text="Hello there.", speaker="aiden", instruct="Whisper."))
+    assert len(with_instruct) > len(big.prompt(Request(id="a", text="Hello there.", speaker="aiden")))

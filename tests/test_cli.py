@@ -270,3 +270,49 @@ def test_bundled_model_end_to_end(tmp_path, monkeypatch):
     assert report["totals"]["skipped_empty"] == 1
     assert report["model"]["bundled_random_model"] is True
     _assert_outputs_consistent(out, report)
+
+
+def test_recipe_fills_the_options_not_given_on_the_command_line(fake, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {tmp_path / 'model'}\nbatch_size: 1\nmax_frames: 3\nspeaker: ryan\n")
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\nGood bye.\n")
+    out = tmp_path / "out"
+    result = _invoke("synth", manifest, "--out", out, "--recipe", recipe, "--speaker", "vivian")
+    assert result.exit_code == 0, result.output
+    assert fake.batches == [["000001"], ["000002"]]                 # batch_size from the recipe
+    report = json.loads((out / "report.json").read_text())
+    assert {r["speaker"] for r in report["rows"]} == {"vivian"}     # the command line wins
+    assert all(r["frames"] <= 3 for r in report["rows"])            # max_frames from the recipe
+
+
+def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--recipe", "tiny")
+    assert result.exit_code == 0, result.output
+    assert "random weights" in result.stderr
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["model"]["bundled_random_model"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("bogus: 1\n", "unknown key 'bogus'"),
+    ("batch_size: many\n", "'batch_size' should be int"),
+    ("[1, 2]\n", "expected a mapping"),
+])
+def test_bad_recipe_is_named(fake, tmp_path, content, message):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(content)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--recipe", recipe)
+    assert result.exit_code == 2
+    assert message in result.stderr and str(recipe) in result.stderr
+
+
+def test_unknown_recipe_lists_the_known_names(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--recipe", "nope")
+    assert result.exit_code == 2
+    assert "recipe not found: nope" in result.stderr and "qwen3tts-1.7b-customvoice, tiny" in result.stderr

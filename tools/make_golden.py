@@ -53,7 +53,8 @@ Tensor names in records.safetensors (i = prompt index, T = forced frames, H = ta
                                         all T frames would make the records ~5x larger)
     p{i}.past_hidden [T+1, H] fp32      talker final-norm hidden state at those positions
     p{i}.wav [T*1920] fp32              official waveform of the forced run
-    p{i}.greedy_codes_natural [N, 16]   unforced greedy run (official min_new_tokens = 2)
+    p{i}.greedy_codes_natural [N, 16]   unforced greedy run (official min_new_tokens = 2), up to
+                                        NATURAL_MAX_NEW_TOKENS - 1 frames or the official EOS stop
     batch.greedy_codes.{i} [T, 16]      all prompts in one generate_custom_voice call, forced length
     codec.codes [90, 16] int64          random codes (fixed seed); 90 frames > the 72-frame window
     codec.wav [90*1920] fp32            official speech_tokenizer.decode of codec.codes
@@ -776,6 +777,8 @@ def _versions() -> dict[str, str]:
 
 
 CP_LOGIT_FRAMES = 4
+# The unforced run may go this far, so that a row that draws EOS shows where the official rule stops it.
+NATURAL_MAX_NEW_TOKENS = 161
 
 
 def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, frames: int = FORCED_FRAMES,
@@ -830,7 +833,7 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str) -> tuple[dict[str, 
         checks = {k: min(checks[k], margins[k]) for k in checks}
 
         with captured_generate(tts) as natural:
-            tts.generate_custom_voice(**call, **settings)
+            tts.generate_custom_voice(**call, **dict(settings, max_new_tokens=NATURAL_MAX_NEW_TOKENS))
         natural_codes = natural["codes"][0].cpu()
         tensors[f"p{i}.greedy_codes_natural"] = natural_codes
         n = natural_codes.shape[0]
@@ -846,9 +849,9 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str) -> tuple[dict[str, 
             speaker_codec_id=talker_cfg.spk_id[p.speaker], language_codec_id=language_id,
             prefill_length=int(traced["prefill_embeds"].shape[0]), input_ids_length=int(input_ids.shape[0]),
             forced_frames=frames, max_new_tokens=frames + 1, min_new_tokens=frames + 1,
-            natural_frames=n, natural_min_new_tokens=2,
-            natural_stopped_by_eos=n < frames,
-            natural_equals_forced_prefix=bool(torch.equal(natural_codes, codes[:n])),
+            natural_frames=n, natural_min_new_tokens=2, natural_max_new_tokens=NATURAL_MAX_NEW_TOKENS,
+            natural_stopped_by_eos=n < NATURAL_MAX_NEW_TOKENS - 1,
+            natural_equals_forced_prefix=bool(torch.equal(natural_codes[:frames], codes[:n])),
         ))
 
     # All rows in one call (left-padded lockstep batch), same forced length.

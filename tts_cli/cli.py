@@ -14,6 +14,7 @@ from rich.text import Text
 
 from . import __version__
 from .errors import TTSError
+from .recipe import load_recipe
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
 NOT_IMPLEMENTED_EXIT = 2
@@ -54,6 +55,8 @@ def resolve_model(option: Optional[Path]) -> ModelChoice:
         choice = ModelChoice(Path(os.environ["TTS_MODEL"]), "$TTS_MODEL")
     else:
         choice = ModelChoice(BUNDLED_MODEL_DIR, "bundled")
+    if choice.dir.resolve() == BUNDLED_MODEL_DIR.resolve():
+        choice = ModelChoice(choice.dir, "bundled")  # named explicitly (or by a recipe): still random weights
     if not choice.dir.is_dir():
         origin = "the bundled model is missing from this install" if choice.bundled else f"from {choice.source}"
         raise TTSError(f"model directory not found: {choice.dir} ({origin})")
@@ -96,6 +99,7 @@ def main(
 
 @app.command(short_help="Synthesize a manifest into WAV files plus report.json and report.md.")
 def synth(
+    ctx: typer.Context,
     manifest: Path = typer.Argument(
         ..., metavar="MANIFEST", show_default=False,
         help="Rows to speak: .txt (one sentence per line, or id<TAB>text) or .parquet (column text; "
@@ -127,6 +131,10 @@ def synth(
     batch_size: int = typer.Option(
         8, "--batch-size", metavar="ROWS", min=1, help="Rows synthesized together in one call."),
     device: str = typer.Option("cpu", metavar="DEVICE", help="Torch device (only cpu is tested so far)."),
+    recipe: Optional[str] = typer.Option(
+        None, "--recipe", metavar="NAME|FILE", show_default=False,
+        help="Option defaults from a YAML recipe: a file, or a name in recipes/ (tiny, "
+             "qwen3tts-1.7b-customvoice, ...). Options given here win; 'model: bundled' means the bundled model."),
 ) -> None:
     """Synthesize every row of MANIFEST into DIR, then write report.json and report.md.
 
@@ -137,11 +145,29 @@ def synth(
     2 the run could not start (bad manifest, model, option), with one red line saying why.
     """
     try:
+        if recipe is not None:
+            options = apply_recipe(ctx, load_recipe(recipe), dict(
+                model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
+                max_frames=max_frames, batch_size=batch_size, device=device))
+            model, speaker, language, seed, greedy, max_frames, batch_size, device = (
+                options[k] for k in ("model", "speaker", "language", "seed", "greedy", "max_frames",
+                                     "batch_size", "device"))
         exit_code = run_synth(manifest, out, model, speaker, language, seed, greedy, max_frames, batch_size, device)
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
     raise typer.Exit(exit_code)
+
+
+def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
+    """Recipe values replace the options left at their defaults (not those given on the command line)."""
+    merged = dict(options)
+    for key, value in recipe.items():
+        # compared by name: typer ships its own copy of click's ParameterSource enum
+        if ctx.get_parameter_source(key).name == "DEFAULT":
+            merged[key] = BUNDLED_MODEL_DIR if (key == "model" and value == "bundled") else (
+                Path(value) if key == "model" else value)
+    return merged
 
 
 def run_synth(manifest_path: Path, out: Path, model_option: Optional[Path], speaker: str, language: str,

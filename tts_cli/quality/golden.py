@@ -84,8 +84,11 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict) ->
         free = generate(synth.model, [RowInput(embeds, 0, frames)], talker_s, cp_s, min_new_tokens=frames + 1)[0]
         checks.append(_exact(f"{p} greedy codes ({frames} frames x 16)", torch.equal(free.codes, ref_codes)))
         natural_ref = records[f"{p}.greedy_codes_natural"]
-        natural = generate(synth.model, [RowInput(embeds, 0, frames)], talker_s, cp_s)[0]
-        checks.append(_exact(f"{p} greedy codes, official EOS rule", torch.equal(natural.codes, natural_ref)))
+        natural_cap = meta["prompts"][i]["natural_max_new_tokens"] - 1
+        natural = generate(synth.model, [RowInput(embeds, 0, natural_cap)], talker_s, cp_s)[0]
+        stop = "EOS" if natural_ref.shape[0] < natural_cap else "cap"
+        checks.append(_exact(f"{p} greedy codes, official EOS rule ({natural_ref.shape[0]} frames, {stop})",
+                             torch.equal(natural.codes, natural_ref)))
         wav = torch.from_numpy(synth.decode([ref_codes])[0])
         checks.append(Check(f"{p} waveform", rel_l2(wav, records[f"{p}.wav"]), REL_L2_MAX))
 

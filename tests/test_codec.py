@@ -64,7 +64,7 @@ def fold_tables(config: CodecConfig, codebooks: dict[str, torch.Tensor]) -> torc
 def random_decoder(config_dict: dict, seed: int = 0) -> tuple[CodecDecoder, dict[str, torch.Tensor]]:
     """A decoder whose every parameter matters (no identity-like init) and whose output stays mostly
     inside [-1, 1], so the clamp does not hide differences; plus its codebook tensors."""
-    config = CodecConfig.from_dict(config_dict)
+    config = CodecConfig.parse(config_dict, Path("config.json"))
     model = CodecDecoder(config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -219,13 +219,13 @@ def test_load_codec_errors_name_the_file(tmp_path):
 
     write_checkpoint(tmp_path, TINY_CONFIG)
     config_path.write_text("{not json")
-    with pytest.raises(CheckpointError, match=r"config\.json: not valid JSON"):
+    with pytest.raises(CheckpointError, match=r"malformed JSON in .*config\.json"):
         load_codec(tmp_path)
 
     config = tiny_config()
     del config["decoder_config"]["sliding_window"]
     config_path.write_text(json.dumps(config))
-    with pytest.raises(CheckpointError, match=r"config\.json: decoder_config\.sliding_window is missing"):
+    with pytest.raises(CheckpointError, match=r"config\.json -> decoder_config: missing field 'sliding_window'"):
         load_codec(tmp_path)
 
     config_path.write_text(json.dumps(TINY_CONFIG))

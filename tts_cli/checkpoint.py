@@ -14,46 +14,8 @@ from typing import Any
 
 import torch
 
+from tts_cli.config_file import ConfigFields, read_json
 from tts_cli.errors import CheckpointError, UnsupportedModelError
-
-
-def read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"missing file: {path}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"malformed JSON in {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"malformed JSON in {path}: expected an object at the top level")
-    return data
-
-
-class _Fields:
-    """Reads typed fields from one JSON object, naming file and field in every error."""
-
-    def __init__(self, data: dict, where: str):
-        self.data, self.where = data, where
-
-    def get(self, key: str, kind: type | tuple, default: Any = ...) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if default is ...:
-                raise CheckpointError(f"{self.where}: missing field '{key}'")
-            return default
-        value = self.data[key]
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise CheckpointError(f"{self.where}: field '{key}' should be {_kind_name(kind)}, got {value!r}")
-        return value
-
-    def sub(self, key: str) -> "_Fields":
-        return _Fields(self.get(key, dict), f"{self.where} -> {key}")
-
-
-def _kind_name(kind) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(k.__name__ for k in kinds)
 
 
 @dataclass(frozen=True)
@@ -70,7 +32,7 @@ class DecoderConfig:
     attention_bias: bool
 
     @classmethod
-    def parse(cls, f: _Fields) -> "DecoderConfig":
+    def parse(cls, f: ConfigFields) -> "DecoderConfig":
         hidden = f.get("hidden_size", int)
         heads = f.get("num_attention_heads", int)
         kv_heads = f.get("num_key_value_heads", int, heads)
@@ -141,7 +103,7 @@ class ModelConfig:
 
     @classmethod
     def parse(cls, data: dict, path: Path) -> "ModelConfig":
-        top = _Fields(data, str(path))
+        top = ConfigFields(data, str(path))
         kind = top.get("tts_model_type", str)
         if kind != "custom_voice":
             raise UnsupportedModelError(
@@ -212,7 +174,7 @@ class SamplingConfig:
 
     @classmethod
     def parse(cls, data: dict, path: Path) -> "SamplingConfig":
-        f = _Fields(data, str(path))
+        f = ConfigFields(data, str(path))
         base = cls()
         return cls(
             do_sample=f.get("do_sample", bool, base.do_sample),
@@ -242,7 +204,7 @@ def load_safetensors(model_dir: Path, name: str = "model.safetensors") -> dict[s
     if single.is_file():
         files = [single]
     elif index.is_file():
-        weight_map = _Fields(read_json(index), str(index)).get("weight_map", dict)
+        weight_map = ConfigFields(read_json(index), str(index)).get("weight_map", dict)
         files = [model_dir / shard for shard in sorted(set(weight_map.values()))]
     else:
         raise CheckpointError(f"missing file: {single} (or sharded {index})")

@@ -26,7 +26,6 @@ CodecState to read and update; stateless modules ignore it.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,9 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
+from tts_cli.config_file import ConfigFields, read_json
 from tts_cli.errors import CheckpointError
+from tts_cli.model.transformer import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 
 # Architecture constants of the official decoder (not in config.json).
 PRE_CONV_KERNEL = 3
@@ -81,85 +82,47 @@ class CodecConfig:
         return math.prod(self.upsampling_ratios) * math.prod(self.upsample_rates)
 
     @classmethod
-    def from_dict(cls, config: dict) -> CodecConfig:
-        """From the parsed speech_tokenizer/config.json; ValueError names a missing or bad field."""
-        if not isinstance(config, dict):
-            raise ValueError("the top level is not a JSON object")
-        decoder = config.get("decoder_config")
-        if not isinstance(decoder, dict):
-            raise ValueError("decoder_config is missing or not an object")
-        where = "decoder_config."
-        hidden_size = _int_field(decoder, "hidden_size", where)
-        num_heads = _int_field(decoder, "num_attention_heads", where)
-        # The official attention falls back to hidden_size // heads when head_dim is absent.
-        head_dim = (_int_field(decoder, "head_dim", where) if "head_dim" in decoder
-                    else hidden_size // num_heads)
-        num_kv_heads = _int_field(decoder, "num_key_value_heads", where)
+    def parse(cls, config: dict, path: Path) -> CodecConfig:
+        """From the parsed speech_tokenizer/config.json; CheckpointError names a missing or bad field."""
+        top = ConfigFields(config, str(path))
+        decoder = top.sub("decoder_config")
+        hidden_size = decoder.get("hidden_size", int, minimum=1)
+        num_heads = decoder.get("num_attention_heads", int, minimum=1)
+        num_kv_heads = decoder.get("num_key_value_heads", int, minimum=1)
         if num_heads % num_kv_heads:
-            raise ValueError(f"{where}num_attention_heads ({num_heads}) is not a multiple of "
-                             f"num_key_value_heads ({num_kv_heads})")
-        hidden_act = decoder.get("hidden_act", "silu")
-        if hidden_act != "silu":
-            raise ValueError(f"{where}hidden_act {hidden_act!r} is not supported (only 'silu')")
-        attention_bias = decoder.get("attention_bias", False)
-        if not isinstance(attention_bias, bool):
-            raise ValueError(f"{where}attention_bias must be true or false, got {attention_bias!r}")
-        codebook_dim = _int_field(decoder, "codebook_dim", where)
+            raise CheckpointError(f"{decoder.where}: num_attention_heads ({num_heads}) is not a multiple of "
+                                  f"num_key_value_heads ({num_kv_heads})")
+        if decoder.get("hidden_act", str, "silu") != "silu":
+            raise CheckpointError(f"{decoder.where}: hidden_act is not supported (only 'silu')")
+        codebook_dim = decoder.get("codebook_dim", int, minimum=2)
         if codebook_dim % 2:
-            raise ValueError(f"{where}codebook_dim must be even, got {codebook_dim}")
+            raise CheckpointError(f"{decoder.where}: codebook_dim must be even, got {codebook_dim}")
         parsed = cls(
-            num_quantizers=_int_field(decoder, "num_quantizers", where, minimum=2),
-            codebook_size=_int_field(decoder, "codebook_size", where),
+            num_quantizers=decoder.get("num_quantizers", int, minimum=2),
+            codebook_size=decoder.get("codebook_size", int, minimum=1),
             codebook_dim=codebook_dim,
-            latent_dim=_int_field(decoder, "latent_dim", where),
+            latent_dim=decoder.get("latent_dim", int, minimum=1),
             hidden_size=hidden_size,
-            intermediate_size=_int_field(decoder, "intermediate_size", where),
-            num_layers=_int_field(decoder, "num_hidden_layers", where),
+            intermediate_size=decoder.get("intermediate_size", int, minimum=1),
+            num_layers=decoder.get("num_hidden_layers", int, minimum=1),
             num_heads=num_heads,
             num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            sliding_window=_int_field(decoder, "sliding_window", where),
-            rope_theta=_float_field(decoder, "rope_theta", where),
-            rms_norm_eps=_float_field(decoder, "rms_norm_eps", where),
-            attention_bias=attention_bias,
-            upsampling_ratios=_int_list_field(decoder, "upsampling_ratios", where),
-            upsample_rates=_int_list_field(decoder, "upsample_rates", where),
-            decoder_dim=_int_field(decoder, "decoder_dim", where),
-            sample_rate=_int_field(config, "output_sample_rate", ""),
+            # The official attention falls back to hidden_size // heads when head_dim is absent.
+            head_dim=decoder.get("head_dim", int, hidden_size // num_heads, minimum=1),
+            sliding_window=decoder.get("sliding_window", int, minimum=1),
+            rope_theta=decoder.get("rope_theta", float, minimum=0),
+            rms_norm_eps=decoder.get("rms_norm_eps", float, minimum=0),
+            attention_bias=decoder.get("attention_bias", bool, False),
+            upsampling_ratios=decoder.int_list("upsampling_ratios"),
+            upsample_rates=decoder.int_list("upsample_rates"),
+            decoder_dim=decoder.get("decoder_dim", int, minimum=1),
+            sample_rate=top.get("output_sample_rate", int, minimum=1),
         )
-        declared = config.get("decode_upsample_rate", parsed.samples_per_frame)
+        declared = top.get("decode_upsample_rate", int, parsed.samples_per_frame)
         if declared != parsed.samples_per_frame:
-            raise ValueError(f"decode_upsample_rate is {declared!r} but upsampling_ratios x "
-                             f"upsample_rates give {parsed.samples_per_frame} samples per frame")
+            raise CheckpointError(f"{path}: decode_upsample_rate is {declared} but upsampling_ratios x "
+                                  f"upsample_rates give {parsed.samples_per_frame} samples per frame")
         return parsed
-
-
-def _int_field(section: dict, key: str, where: str, minimum: int = 1) -> int:
-    if key not in section:
-        raise ValueError(f"{where}{key} is missing")
-    value = section[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{where}{key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _float_field(section: dict, key: str, where: str) -> float:
-    if key not in section:
-        raise ValueError(f"{where}{key} is missing")
-    value = section[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{where}{key} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _int_list_field(section: dict, key: str, where: str) -> tuple[int, ...]:
-    if key not in section:
-        raise ValueError(f"{where}{key} is missing")
-    value = section[key]
-    if (not isinstance(value, list) or not value
-            or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)):
-        raise ValueError(f"{where}{key} must be a non-empty list of positive integers, got {value!r}")
-    return tuple(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,19 +311,6 @@ class DecoderBlock(nn.Module):
 # Transformer (activations [B, T, C])
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fp32 statistics, cast back before the weight multiply, as the official (matters in bf16).
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
-
-
 class LayerScale(nn.Module):
     def __init__(self, dim: int):
         super().__init__()
@@ -368,31 +318,6 @@ class LayerScale(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale * x
-
-
-class SwiGLU(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos, sin [B, 1, T, head_dim] for positions [B, T]; fp32 angles then cast, as the official."""
-    exponents = torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / (theta ** exponents)
-    freqs = positions.float()[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)[:, None]  # broadcast over heads
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-second, first], dim=-1) * sin
 
 
 def sliding_window_mask(positions: torch.Tensor, cached: int, window: int) -> torch.Tensor:
@@ -475,7 +400,8 @@ class Transformer(nn.Module):
     def forward(self, x: torch.Tensor, start: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
         """x [B, T, latent_dim]; start [B]: position of each row's first frame in x."""
         positions = start[:, None] + torch.arange(x.shape[1], device=x.device)
-        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+        rope = cos[:, None], sin[:, None]  # broadcast over heads
         cached = 0 if state is None else self.config.sliding_window - 1
         mask = sliding_window_mask(positions, cached, self.config.sliding_window)
         h = self.input_proj(x)
@@ -600,10 +526,7 @@ def load_codec(speech_tokenizer_dir: Path, device="cpu", dtype: torch.dtype = to
     model.safetensors), in eval mode on `device` in `dtype`. CheckpointError names the file at fault."""
     directory = Path(speech_tokenizer_dir)
     config_path = directory / "config.json"
-    try:
-        config = CodecConfig.from_dict(_read_json(config_path))
-    except ValueError as e:
-        raise CheckpointError(f"{config_path}: {e}") from e
+    config = CodecConfig.parse(read_json(config_path), config_path)
     device = torch.device(device)
     with torch.device("meta"):  # allocation only; every value comes from the checkpoint
         model = CodecDecoder(config)
@@ -611,15 +534,6 @@ def load_codec(speech_tokenizer_dir: Path, device="cpu", dtype: torch.dtype = to
     model.load_state_dict({name: t.to(dtype) for name, t in weights.items()}, assign=True)
     model.quantizer.tables = tables.to(dtype)
     return model.eval().requires_grad_(False)
-
-
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file is missing")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
 
 
 def _read_decoder_tensors(path: Path, model: CodecDecoder, device: torch.device):

@@ -39,9 +39,10 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: to
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE: x * cos + [-x2, x1] * sin."""
     x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
 @dataclass
@@ -71,8 +72,7 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(b, s, -1, hd)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, hd).transpose(1, 2)
         cos, sin = cos[:, None], sin[:, None]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k = torch.cat((cache.k, k), dim=2)
             v = torch.cat((cache.v, v), dim=2)
@@ -86,12 +86,12 @@ class Attention(nn.Module):
         return self.o_proj(out), KVCache(k, v)
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: DecoderConfig):
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -103,7 +103,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, mask, cache):
         attn, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)

@@ -6,8 +6,8 @@ from transformers.generation.logits_process import (MinNewTokensLengthLogitsProc
                                                     SuppressTokensLogitsProcessor, TemperatureLogitsWarper,
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
-from tts_cli.model.sampler import (SamplerSettings, TalkerLogitsProcessor, apply_top_k, gumbel_draw,
-                                   uniform_noise, warp)
+from tts_cli.model.sampler import (RowSampling, SamplerSettings, TalkerLogitsProcessor, apply_top_k, choose,
+                                   gumbel_draw, uniform_noise, warp)
 
 VOCAB, EOS = 3072, 2150
 
@@ -31,9 +31,11 @@ def test_talker_processors_equal_hf_in_official_order(steps):
         hf = p(history, hf)
     seen = torch.zeros(3, VOCAB, dtype=torch.bool)
     seen.scatter_(1, history, True)
-    processed = TalkerLogitsProcessor(VOCAB, EOS, 1.05, "cpu")(logits, seen, torch.full((3,), steps < 2))
+    rows = RowSampling.uniform(SamplerSettings(True, 0.9, 50, 0.8, 1.05), 3, "cpu")
+    processed = TalkerLogitsProcessor(VOCAB, EOS, "cpu")(logits, seen, torch.full((3,), steps < 2),
+                                                          rows.repetition_penalty)
     assert torch.isinf(processed[:, EOS]).all() == (steps < 2)
-    ours = warp(processed, SamplerSettings(True, 0.9, 50, 0.8, 1.05))
+    ours = warp(processed, rows)
     assert torch.equal(torch.isinf(ours), torch.isinf(hf))
     finite = torch.isfinite(hf)
     torch.testing.assert_close(ours[finite], hf[finite], rtol=1e-6, atol=1e-6)
@@ -41,7 +43,7 @@ def test_talker_processors_equal_hf_in_official_order(steps):
 
 def test_top_k_keeps_ties_at_the_boundary():
     logits = torch.tensor([[5.0, 4.0, 3.0, 3.0, 3.0, 1.0]])
-    kept = torch.isfinite(apply_top_k(logits, 3))
+    kept = torch.isfinite(apply_top_k(logits, torch.tensor([3])))
     assert kept.tolist() == [[True, True, True, True, True, False]]
     hf = TopKLogitsWarper(3)(torch.zeros(1, 0, dtype=torch.long), logits.clone())
     assert torch.equal(kept, torch.isfinite(hf))
@@ -74,3 +76,21 @@ def test_gumbel_never_draws_a_masked_token():
     logits[:, 4] = 0.0
     draws = gumbel_draw(logits, torch.arange(500), 1, 1)
     assert set(draws.tolist()) == {2, 4}
+
+
+def test_rows_of_one_batch_can_use_different_settings():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 50, generator=g)
+    rows = RowSampling.uniform(SamplerSettings(True, 1.0, 0, 1.0), 4, "cpu")
+    rows.set_row(1, SamplerSettings(False, 1.0, 0, 1.0))          # greedy
+    rows.set_row(2, SamplerSettings(True, 0.5, 1, 1.0))           # top-1: always the argmax
+    rows.set_row(3, SamplerSettings(True, 1.0, 0, 0.3))           # nucleus
+    seeds = torch.arange(4)
+    draws = choose(logits, rows, seeds, frame=torch.tensor([0, 1, 2, 3]), group=0)
+    argmax = logits.argmax(-1)
+    assert draws[1] == argmax[1] and draws[2] == argmax[2]
+    hf_top_p = TopPLogitsWarper(0.3)(torch.zeros(1, 0, dtype=torch.long), logits[3:4].clone())
+    assert torch.isfinite(hf_top_p[0, draws[3]])
+    alone = choose(logits[0:1], RowSampling.uniform(SamplerSettings(True, 1.0, 0, 1.0), 1, "cpu"),
+                   seeds[0:1], frame=0, group=0)
+    assert draws[0] == alone[0]                                    # per-row frame index as a tensor

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from tts_cli.checkpoint import ModelConfig
-from tts_cli.model.transformer import Decoder
+from tts_cli.model.transformer import Decoder, GrowingKV
 
 
 class CodePredictor(nn.Module):
@@ -29,21 +29,27 @@ class CodePredictor(nn.Module):
 
     def predict_frame(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor,
                       choose: Callable[[int, torch.Tensor], torch.Tensor],
-                      forced_codes: torch.Tensor | None = None):
+                      forced_codes: torch.Tensor | None = None, caches: list | None = None):
         """Codes 1..15 of one frame for every row.
 
         talker_hidden, code0_embed: [B, H]. `choose(group, logits [B, V]) -> codes [B]` is the
         sampler for codebook `group` (1..15). `forced_codes` [B, 15] replaces the choices
-        (teacher forcing, for parity tests). Returns (codes [B, 15], logits [B, 15, V])."""
+        (teacher forcing, for parity tests). `caches`: one StaticKV per layer with room for 16
+        positions (the engine's reused buffers); by default a fresh GrowingKV each frame.
+        Returns (codes [B, 15], logits [B, 15, V])."""
         b = talker_hidden.shape[0]
         device = talker_hidden.device
+        caches = caches if caches is not None else [GrowingKV() for _ in self.decoder.layers]
         x = self.input_projection(torch.stack((talker_hidden, code0_embed), dim=1))
-        caches, codes, all_logits = None, [], []
+        past, codes, all_logits = 0, [], []
         for j, head in enumerate(self.heads):
-            s, past = x.shape[1], (0 if caches is None else caches[0].k.shape[2])
+            s = x.shape[1]
+            for cache in caches:
+                cache.at = past
             positions = torch.arange(past, past + s, device=device).expand(b, s)
             mask = torch.ones(s, past + s, dtype=torch.bool, device=device).tril(past)[None, None]
-            hidden, caches = self.decoder(x, positions, mask, caches)
+            hidden = self.decoder(x, positions, mask, caches)
+            past += s
             logits = head(hidden[:, -1]).float()
             code = forced_codes[:, j] if forced_codes is not None else choose(j + 1, logits)
             codes.append(code)

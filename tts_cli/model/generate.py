@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tts_cli.model.qwen3_tts import Qwen3TTS
-from tts_cli.model.sampler import SamplerSettings, TalkerLogitsProcessor, choose
+from tts_cli.model.transformer import GrowingKV
+from tts_cli.model.sampler import RowSampling, SamplerSettings, TalkerLogitsProcessor, choose
 
 
 @dataclass
@@ -57,7 +58,9 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
     device = talker.codec_embedding.weight.device
     b = len(rows)
     seeds = torch.tensor([r.seed for r in rows], dtype=torch.int64, device=device)
-    process = TalkerLogitsProcessor(cfg.codec_vocab_size, cfg.codec_eos_id, talker_sampler.repetition_penalty, device)
+    process = TalkerLogitsProcessor(cfg.codec_vocab_size, cfg.codec_eos_id, device)
+    talker_rows = RowSampling.uniform(talker_sampler, b, device)
+    cp_rows = RowSampling.uniform(cp_sampler, b, device)
     pad_embed = talker.text_track(torch.tensor([cfg.tts_pad_id], device=device))   # [1, H]
     outputs = [RowOutput(codes=torch.empty(0, cfg.num_code_groups, dtype=torch.int64), hit_cap=False)
                for _ in rows]
@@ -68,7 +71,8 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     # Every query may see itself, so that padding rows stay finite (they are never attended).
     mask = (causal & key_valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
-    hidden, logits, caches = talker(embeds, positions, mask[:, None])
+    caches = [GrowingKV() for _ in talker.decoder.layers]
+    hidden, logits = talker(embeds, positions, mask[:, None], caches)
     next_position = key_valid.sum(1)
 
     seen = torch.zeros(b, cfg.codec_vocab_size, dtype=torch.bool, device=device)
@@ -78,8 +82,9 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
     frame = 0
     while True:
         last_hidden, last_logits = hidden[:, -1], logits[:, -1].float()
-        processed = process(last_logits, seen, torch.full((b,), frame < min_new_tokens, device=device))
-        code0 = choose(processed, talker_sampler, seeds, frame, group=0)
+        processed = process(last_logits, seen, torch.full((b,), frame < min_new_tokens, device=device),
+                            talker_rows.repetition_penalty)
+        code0 = choose(processed, talker_rows, seeds, frame, group=0)
         code0 = _teacher(rows, frame, 0, code0)
         seen[torch.arange(b, device=device), code0] = True
         if trace:
@@ -99,7 +104,7 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
         teacher = _teacher_frame(rows, frame)
         codes, cp_logits = cp.predict_frame(
             last_hidden, code0_embed,
-            choose=lambda group, lg: choose(lg, cp_sampler, seeds, frame, group),
+            choose=lambda group, lg: choose(lg, cp_rows, seeds, frame, group),
             forced_codes=teacher)
         for i in torch.nonzero(~done).flatten().tolist():
             frames[i].append(torch.cat((code0[i:i + 1], codes[i])).cpu())
@@ -108,8 +113,7 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
 
         step_embed = cp.frame_embedding(code0_embed, codes) + pad_embed
         key_valid = torch.cat((key_valid, torch.ones(b, 1, dtype=torch.bool, device=device)), dim=1)
-        hidden, logits, caches = talker(step_embed[:, None], next_position[:, None],
-                                        key_valid[:, None, None, :], caches)
+        hidden, logits = talker(step_embed[:, None], next_position[:, None], key_valid[:, None, None, :], caches)
         next_position = next_position + 1
         frame += 1
 

@@ -28,12 +28,13 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seeds: torch.Tensor, frame: int, group: int, vocab: int) -> torch.Tensor:
-    """Uniform (0, 1) fp32 noise [B, vocab], a pure function of (seed, frame, group, token)."""
+def uniform_noise(seeds: torch.Tensor, frame: int | torch.Tensor, group: int, vocab: int) -> torch.Tensor:
+    """Uniform (0, 1) fp32 noise [B, vocab], a pure function of (seed, frame, group, token).
+    frame: one int for every row, or [B] (each row's own frame index)."""
     seeds = seeds.to(torch.int64)
     key = _mix32(seeds & _MASK32)
     key = _mix32(key ^ ((seeds >> 32) & _MASK32))
-    key = _mix32(key ^ (frame & _MASK32))
+    key = _mix32(key ^ (torch.as_tensor(frame, device=seeds.device) & _MASK32))
     key = _mix32(key ^ (group & _MASK32))
     tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     bits = _mix32(key[:, None] ^ tokens[None, :])
@@ -41,7 +42,7 @@ def uniform_noise(seeds: torch.Tensor, frame: int, group: int, vocab: int) -> to
     return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
 
 
-def gumbel_draw(logits: torch.Tensor, seeds: torch.Tensor, frame: int, group: int) -> torch.Tensor:
+def gumbel_draw(logits: torch.Tensor, seeds: torch.Tensor, frame: int | torch.Tensor, group: int) -> torch.Tensor:
     """One draw per row from softmax(logits) (-inf entries are never drawn)."""
     u = uniform_noise(seeds, frame, group, logits.shape[-1])
     return torch.argmax(logits - torch.log(-torch.log(u)), dim=-1)
@@ -57,61 +58,87 @@ class SamplerSettings:
     repetition_penalty: float = 1.0
 
 
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """seen [B, V] bool: ids generated so far by that row (each id penalized once)."""
-    if penalty == 1.0:
-        return logits
+@dataclass
+class RowSampling:
+    """Per-row sampler settings as tensors, so one batch (and one CUDA graph) can mix settings.
+    do_sample [B] bool; temperature, top_p, repetition_penalty [B, 1] fp32; top_k [B] int64."""
+    do_sample: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+
+    @classmethod
+    def uniform(cls, s: SamplerSettings, rows: int, device) -> "RowSampling":
+        def column(value):
+            return torch.full((rows, 1), float(value), device=device)
+        return cls(torch.full((rows,), s.do_sample, device=device), column(s.temperature),
+                   torch.full((rows,), s.top_k, device=device), column(s.top_p), column(s.repetition_penalty))
+
+    def set_row(self, row: int, s: SamplerSettings) -> None:
+        self.do_sample[row] = s.do_sample
+        self.temperature[row] = s.temperature
+        self.top_k[row] = s.top_k
+        self.top_p[row] = s.top_p
+        self.repetition_penalty[row] = s.repetition_penalty
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """seen [B, V] bool: ids generated so far by that row (each id penalized once); penalty [B, 1]."""
     penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
     return torch.where(seen, penalized, logits)
 
 
-def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep every logit >= the k-th largest (ties at the boundary are all kept, as in HF)."""
-    if k <= 0 or k >= logits.shape[-1]:
-        return logits
-    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Keep every logit >= the row's k-th largest (ties at the boundary are all kept, as in HF);
+    k [B], where k <= 0 or k >= V keeps everything."""
+    vocab = logits.shape[-1]
+    k = torch.where((k <= 0) | (k > vocab), vocab, k)
+    ranked = torch.sort(logits, dim=-1, descending=True).values
+    kth = ranked.gather(-1, (k - 1)[:, None])
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """HF TopP: drop the low-probability tail whose total mass is <= 1 - p; keep at least one."""
-    if p >= 1.0:
-        return logits
+def apply_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """HF TopP: drop the low-probability tail whose total mass is <= 1 - p; keep at least one.
+    p [B, 1]; p >= 1 keeps everything."""
     sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = cumulative <= (1 - p)
+    remove_sorted = (cumulative <= (1 - p)) & (p < 1)
     remove_sorted[..., -1:] = False
     remove = remove_sorted.scatter(-1, order, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
 
 
-def warp(logits: torch.Tensor, s: SamplerSettings) -> torch.Tensor:
-    """Temperature, top-k, top-p: applied only when sampling (HF skips warpers for greedy)."""
-    if s.temperature != 1.0:
-        logits = logits / s.temperature
-    return apply_top_p(apply_top_k(logits, s.top_k), s.top_p)
+def warp(logits: torch.Tensor, rows: RowSampling, top_p: bool = True) -> torch.Tensor:
+    """Temperature, top-k, top-p: applied only when sampling (HF skips warpers for greedy).
+    top_p=False skips the top-p sort when no row uses it."""
+    logits = apply_top_k(logits / rows.temperature, rows.top_k)
+    return apply_top_p(logits, rows.top_p) if top_p else logits
 
 
-def choose(logits: torch.Tensor, s: SamplerSettings, seeds: torch.Tensor, frame: int, group: int) -> torch.Tensor:
-    if not s.do_sample:
-        return torch.argmax(logits, dim=-1)
-    return gumbel_draw(warp(logits, s), seeds, frame, group)
+def choose(logits: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, frame: int | torch.Tensor,
+           group: int, top_p: bool = True) -> torch.Tensor:
+    """Each row's draw (or argmax when it does not sample)."""
+    drawn = gumbel_draw(warp(logits, rows, top_p), seeds, frame, group)
+    return torch.where(rows.do_sample, drawn, torch.argmax(logits, dim=-1))
 
 
 class TalkerLogitsProcessor:
     """The talker's processors before warping: repetition penalty, EOS block, suppression."""
 
-    def __init__(self, vocab_size: int, eos_id: int, repetition_penalty: float, device):
+    def __init__(self, vocab_size: int, eos_id: int, device):
         self.eos_id = eos_id
-        self.penalty = repetition_penalty
         # The official model suppresses the top 1024 ids (the special codec ids) except EOS.
         self.suppressed = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         self.suppressed[vocab_size - 1024:] = True
         self.suppressed[eos_id] = False
 
-    def __call__(self, logits: torch.Tensor, seen: torch.Tensor, eos_blocked: torch.Tensor) -> torch.Tensor:
-        """logits [B, V] fp32; seen [B, V] bool; eos_blocked [B] bool (fewer than min_new_tokens so far)."""
-        logits = apply_repetition_penalty(logits, seen, self.penalty)
+    def __call__(self, logits: torch.Tensor, seen: torch.Tensor, eos_blocked: torch.Tensor,
+                 penalty: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] fp32; seen [B, V] bool; eos_blocked [B] bool (fewer than min_new_tokens so
+        far); penalty [B, 1]."""
+        logits = apply_repetition_penalty(logits, seen, penalty)
         logits = logits.clone()
         logits[:, self.eos_id] = torch.where(eos_blocked, float("-inf"), logits[:, self.eos_id])
         return logits.masked_fill(self.suppressed, float("-inf"))

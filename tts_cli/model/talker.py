@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_cli.checkpoint import ModelConfig
-from tts_cli.model.transformer import Decoder, KVCache
+from tts_cli.model.transformer import Decoder
 
 
 class TextProjection(nn.Module):
@@ -40,7 +40,7 @@ class Talker(nn.Module):
     def codec_track(self, codec_ids: torch.Tensor) -> torch.Tensor:
         return self.codec_embedding(codec_ids)
 
-    def forward(self, embeds, positions, mask, caches: list[KVCache] | None = None):
-        """Returns (final normed hidden [B, S, H], codebook-0 logits [B, S, V], new caches)."""
-        hidden, caches = self.decoder(embeds, positions, mask, caches)
-        return hidden, self.codec_head(hidden), caches
+    def forward(self, embeds, positions, mask, caches: list | None = None):
+        """Returns (final normed hidden [B, S, H], codebook-0 logits [B, S, V]); caches updated in place."""
+        hidden = self.decoder(embeds, positions, mask, caches)
+        return hidden, self.codec_head(hidden)

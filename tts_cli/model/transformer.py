@@ -7,8 +7,6 @@ exactly the standard rotate-half RoPE used here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,11 +43,42 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-@dataclass
-class KVCache:
-    """Keys and values of one layer for every row: [batch, kv_heads, length, head_dim]."""
-    k: torch.Tensor
-    v: torch.Tensor
+class GrowingKV:
+    """One layer's keys and values that grow by concatenation: the plain reference path. Like
+    StaticKV it has `at`, where the next update writes; here that is always its current length."""
+
+    def __init__(self):
+        self.k = self.v = None
+        self.at = 0
+
+    def update(self, k, v):
+        self.at += k.shape[2]
+        self.k = k if self.k is None else torch.cat((self.k, k), dim=2)
+        self.v = v if self.v is None else torch.cat((self.v, v), dim=2)
+        return self.k, self.v
+
+
+class StaticKV:
+    """One layer's keys and values in preallocated buffers [B, kv_heads, capacity, head_dim], so
+    that a step can be captured in a CUDA graph. `at` says where the next update writes: an int
+    (the same offset for every row; the code predictor's frame) or a [B] tensor (one token per row,
+    each at its own position; the engine's talker step). The caller's mask hides unwritten slots."""
+
+    def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int, device, dtype):
+        self.k = torch.zeros(batch, kv_heads, capacity, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.at: int | torch.Tensor = 0
+
+    def update(self, k, v):
+        if isinstance(self.at, int):
+            end = self.at + k.shape[2]
+            self.k[:, :, self.at:end] = k
+            self.v[:, :, self.at:end] = v
+            return self.k[:, :, :end], self.v[:, :, :end]
+        index = self.at.view(-1, 1, 1, 1).expand(-1, k.shape[1], 1, k.shape[3])
+        self.k.scatter_(2, index, k)
+        self.v.scatter_(2, index, v)
+        return self.k, self.v
 
 
 class Attention(nn.Module):
@@ -64,26 +93,26 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None) -> tuple[torch.Tensor, KVCache]:
-        """x [B, S, D]; cos/sin [B, S, hd]; mask [B, 1, S, S_past + S] bool (True = may attend)."""
+    def forward(self, x, cos, sin, mask, cache: GrowingKV | StaticKV | None):
+        """x [B, S, D]; cos/sin [B, S, hd]; mask [B, 1, S, keys] bool (True = may attend)."""
         b, s, _ = x.shape
-        hd = self.cfg.head_dim
+        hd, kv_heads = self.cfg.head_dim, self.cfg.num_kv_heads
+        groups = self.cfg.num_heads // kv_heads
         q = self.q_norm(self.q_proj(x).view(b, s, -1, hd)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, s, -1, hd)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, hd).transpose(1, 2)
         cos, sin = cos[:, None], sin[:, None]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
-            k = torch.cat((cache.k, k), dim=2)
-            v = torch.cat((cache.v, v), dim=2)
-        groups = self.cfg.num_heads // self.cfg.num_kv_heads
-        kk = k.repeat_interleave(groups, dim=1)
-        vv = v.repeat_interleave(groups, dim=1)
-        scores = (q @ kk.transpose(2, 3)) * hd ** -0.5
-        scores = scores.masked_fill(~mask, float("-inf"))
+            k, v = cache.update(k, v)
+        # Grouped-query attention without copying keys: the query heads that share a kv head
+        # (consecutive heads, as in repeat_interleave) are stacked along the query axis.
+        q = q.reshape(b, kv_heads, groups * s, hd)
+        scores = (q @ k.transpose(2, 3)) * hd ** -0.5
+        scores = scores.masked_fill(~mask.repeat(1, 1, groups, 1), float("-inf"))
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = (probs @ vv).transpose(1, 2).reshape(b, s, -1)
-        return self.o_proj(out), KVCache(k, v)
+        out = (probs @ v).view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1)
+        return self.o_proj(out)
 
 
 class SwiGLU(nn.Module):
@@ -106,13 +135,12 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, mask, cache):
-        attn, cache = self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
-        h = x + attn
-        return h + self.mlp(self.post_attention_layernorm(h)), cache
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Decoder(nn.Module):
-    """A stack of decoder layers and the final norm; returns normed hidden states and new caches."""
+    """A stack of decoder layers and the final norm."""
 
     def __init__(self, cfg: DecoderConfig):
         super().__init__()
@@ -120,11 +148,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, positions, mask, caches: list[KVCache] | None = None):
-        """x [B, S, D], positions [B, S] (RoPE position of each row's token), mask as in Attention."""
+    def forward(self, x, positions, mask, caches: list | None = None):
+        """x [B, S, D], positions [B, S] (RoPE position of each row's token), mask as in Attention;
+        caches: one GrowingKV or StaticKV per layer, updated in place."""
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        new_caches = []
         for i, layer in enumerate(self.layers):
-            x, cache = layer(x, cos, sin, mask, caches[i] if caches else None)
-            new_caches.append(cache)
-        return self.norm(x), new_caches
+            x = layer(x, cos, sin, mask, caches[i] if caches else None)
+        return self.norm(x)

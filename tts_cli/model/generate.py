@@ -35,17 +35,22 @@ class RowOutput:
     past_hidden: list[torch.Tensor] = field(default_factory=list)     # [H] per talker output
 
 
-def _prefill_batch(rows: list[RowInput]):
-    """Left-pads prompts (like the official batch) -> embeds [B, L, H], valid [B, L]."""
-    longest = max(r.prompt_embeds.shape[0] for r in rows)
-    first = rows[0].prompt_embeds
-    embeds = first.new_zeros(len(rows), longest, first.shape[1])
-    valid = torch.zeros(len(rows), longest, dtype=torch.bool, device=first.device)
-    for i, r in enumerate(rows):
-        n = r.prompt_embeds.shape[0]
-        embeds[i, longest - n:] = r.prompt_embeds
-        valid[i, longest - n:] = True
-    return embeds, valid
+def prefill_batch(prompts: list[torch.Tensor], left_pad: bool):
+    """Pads prompt embeddings [L_i, H] into one batch -> embeds [B, L, H], valid [B, L],
+    positions [B, L] (each row's own 0, 1, ...), mask [B, 1, L, L]. Left padding (the official
+    batch) ends every prompt at the last column; right padding starts every prompt at column 0."""
+    longest = max(p.shape[0] for p in prompts)
+    embeds = prompts[0].new_zeros(len(prompts), longest, prompts[0].shape[1])
+    valid = torch.zeros(len(prompts), longest, dtype=torch.bool, device=prompts[0].device)
+    for i, p in enumerate(prompts):
+        columns = slice(longest - p.shape[0], longest) if left_pad else slice(0, p.shape[0])
+        embeds[i, columns] = p
+        valid[i, columns] = True
+    positions = (valid.cumsum(1) - 1).clamp(min=0)
+    causal = torch.ones(longest, longest, dtype=torch.bool, device=valid.device).tril()
+    # Every query may see itself, so that padding rows stay finite (they are never attended).
+    mask = (causal & valid[:, None, :]) | torch.eye(longest, dtype=torch.bool, device=valid.device)
+    return embeds, valid, positions, mask[:, None]
 
 
 @torch.no_grad()
@@ -65,14 +70,9 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
     outputs = [RowOutput(codes=torch.empty(0, cfg.num_code_groups, dtype=torch.int64), hit_cap=False)
                for _ in rows]
 
-    embeds, key_valid = _prefill_batch(rows)
-    length = key_valid.shape[1]
-    positions = (key_valid.cumsum(1) - 1).clamp(min=0)
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-    # Every query may see itself, so that padding rows stay finite (they are never attended).
-    mask = (causal & key_valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=device)
+    embeds, key_valid, positions, mask = prefill_batch([r.prompt_embeds for r in rows], left_pad=True)
     caches = [GrowingKV() for _ in talker.decoder.layers]
-    hidden, logits = talker(embeds, positions, mask[:, None], caches)
+    hidden, logits = talker(embeds, positions, mask, caches)
     next_position = key_valid.sum(1)
 
     seen = torch.zeros(b, cfg.codec_vocab_size, dtype=torch.bool, device=device)

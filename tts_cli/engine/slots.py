@@ -1,0 +1,70 @@
+"""Per-slot device state of the engine: fixed-address buffers that the decode step (a CUDA graph
+on GPU) reads and updates, and that admission writes between steps.
+
+A slot holds one request from admission until it ends. `g0` is the codebook-0 code of the frame
+the slot emits next and `hidden` the talker state that predicted it; the step emits that frame
+(codebooks 1..15 from the code predictor, its PCM from the streamed codec) and draws the next g0.
+A slot whose g0 is EOS, or that has `cap` frames, stops emitting and stays frozen until the host
+frees it.
+"""
+from __future__ import annotations
+
+import torch
+
+from tts_cli.checkpoint import ModelConfig
+from tts_cli.model.sampler import RowSampling, SamplerSettings
+from tts_cli.model.transformer import StaticKV
+
+
+class SlotState:
+    def __init__(self, cfg: ModelConfig, rows: int, context: int, codec, device, dtype,
+                 talker_defaults: SamplerSettings, cp_defaults: SamplerSettings):
+        t, cp = cfg.talker, cfg.code_predictor
+
+        def longs():
+            return torch.zeros(rows, dtype=torch.int64, device=device)
+
+        self.rows, self.context = rows, context
+        self.g0 = longs()
+        self.hidden = torch.zeros(rows, t.hidden_size, device=device, dtype=dtype)
+        self.position = longs()          # talker position of the slot's next input
+        self.frame = longs()             # frames emitted so far
+        self.cap = longs()
+        self.min_new_tokens = longs()
+        self.seeds = longs()
+        self.active = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.seen = torch.zeros(rows, cfg.codec_vocab_size, dtype=torch.bool, device=device)
+        self.talker_sampling = RowSampling.uniform(talker_defaults, rows, device)
+        self.cp_sampling = RowSampling.uniform(cp_defaults, rows, device)
+        self.talker_kv = [StaticKV(rows, t.num_kv_heads, context, t.head_dim, device, dtype)
+                          for _ in range(t.num_layers)]
+        self.cp_kv = [StaticKV(rows, cp.num_kv_heads, cfg.num_code_groups, cp.head_dim, device, dtype)
+                      for _ in range(cp.num_layers)]
+        self.key_positions = torch.arange(context, device=device)
+        self.codec = codec.new_state(rows)
+        # outputs of the last step, copied to pinned host memory by the runner
+        self.out_codes = torch.zeros(rows, cfg.num_code_groups, dtype=torch.int64, device=device)
+        self.out_pcm = torch.zeros(rows, codec.samples_per_frame, device=device)
+        self.out_emit = torch.zeros(rows, dtype=torch.bool, device=device)
+
+    def admit(self, slot: int, *, g0: torch.Tensor, hidden: torch.Tensor, prompt_length: int, cap: int,
+              min_new_tokens: int, seed: int, talker: SamplerSettings, cp: SamplerSettings) -> None:
+        """Start a request in `slot` (its prompt's keys and values are already written)."""
+        self.g0[slot] = g0
+        self.hidden[slot] = hidden
+        self.position[slot] = prompt_length
+        self.frame[slot] = 0
+        self.cap[slot] = cap
+        self.min_new_tokens[slot] = min_new_tokens
+        self.seeds[slot] = seed
+        self.active[slot] = True
+        self.seen[slot] = False
+        self.seen[slot, g0] = True
+        self.talker_sampling.set_row(slot, talker)
+        self.cp_sampling.set_row(slot, cp)
+        rows = torch.zeros(self.rows, dtype=torch.bool, device=self.g0.device)
+        rows[slot] = True
+        self.codec.reset(rows)
+
+    def release(self, slot: int) -> None:
+        self.active[slot] = False

@@ -1,0 +1,105 @@
+"""One decode step for every slot, in three stages with fixed shapes (each a CUDA graph on GPU):
+
+  depth:  codebooks 1..15 of the slot's current frame (code predictor + its sampler)
+  codec:  that frame's 1920 PCM samples (streamed decoder, per-slot state)
+  talker: the next talker position (frame embedding sum + tts_pad) and the next codebook-0 draw
+
+No host synchronisation inside a step: what the host needs (codes, PCM, which slots emitted)
+lands in output buffers that the runner copies to pinned memory and reads one step later.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from tts_cli.engine.slots import SlotState
+from tts_cli.model.qwen3_tts import Qwen3TTS
+from tts_cli.model.sampler import TalkerLogitsProcessor, choose
+
+log = logging.getLogger(__name__)
+STAGES = ("depth", "codec", "talker")
+
+
+class DecodeStep:
+    def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool):
+        self.model, self.codec, self.st = model, codec, state
+        cfg = model.cfg
+        device = state.g0.device
+        self.eos = cfg.codec_eos_id
+        self.top_p = top_p
+        self.process = TalkerLogitsProcessor(cfg.codec_vocab_size, cfg.codec_eos_id, device)
+        self.pad_embed = model.talker.text_track(torch.tensor([cfg.tts_pad_id], device=device))
+        # intermediates passed between stages (fixed addresses for the graphs)
+        self.emit = torch.zeros_like(state.active)
+        self.code0_embed = torch.zeros_like(state.hidden)
+        self.codes = torch.zeros_like(state.out_codes)
+        self.stage_fns = {"depth": self._depth, "codec": self._codec, "talker": self._talker}
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        if use_graphs:
+            self._capture()
+
+    @torch.no_grad()
+    def _depth(self) -> None:
+        st, cp = self.st, self.model.code_predictor
+        self.emit.copy_(st.active & (st.g0 != self.eos) & (st.frame < st.cap))
+        self.code0_embed.copy_(self.model.talker.codec_track(st.g0))
+        residual, _ = cp.predict_frame(
+            st.hidden, self.code0_embed,
+            choose=lambda group, logits: choose(logits, st.cp_sampling, st.seeds, st.frame, group, self.top_p),
+            caches=st.cp_kv)
+        # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
+        self.codes[:, 0] = torch.where(self.emit, st.g0, 0)
+        self.codes[:, 1:] = residual
+
+    @torch.no_grad()
+    def _codec(self) -> None:
+        st = self.st
+        st.out_pcm.copy_(self.codec.decode_step(self.codes[:, None], st.codec).float())
+
+    @torch.no_grad()
+    def _talker(self) -> None:
+        st, talker, cp = self.st, self.model.talker, self.model.code_predictor
+        residual_embed = cp.frame_embedding(self.code0_embed, self.codes[:, 1:])
+        x = (residual_embed + self.pad_embed)[:, None]
+        for kv in st.talker_kv:
+            kv.at = st.position
+        mask = (st.key_positions[None, :] <= st.position[:, None])[:, None, None, :]
+        hidden, logits = talker(x, st.position[:, None], mask, st.talker_kv)
+        next_frame = st.frame + 1
+        processed = self.process(logits[:, -1].float(), st.seen, next_frame < st.min_new_tokens,
+                                 st.talker_sampling.repetition_penalty)
+        g0 = choose(processed, st.talker_sampling, st.seeds, next_frame, 0, self.top_p)
+        emit = self.emit
+        st.out_codes.copy_(self.codes)
+        st.out_emit.copy_(emit)
+        # Slots that did not emit stay frozen: their state is what the host reads when it ends them.
+        st.seen.scatter_(1, g0[:, None], emit[:, None] | st.seen.gather(1, g0[:, None]))
+        st.g0.copy_(torch.where(emit, g0, st.g0))
+        st.hidden.copy_(torch.where(emit[:, None], hidden[:, -1], st.hidden))
+        st.position.add_(emit.long())
+        st.frame.add_(emit.long())
+
+    def _capture(self) -> None:
+        """Warm up on a side stream, then capture each stage. Capturing runs the stages once with
+        no slot active; the state they touch is reset by every admission."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                for name in STAGES:
+                    self.stage_fns[name]()
+        torch.cuda.current_stream().wait_stream(stream)
+        pool = None
+        for name in STAGES:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.stage_fns[name]()
+            pool = graph.pool()
+            self.graphs[name] = graph
+
+    def run_stage(self, name: str) -> None:
+        if self.graphs:
+            self.graphs[name].replay()
+        else:
+            self.stage_fns[name]()

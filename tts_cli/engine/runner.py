@@ -219,6 +219,10 @@ class Engine:
 
     # -- timing -------------------------------------------------------------------------------------
 
+    def reset_stats(self) -> None:
+        self.stats = EngineStats()
+        self._pending_times.clear()
+
     def _event(self):
         if not self.time_stages:
             return None

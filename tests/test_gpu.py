@@ -1,0 +1,80 @@
+"""GPU checks of the engine (skipped without CUDA; run through the device machine)."""
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tts_cli.engine.random_model import build_random
+from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.model.codec import CodecState
+from tts_cli.model.generate import RowInput, generate
+from tts_cli.model.prompt import prompt_embeddings
+from tts_cli.request import Request
+from tts_cli.synthesizer import Synthesizer, code_predictor_settings, talker_settings
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TINY = Path(__file__).resolve().parents[1] / "tts_cli" / "assets" / "tiny-1.7b-customvoice"
+TEXTS = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
+         "It's easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",
+         "Rice is often served in round bowls.", "The juice of lemons makes fine punch."]
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double().flatten(), b.double().flatten()
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_graphed_engine_equals_the_plain_model_in_fp32(greedy):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=torch.float32)
+    sampling = synth.ckpt.sampling.greedy() if greedy else synth.ckpt.sampling
+    frames = [12, 30, 7, 20, 25, 9]
+    embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    engine = Engine(synth.model, synth.codec, rows=4, context=128, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling), use_graphs=True)
+    assert engine.step.graphs
+    results = engine.run([EngineRequest(key=i, prompt_embeds=e, seed=7 + i, max_frames=f, min_new_tokens=f + 1)
+                          for i, (e, f) in enumerate(zip(embeds, frames))])
+    for i, (r, e, f) in enumerate(zip(results, embeds, frames)):
+        plain = generate(synth.model, [RowInput(e, 7 + i, f)], talker_settings(sampling),
+                         code_predictor_settings(sampling), min_new_tokens=f + 1)[0]
+        assert np.array_equal(r.codes, plain.codes.numpy()), f"row {i}"
+
+
+def test_bf16_model_follows_fp32_teacher_forced_at_real_shapes():
+    """bf16 (the engine's dtype) against fp32 on the same random 1.7B-shaped weights, both fed
+    the fp32 model's own greedy codes: talker and code-predictor logits by cosine similarity."""
+    model32, _ = build_random("1.7b", "cuda", torch.float32)
+    model16 = copy.deepcopy(model32).to(torch.bfloat16)
+    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
+    synth_cfg = synth.cfg
+    assert synth_cfg.im_start_id == model32.cfg.im_start_id
+    prompt = synth.prompt(Request(id="0", text=TEXTS[0], speaker="vivian"))
+    greedy = synth.ckpt.sampling.greedy()
+    frames = 16
+    ref = generate(model32, [RowInput(prompt_embeddings(model32.talker, prompt), 0, frames)],
+                   talker_settings(greedy), code_predictor_settings(greedy), min_new_tokens=frames + 1, trace=True)[0]
+    low = generate(model16, [RowInput(prompt_embeddings(model16.talker, prompt), 0, frames,
+                                      teacher_codes=ref.codes.cuda())],
+                   talker_settings(greedy), code_predictor_settings(greedy), min_new_tokens=frames + 1, trace=True)[0]
+    talker = min(_cosine(a, b) for a, b in zip(low.talker_logits, ref.talker_logits))
+    depth = min(_cosine(a, b) for a, b in zip(low.cp_logits, ref.cp_logits))
+    print(f"bf16 vs fp32 teacher-forced: talker logits cosine min {talker:.6f}, code predictor {depth:.6f}")
+    assert talker >= 0.9999 and depth >= 0.9995
+
+
+def test_streamed_bf16_codec_equals_full_fp32_decode():
+    _, codec32 = build_random("1.7b", "cuda", torch.float32)
+    codec16 = copy.deepcopy(codec32).to(torch.bfloat16)
+    codec16.quantizer.tables = codec32.quantizer.tables.to(torch.bfloat16)
+    codes = torch.randint(0, 2048, (4, 100, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    full = codec32.decode(codes)
+    state: CodecState = codec16.new_state(4)
+    streamed = torch.cat([codec16.decode_step(codes[:, t:t + 1], state).float() for t in range(100)], dim=1)
+    snr = 10 * torch.log10(full.pow(2).sum() / (streamed - full).pow(2).sum())
+    print(f"streamed bf16 codec vs full fp32 decode: SNR {snr:.1f} dB")
+    assert snr >= 35

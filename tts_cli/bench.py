@@ -1,0 +1,151 @@
+"""`tts bench`: closed-loop throughput and latency of the engine at several concurrencies.
+
+Concurrency c = rows in flight: an engine with c slots, every request queued at t0, a slot
+refilled as soon as its request ends. Each request's length is forced (EOS blocked, cap = its
+frame count), because random weights never end speech on their own:
+  --frames auto: frames = round(characters / 14 chars per s * 12.5 frames per s), at least 8;
+  --frames N: every request N frames (N * 80 ms of audio).
+
+Reported per concurrency:
+  audio-s/s  total audio seconds / wall seconds of the timed run (aggregate throughput)
+  xRT        per request, audio seconds / seconds from admission to its last frame; mean
+  RTF        1 / xRT of the same requests; mean (wall per second of audio, per stream)
+  first audio p50/p99: seconds from admission (prefill start) to its first frame on the host
+  ms per step: depth (code predictor + its sampling), codec, talker (+ its sampling), prefill,
+  host (wall per step not covered by those), from CUDA events around each stage
+  peak GPU memory (torch.cuda.max_memory_allocated)
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from tts_cli.checkpoint import Checkpoint, SamplingConfig
+from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
+from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.model.prompt import prompt_embeddings
+from tts_cli.request import Request
+from tts_cli.synthesizer import Synthesizer, code_predictor_settings, load_tokenizer, talker_settings
+
+SENTENCES = Path(__file__).resolve().parent / "assets" / "harvard-sentences.txt"
+CHARS_PER_SECOND = 14.0
+FRAMES_PER_SECOND = 12.5
+MIN_FRAMES = 8
+WARMUP_FRAMES = 4
+
+
+@dataclass
+class BenchRow:
+    concurrency: int
+    requests: int
+    frames: int
+    audio_s: float
+    wall_s: float
+    audio_s_per_s: float
+    xrt: float
+    rtf: float
+    first_audio_p50_s: float
+    first_audio_p99_s: float
+    ms_per_step: dict
+    steps: int
+    peak_gpu_gib: float | None
+
+
+def load_synthesizer(spec: str, device: str, dtype: torch.dtype) -> Synthesizer:
+    """A checkpoint directory, or random:1.7b / random:0.6b built on the device."""
+    size = parse_spec(spec)
+    if size is None:
+        return Synthesizer.from_pretrained(spec, device=device, dtype=dtype)
+    model, codec = build_random(size, device, dtype)
+    ckpt = Checkpoint(root=Path(spec), config=random_config(size), sampling=SamplingConfig())
+    return Synthesizer(ckpt, model, load_tokenizer(TINY), codec)
+
+
+def auto_frames(text: str) -> int:
+    return max(MIN_FRAMES, round(len(text) / CHARS_PER_SECOND * FRAMES_PER_SECOND))
+
+
+def make_requests(synth: Synthesizer, sentences: list[str], count: int, frames: int | None,
+                  speaker: str) -> list[EngineRequest]:
+    requests = []
+    for key in range(count):
+        text = sentences[key % len(sentences)]
+        n = frames or auto_frames(text)
+        prompt = synth.prompt(Request(id=str(key), text=text, speaker=speaker))
+        requests.append(EngineRequest(key=key, prompt_embeds=prompt_embeddings(synth.model.talker, prompt),
+                                      seed=key, max_frames=n, min_new_tokens=n + 1))
+    return requests
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+@torch.no_grad()
+def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest]) -> BenchRow:
+    cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    sampling = synth.ckpt.sampling
+    context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
+    engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
+                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
+                    time_stages=True)
+    warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
+                            min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
+    engine.run(warmup)
+    if cuda:
+        engine.collect_stage_times()
+        torch.cuda.synchronize()
+    engine.reset_stats()
+    start = time.perf_counter()
+    results = engine.run(requests)
+    wall = time.perf_counter() - start
+    if cuda:
+        engine.collect_stage_times()
+    frames = sum(len(r.codes) for r in results)
+    audio = frames / FRAMES_PER_SECOND
+    xrts = [len(r.codes) / FRAMES_PER_SECOND / (r.finished_at - r.admitted_at) for r in results]
+    first = [r.first_audio_at - r.admitted_at for r in results if r.first_audio_at is not None]
+    row = BenchRow(
+        concurrency=concurrency, requests=len(requests), frames=frames, audio_s=round(audio, 3),
+        wall_s=round(wall, 4), audio_s_per_s=round(audio / wall, 2), xrt=round(statistics.mean(xrts), 3),
+        rtf=round(statistics.mean(1 / x for x in xrts), 4),
+        first_audio_p50_s=round(_percentile(first, 0.5), 4), first_audio_p99_s=round(_percentile(first, 0.99), 4),
+        ms_per_step={k: round(v, 3) for k, v in engine.stats.per_step().items()}, steps=engine.stats.steps,
+        peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
+    del engine
+    return row
+
+
+def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
+              frames: int | None, device: str, speaker: str = "vivian") -> dict:
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    t0 = time.perf_counter()
+    synth = load_synthesizer(spec, device, dtype)
+    load_s = time.perf_counter() - t0
+    sentences = [line.strip() for line in sentences_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for c in concurrencies:
+        count = requests or max(2 * c, 8)
+        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker)))
+    return {
+        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""),
+        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+        "torch": torch.__version__, "load_s": round(load_s, 2), "sentences": str(sentences_path),
+        "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
+        "rows": [asdict(r) for r in rows],
+    }
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -7,7 +7,7 @@ from transformers.generation.logits_process import (MinNewTokensLengthLogitsProc
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 from tts_cli.model.sampler import (RowSampling, SamplerSettings, TalkerLogitsProcessor, apply_top_k, choose,
-                                   gumbel_draw, uniform_noise, warp)
+                                   bits_to_unit, gumbel_draw, uniform_noise, warp)
 
 VOCAB, EOS = 3072, 2150
 
@@ -94,3 +94,10 @@ def test_rows_of_one_batch_can_use_different_settings():
     alone = choose(logits[0:1], RowSampling.uniform(SamplerSettings(True, 1.0, 0, 1.0), 1, "cpu"),
                    seeds[0:1], frame=0, group=0)
     assert draws[0] == alone[0]                                    # per-row frame index as a tensor
+
+
+def test_noise_never_reaches_zero_or_one_in_fp32():
+    edges = bits_to_unit(torch.tensor([0, 0xFFFFFFFF], dtype=torch.int64))
+    assert 0 < edges[0] and edges[1] < 1
+    u = uniform_noise(torch.arange(64), frame=3, group=0, vocab=3072)
+    assert torch.isfinite(-torch.log(-torch.log(u))).all()

@@ -37,9 +37,14 @@ def uniform_noise(seeds: torch.Tensor, frame: int | torch.Tensor, group: int, vo
     key = _mix32(key ^ (torch.as_tensor(frame, device=seeds.device) & _MASK32))
     key = _mix32(key ^ (group & _MASK32))
     tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    bits = _mix32(key[:, None] ^ tokens[None, :])
-    # 24 random bits -> centre of one of 2^24 equal bins, never 0 or 1
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return bits_to_unit(_mix32(key[:, None] ^ tokens[None, :]))
+
+
+def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
+    """32 random bits -> fp32 in (0, 1): the centre of one of 2^23 equal bins. Not 24 bits: the
+    top bin's centre, 1 - 2^-25, rounds to 1.0 in fp32 and -log(-log(u)) becomes +inf (NaN on
+    -inf logits, which then wins the argmax)."""
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def gumbel_draw(logits: torch.Tensor, seeds: torch.Tensor, frame: int | torch.Tensor, group: int) -> torch.Tensor:

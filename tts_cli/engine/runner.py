@@ -84,6 +84,7 @@ class Engine:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device
         self.rows, self.context = rows, context
+        self.admit_group = max(1, rows // 8)
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p)
@@ -154,8 +155,11 @@ class Engine:
         while True:
             free = [i for i, r in enumerate(running) if r is None]
             admitted = []
-            while free and queue:
-                admitted.append((free.pop(0), queue.popleft()))
+            # Prefill is an eager call of a few ms whatever its size: admit in groups, not one
+            # request per step, unless nothing runs or the queue is nearly empty.
+            if len(free) >= min(self.admit_group, len(queue)) or all(r is None for r in running):
+                while free and queue:
+                    admitted.append((free.pop(0), queue.popleft()))
             if admitted:
                 t0 = self._event()
                 self._prefill(admitted)

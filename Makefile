@@ -11,8 +11,17 @@ REFERENCE_INSTALLED := $(VENV)/.reference-installed.stamp
 synth: $(INSTALLED)
 	$(VENV)/bin/tts synth examples/corpus.txt --out out/example
 
-test: $(INSTALLED) $(REFERENCE_INSTALLED)
+test: $(INSTALLED) $(REFERENCE_INSTALLED) espeak-ng
 	$(VENV_PYTHON) -m pytest -q
+
+# The WER acceptance test speaks with espeak-ng (a Debian package). Installed when missing and we
+# are root with apt-get; otherwise that test skips and says why.
+.PHONY: espeak-ng
+espeak-ng:
+	@command -v espeak-ng >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null \
+		     || echo "make: could not install espeak-ng: the WER acceptance test will skip"; } \
+		|| echo "make: espeak-ng missing and apt-get unusable (not root?): the WER acceptance test will skip"; }
 
 $(VENV_PYTHON):
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +30,7 @@ $(VENV_PYTHON):
 # requirement would pull a multi-GB CUDA build.
 $(INSTALLED): pyproject.toml | $(VENV_PYTHON)
 	$(VENV_PYTHON) -m pip install torch==2.13.0
-	$(VENV_PYTHON) -m pip install -e '.[test]'
+	$(VENV_PYTHON) -m pip install -e '.[test,wer,ray]'
 	touch $@
 
 # The official implementation, for the test that compares against it live. Its code breaks on

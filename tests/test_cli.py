@@ -2,7 +2,6 @@
 import importlib.util
 import json
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -11,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from tts_cli import __version__, cli
-from tts_cli.errors import CheckpointError, RequestError
-from tts_cli.request import Result
+from tts_cli.errors import CheckpointError
 
-SAMPLES_PER_FRAME = 1920
+from fakes import SAMPLES_PER_FRAME, use_fake_synthesizer
+
 runner = CliRunner()
 
 real_model_missing = importlib.util.find_spec("tts_cli.synthesizer") is None or not (
@@ -23,45 +22,9 @@ needs_real_model = pytest.mark.skipif(
     real_model_missing, reason="tts_cli/synthesizer.py or the bundled tiny model is not there yet")
 
 
-class FakeSynthesizer:
-    """The Synthesizer interface with made-up audio: frames = text length mod 5 + 2."""
-    speakers = ["ryan", "vivian"]
-    languages = ["auto", "chinese", "english"]
-    supports_instruct = True
-    sample_rate = 24000
-
-    def __init__(self):
-        self.batches = []
-
-    def validate(self, request):
-        if request.speaker not in self.speakers:
-            raise RequestError(f"unknown speaker {request.speaker!r}; valid: {', '.join(self.speakers)}")
-        if request.language not in self.languages:
-            raise RequestError(f"unknown language {request.language!r}; valid: {', '.join(self.languages)}")
-
-    def synthesize(self, requests, greedy=False, max_frames=None):
-        self.batches.append([r.id for r in requests])
-        if len(requests) > 1 and any("boom" in r.text for r in requests):
-            raise RequestError("a row of this batch is bad")
-        if any("boom" in r.text for r in requests):
-            raise RequestError("boom is not speakable")
-        results = []
-        for r in requests:
-            frames = len(r.text) % 5 + 2
-            hit_cap = max_frames is not None and frames >= max_frames
-            frames = min(frames, max_frames or frames)
-            audio = 0.3 * np.sin(np.arange(frames * SAMPLES_PER_FRAME, dtype=np.float32) / 10)
-            results.append(Result(r.id, torch.zeros(frames, 16, dtype=torch.int64), audio, hit_cap))
-        return results
-
-
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    synth = FakeSynthesizer()
-    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device: synth)
-    monkeypatch.delenv("TTS_MODEL", raising=False)
-    (tmp_path / "model").mkdir()
-    return synth
+    return use_fake_synthesizer(monkeypatch, tmp_path)
 
 
 def _invoke(*args, env=None):
@@ -86,25 +49,25 @@ def _assert_outputs_consistent(out, report):
     assert totals["audio_seconds"] == pytest.approx(sum(r["audio_seconds"] or 0 for r in report["rows"]), abs=1e-2)
     assert totals["xrt"] == totals["audio_seconds_per_second"]
     assert f"| {totals['ok']} | {totals['failed']} | {totals['skipped_empty']} |" in markdown
-    assert "xRT = audio_seconds / wall_seconds" in markdown
+    assert "xRT = audio_seconds_this_run / wall_seconds" in markdown
 
 
 def test_synth_writes_a_wav_per_row_and_both_reports(fake, tmp_path):
     manifest = tmp_path / "m.txt"
-    manifest.write_text("Hello there.\n\nsecond\tGood bye.\n../escape\tNot outside.\n")
+    manifest.write_text("Hello there.\n\nsecond\tGood bye.\nspaced out\tNot outside.\n")
     out = tmp_path / "out"
     result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model", "--batch-size", 2)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     assert [(r["id"], r["file"]) for r in report["rows"]] == [
-        ("000001", "000001.wav"), ("second", "second.wav"), ("../escape", "___escape.wav")]
+        ("000001", "000001.wav"), ("second", "second.wav"), ("spaced out", "spaced_out.wav")]
     assert sorted(p.name for p in out.iterdir()) == [
-        "000001.wav", "___escape.wav", "report.json", "report.md", "second.wav"]
+        ".tts-lock", "000001.wav", "ledger.jsonl", "report.json", "report.md", "second.wav", "spaced_out.wav"]
     assert report["totals"]["skipped_empty"] == 1
     assert report["model"] == {"dir": str(tmp_path / "model"), "source": "--model", "bundled_random_model": False}
-    assert fake.batches == [["000001", "second"], ["../escape"]]
+    assert fake.batches == [["000001", "second"], ["spaced out"]]
     _assert_outputs_consistent(out, report)
-    assert "3 rows ok, 0 failed, 1 empty skipped" in result.stdout
+    assert "3 rows ok (0 from an earlier run), 0 failed, 1 empty skipped" in result.stdout
 
 
 def test_invalid_rows_fail_with_the_valid_values_and_others_go_on(fake, tmp_path):
@@ -121,7 +84,7 @@ def test_invalid_rows_fail_with_the_valid_values_and_others_go_on(fake, tmp_path
                       "c": "boom is not speakable", "d": "unknown language 'klingon'; valid: auto, chinese, english"}
     # The failing batch is retried row by row, so its good row still gets audio.
     assert fake.batches == [["a", "c"], ["a"], ["c"]]
-    assert "row b: unknown speaker 'nobody'; valid: ryan, vivian" in result.stderr
+    assert "row 2 ('b'): unknown speaker 'nobody'; valid: ryan, vivian" in result.stderr
     _assert_outputs_consistent(out, report)
 
 
@@ -233,14 +196,23 @@ def test_unusable_device_is_one_red_line(fake, tmp_path, device, message):
     assert "Traceback" not in result.output
 
 
-@pytest.mark.parametrize("command, issue", [("bench", "engine"), ("verify-golden", "quality")])
-def test_unimplemented_commands_say_so(command, issue):
-    help_result = _invoke(command, "--help")
-    assert help_result.exit_code == 0
-    assert f"Not implemented yet (issue: {issue})" in help_result.output
-    result = _invoke(command, "--rows", "64")
-    assert result.exit_code == 2
-    assert result.stderr.strip() == f"tts {command}: not implemented yet (issue: {issue})"
+def test_bench_runs_the_engine_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    result = _invoke("bench", "--device", "cpu", "--model", cli.BUNDLED_MODEL_DIR, "--concurrency", "1,2",
+                     "--requests", "3", "--frames", "5", "--json", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert [r["concurrency"] for r in report["rows"]] == [1, 2]
+    assert all(r["frames"] == 3 * 5 and r["requests"] == 3 for r in report["rows"])
+    assert report["forced_length"] and report["dtype"] == "float32"
+    assert "audio-s/s" in result.stdout
+
+
+def test_bench_rejects_bad_options():
+    result = _invoke("bench", "--device", "cpu", "--concurrency", "1,x")
+    assert result.exit_code == 2 and "--concurrency takes integers" in result.stderr
+    result = _invoke("bench", "--device", "cpu", "--model", "random:7b")
+    assert result.exit_code == 2 and "unknown random model 'random:7b'" in result.stderr
 
 
 def test_version_and_help():
@@ -263,11 +235,11 @@ def test_bundled_model_end_to_end(tmp_path, monkeypatch):
     assert "random weights: its audio is noise" in result.stderr
     report = json.loads((out / "report.json").read_text())
     rows = {r["id"]: r for r in report["rows"]}
-    assert rows.keys() == {"a", "b", "d"}
+    assert rows.keys() == {"a", "b", "c", "d"}
     assert rows["a"]["error"] is None and rows["d"]["error"] is None
     assert "nobody" in rows["b"]["error"] and "vivian" in rows["b"]["error"]
+    assert rows["c"]["error"] == "empty text"    # a parquet row is a row, even without text
     assert 1 <= rows["a"]["frames"] <= 6
-    assert report["totals"]["skipped_empty"] == 1
     assert report["model"]["bundled_random_model"] is True
     _assert_outputs_consistent(out, report)
 

@@ -9,6 +9,11 @@ from tts_cli.manifest import RowDefaults, read_manifest
 DEFAULTS = RowDefaults(speaker="Vivian", language="auto", base_seed=100)
 
 
+def _requests(manifest):
+    assert all(row.problem is None for row in manifest.rows), [row.problem for row in manifest.rows]
+    return [row.request for row in manifest.rows]
+
+
 def _write_parquet(path, columns):
     pq.write_table(pa.table(columns), path)
     return path
@@ -18,23 +23,24 @@ def test_txt_ids_default_to_zero_padded_line_numbers_and_empty_lines_are_counted
     path = tmp_path / "m.txt"
     path.write_text("\ufeffFirst line.\n\n   \nintro\tSecond line.\n\t\nThird line.  \n", encoding="utf-8")
     manifest = read_manifest(path, DEFAULTS)
-    assert [(r.id, r.text) for r in manifest.requests] == [
+    requests = _requests(manifest)
+    assert [(r.id, r.text) for r in requests] == [
         ("000001", "First line."), ("intro", "Second line."), ("000006", "Third line.")]
-    assert manifest.skipped_empty == 3   # a blank line, a whitespace line, an id with no text
-    assert [r.seed for r in manifest.requests] == [100, 103, 105]   # base seed + 0-based line index
-    assert {(r.speaker, r.language, r.instruct) for r in manifest.requests} == {("vivian", "auto", None)}
+    assert manifest.skipped_empty == 3   # a blank line, a whitespace line, a lone tab
+    assert [r.seed for r in requests] == [100, 103, 105]   # base seed + 0-based line index
+    assert {(r.speaker, r.language, r.instruct) for r in requests} == {("vivian", "auto", None)}
 
 
 def test_txt_text_may_contain_tabs_after_the_id(tmp_path):
     path = tmp_path / "m.txt"
     path.write_text("a\tone\ttwo\n", encoding="utf-8")
-    assert [(r.id, r.text) for r in read_manifest(path, DEFAULTS).requests] == [("a", "one\ttwo")]
+    assert [(r.id, r.text) for r in _requests(read_manifest(path, DEFAULTS))] == [("a", "one\ttwo")]
 
 
 def test_parquet_optional_columns_fall_back_to_defaults(tmp_path):
     path = _write_parquet(tmp_path / "m.parquet", {
         "id": [7, None, 9, 10],
-        "text": ["Hello.", "World.", "  ", "Again."],
+        "text": ["Hello.", "World.", "Third.", "Again."],
         "speaker": ["Ryan", None, "x", ""],
         "language": [None, "English", None, "chinese"],
         "instruct": [None, "whisper", None, ""],
@@ -42,21 +48,21 @@ def test_parquet_optional_columns_fall_back_to_defaults(tmp_path):
         "duration": [1.0, 2.0, 3.0, 4.0],
     })
     manifest = read_manifest(path, DEFAULTS)
-    rows = [(r.id, r.text, r.speaker, r.language, r.instruct, r.seed) for r in manifest.requests]
+    rows = [(r.id, r.text, r.speaker, r.language, r.instruct, r.seed) for r in _requests(manifest)]
     assert rows == [
         ("7", "Hello.", "ryan", "auto", None, 100),
         ("000002", "World.", "vivian", "english", "whisper", 5),
+        ("9", "Third.", "x", "auto", None, 102),
         ("10", "Again.", "vivian", "chinese", None, 0),
     ]
-    assert manifest.skipped_empty == 1
     assert manifest.ignored_columns == ["duration"]
 
 
-def test_parquet_with_only_a_text_column(tmp_path):
+def test_parquet_with_only_a_text_column_and_an_empty_cell(tmp_path):
     path = _write_parquet(tmp_path / "m.parquet", {"text": ["a", None, "b"]})
     manifest = read_manifest(path, DEFAULTS)
-    assert [(r.id, r.seed) for r in manifest.requests] == [("000001", 100), ("000003", 102)]
-    assert manifest.skipped_empty == 1
+    assert [(row.request.id, row.request.seed, row.problem) for row in manifest.rows] == [
+        ("000001", 100, None), ("000002", 101, "empty text"), ("000003", 102, None)]
 
 
 def test_parquet_without_text_column_names_file_and_column(tmp_path):
@@ -74,7 +80,7 @@ def test_unreadable_parquet_names_file(tmp_path):
 
 def test_non_integer_seed_names_column_and_row(tmp_path):
     path = _write_parquet(tmp_path / "m.parquet", {"id": ["a"], "text": ["Hi."], "seed": ["one"]})
-    with pytest.raises(TTSError, match=r"m\.parquet: column 'seed', row id 'a': expected an integer, got 'one'"):
+    with pytest.raises(TTSError, match=r"m\.parquet: column 'seed' has type string; expected integer"):
         read_manifest(path, DEFAULTS)
 
 

@@ -1,13 +1,14 @@
 """Our plain model computes the same function as the official Qwen3-TTS (fp32, tiny checkpoints).
 
 Stored records: made by tools/make_golden.py with the official qwen_tts package; no need for it
-here. Live: the same recorder runs the official code now, when it is importable."""
-import sys
+here. Live: the same recorder (tts_cli.quality.reference) runs the official code now, when it is
+importable."""
 from pathlib import Path
 
 import pytest
 import torch
 
+from tts_cli.quality import reference
 from tts_cli.quality.golden import compare, load_records
 from tts_cli.synthesizer import Synthesizer
 
@@ -27,8 +28,9 @@ def case(request):
 
 
 def _assert_all_pass(checks):
-    failed = [f"{c.name}: {c.value:.3g} > {c.threshold:.3g}" for c in checks if not c.passed]
+    failed = [f"{c.name}: {c.value:.3g} > {c.threshold:.3g}" for c in checks if c.failed]
     assert not failed, "\n".join(failed)
+    assert sum(c.passed for c in checks) >= len(checks) - 1  # only the depth kernel may be unavailable
 
 
 def test_equal_to_stored_official_records(case):
@@ -50,11 +52,9 @@ def test_compare_fails_on_a_perturbed_record(case):
 
 def test_equal_to_the_official_code_live(case):
     synth, golden = case
-    sys.path.insert(0, str(ROOT / "tools"))
     try:
-        import make_golden
-        make_golden.import_official()
+        reference.import_official()
     except ImportError as e:
         pytest.skip(f"the official implementation is not importable here: {e}")
-    tensors, meta = make_golden.record(synth.ckpt.root)
+    tensors, meta = reference.record(synth.ckpt.root)
     _assert_all_pass(compare(synth, tensors, meta))

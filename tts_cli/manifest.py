@@ -1,19 +1,25 @@
-"""Manifest files -> Requests, one per non-empty row.
+"""Manifest files -> ManifestRows, each a Request and, for a row that cannot be synthesized, why.
 
 Accepted formats:
   .txt      one sentence per line, or `id<TAB>text`; a line without an id gets its 1-based line
-            number, zero-padded to 6 digits (`000001`).
-  .parquet  columns `text` (required), `id`, `speaker`, `language`, `instruct`, `seed` (optional;
-            a missing column or a null cell takes the default). A row without an id gets its 1-based
-            row number, zero-padded like a txt line.
+            number, zero-padded to 6 digits (`000001`). Lines are split at `\\n` only and decoded
+            one by one, so a line that is not UTF-8 fails alone.
+  .parquet  columns `text` (required; string or binary holding UTF-8), `id`, `speaker`, `language`,
+            `instruct`, `seed` (optional; a missing column or a null cell takes the default). A row
+            without an id gets its 1-based row number, zero-padded like a txt line.
 
-Rows whose text is empty or whitespace are skipped and counted, not failed.
+File-level problems (unreadable file, wrong column types, no `text` column) raise TTSError naming
+the file, column and row. Row-level problems (empty or over-long text, invalid UTF-8, control
+characters, duplicate ids, ids with path separators or `..`) mark the row with its reason; the
+other rows go on. Blank txt lines are layout, not rows: they are skipped and counted.
+
 Speaker and language are lowercased (the checkpoints name them in lowercase). A row without a seed
-gets `base_seed + row index`, the row index being its 0-based position in the file, empty rows
+gets `base_seed + row index`, the row index being its 0-based position in the file, blank lines
 included, so a row's seed does not change when other rows are added to or removed from its batch.
 """
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +28,9 @@ from .request import Request
 
 FORMATS = (".txt", ".parquet")
 PARQUET_COLUMNS = ("id", "text", "speaker", "language", "instruct", "seed")
+DEFAULT_MAX_TEXT_CHARS = 10_000
+# Whitespace that may appear inside a text; every other control character is refused.
+ALLOWED_CONTROLS = "\t\n\r"
 
 
 @dataclass
@@ -29,14 +38,31 @@ class RowDefaults:
     speaker: str
     language: str
     base_seed: int
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+
+
+@dataclass
+class ManifestRow:
+    index: int                    # 0-based line or row number in the file
+    request: Request
+    problem: str | None = None    # why the row cannot be synthesized; None for a good row
+
+    @property
+    def number(self) -> int:
+        """1-based, as editors and messages count lines."""
+        return self.index + 1
 
 
 @dataclass
 class Manifest:
     path: Path
-    requests: list[Request]
+    rows: list[ManifestRow]
     skipped_empty: int
     ignored_columns: list[str] = field(default_factory=list)
+
+    @property
+    def good_rows(self) -> list[ManifestRow]:
+        return [row for row in self.rows if row.problem is None]
 
 
 def read_manifest(path: Path, defaults: RowDefaults) -> Manifest:
@@ -47,37 +73,125 @@ def read_manifest(path: Path, defaults: RowDefaults) -> Manifest:
                        f"accepted: {', '.join(FORMATS)}")
     if not path.is_file():
         raise TTSError(f"manifest not found: {path}")
-    if suffix == ".txt":
-        return _read_txt(path, defaults)
-    return _read_parquet(path, defaults)
+    manifest = _read_txt(path, defaults) if suffix == ".txt" else _read_parquet(path, defaults)
+    mark_duplicate_ids(manifest.rows)
+    return manifest
 
 
 def default_id(row_index: int) -> str:
     return f"{row_index + 1:06d}"
 
 
+def text_problem(text: str, max_chars: int) -> str | None:
+    """Why a (stripped, decoded) text cannot be spoken, or None."""
+    if not text:
+        return "empty text"
+    bad = _first_control_character(text)
+    if bad is not None:
+        return f"text contains control character U+{ord(text[bad]):04X} at character {bad + 1}"
+    if len(text) > max_chars:
+        return f"text is {len(text)} characters, over the limit of {max_chars} (--max-text-chars)"
+    return None
+
+
+def id_problem(row_id: str) -> str | None:
+    """Ids name output files and appear in reports: refuse those that look like paths."""
+    if "/" in row_id or "\\" in row_id:
+        return f"id {row_id!r} contains a path separator"
+    if ".." in row_id:
+        return f"id {row_id!r} contains '..'"
+    bad = _first_control_character(row_id)
+    if bad is not None:
+        return f"id {row_id!r} contains control character U+{ord(row_id[bad]):04X}"
+    return None
+
+
+def mark_duplicate_ids(rows: list[ManifestRow]) -> None:
+    """The first row with an id keeps it; later rows with the same id fail, naming the first."""
+    first_number: dict[str, int] = {}
+    for row in rows:
+        number = first_number.setdefault(row.request.id, row.number)
+        if number != row.number and row.problem is None:
+            row.problem = f"duplicate id {row.request.id!r} (first used by row {number})"
+
+
+def _first_control_character(text: str) -> int | None:
+    for i, char in enumerate(text):
+        if char not in ALLOWED_CONTROLS and unicodedata.category(char) == "Cc":
+            return i
+    return None
+
+
+def _decode(data: bytes, what: str) -> tuple[str, str | None]:
+    """UTF-8 text and None, or a readable stand-in and the problem."""
+    try:
+        return data.decode("utf-8"), None
+    except UnicodeDecodeError as e:
+        return data.decode("utf-8", errors="replace"), f"invalid UTF-8 in the {what} at byte {e.start}"
+
+
+def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, *, speaker=None,
+              language=None, instruct=None, seed=None, problem: str | None = None) -> ManifestRow:
+    text = text.strip()
+    row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
+    request = Request(
+        id=row_id, text=text,
+        speaker=_string_or(speaker, defaults.speaker).lower(),
+        language=_string_or(language, defaults.language).lower(),
+        instruct=_string_or(instruct, "") or None,
+        seed=defaults.base_seed + index if seed is None else seed,
+    )
+    problem = problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars)
+    return ManifestRow(index, request, problem)
+
+
 def _read_txt(path: Path, defaults: RowDefaults) -> Manifest:
     try:
-        lines = path.read_text(encoding="utf-8-sig").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise TTSError(f"{path}: cannot read as UTF-8 text: {e}") from e
-    requests, skipped = [], 0
+        data = path.read_bytes()
+    except OSError as e:
+        raise TTSError(f"{path}: cannot read: {e}") from e
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()   # what follows the final newline is not a line
+    rows, skipped = [], 0
     for index, line in enumerate(lines):
-        row_id, tab, text = line.partition("\t")
-        if not tab:
-            row_id, text = "", line
-        text = text.strip()
-        if not text:
+        line = line.removesuffix(b"\r")
+        if not line.strip():
             skipped += 1
             continue
-        requests.append(Request(
-            id=row_id.strip() or default_id(index),
-            text=text,
-            speaker=defaults.speaker.lower(),
-            language=defaults.language.lower(),
-            seed=defaults.base_seed + index,
-        ))
-    return Manifest(path, requests, skipped)
+        id_bytes, tab, text_bytes = line.partition(b"\t")
+        if not tab:
+            id_bytes, text_bytes = b"", line
+        row_id, id_error = _decode(id_bytes, "id")
+        text, text_error = _decode(text_bytes, "text")
+        rows.append(_make_row(index, row_id, text, defaults, problem=id_error or text_error))
+    if rows and all(row.problem and row.problem.startswith("invalid UTF-8") for row in rows):
+        raise TTSError(f"{path}: cannot read as UTF-8 text: no line decodes (first: row {rows[0].number}: "
+                       f"{rows[0].problem})")
+    return Manifest(path, rows, skipped)
+
+
+# Arrow types each column may have: checked before any row is read, so a wrong schema fails whole.
+def _is_text(t) -> bool:
+    import pyarrow as pa
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
+        or pa.types.is_large_binary(t) or pa.types.is_null(t)
+
+
+def _is_id(t) -> bool:
+    import pyarrow as pa
+    return _is_text(t) or pa.types.is_integer(t)
+
+
+def _is_seed(t) -> bool:
+    import pyarrow as pa
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
+
+
+COLUMN_TYPES = {"text": (_is_text, "string"), "id": (_is_id, "string or integer"),
+                "speaker": (_is_text, "string"), "language": (_is_text, "string"),
+                "instruct": (_is_text, "string"), "seed": (_is_seed, "integer")}
 
 
 def _read_parquet(path: Path, defaults: RowDefaults) -> Manifest:
@@ -87,37 +201,48 @@ def _read_parquet(path: Path, defaults: RowDefaults) -> Manifest:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several unrelated types for a bad file
         raise TTSError(f"{path}: cannot read as parquet: {e}") from e
-    if "text" not in table.column_names:
-        raise TTSError(f"{path}: missing required column 'text' "
-                       f"(columns present: {', '.join(table.column_names) or 'none'})")
-    columns = {name: table.column(name).to_pylist()
-               for name in PARQUET_COLUMNS if name in table.column_names}
+    check_schema(table.schema, path)
     ignored = [name for name in table.column_names if name not in PARQUET_COLUMNS]
+    return Manifest(path, rows_from_table(table, defaults, path), 0, ignored)
 
-    def cell(name: str, index: int):
-        return columns[name][index] if name in columns else None
 
-    requests, skipped = [], 0
+def check_schema(schema, source) -> None:
+    """A `text` column, and the known columns of usable types; raises TTSError naming `source`."""
+    if "text" not in schema.names:
+        raise TTSError(f"{source}: missing required column 'text' (columns present: {', '.join(schema.names) or 'none'})")
+    for name, (accepts, expected) in COLUMN_TYPES.items():
+        if name in schema.names and not accepts(schema.field(name).type):
+            raise TTSError(f"{source}: column '{name}' has type {schema.field(name).type}; expected {expected}")
+
+
+def rows_from_table(table, defaults: RowDefaults, source) -> list[ManifestRow]:
+    """The rows of a table that passed check_schema; row indexes count from the table's first row."""
+    import pyarrow as pa
+
+    def column(name: str) -> list:
+        if name not in table.column_names:
+            return [None] * table.num_rows
+        values = table.column(name)
+        # Strings travel as bytes so that a cell that is not UTF-8 fails alone, not the whole column.
+        if _is_text(values.type) and not pa.types.is_null(values.type):
+            values = values.cast(pa.large_binary())
+        return values.to_pylist()
+
+    columns = {name: column(name) for name in PARQUET_COLUMNS}
+    rows = []
     for index in range(table.num_rows):
-        text = cell("text", index)
-        if text is not None and not isinstance(text, str):
-            raise TTSError(f"{path}: column 'text', row {index + 1}: expected a string, "
-                           f"got {type(text).__name__}")
-        text = (text or "").strip()
-        if not text:
-            skipped += 1
-            continue
-        row_id = cell("id", index)
-        row_id = default_id(index) if row_id is None or str(row_id).strip() == "" else str(row_id).strip()
-        requests.append(Request(
-            id=row_id,
-            text=text,
-            speaker=_string_or(cell("speaker", index), defaults.speaker).lower(),
-            language=_string_or(cell("language", index), defaults.language).lower(),
-            instruct=_string_or(cell("instruct", index), "") or None,
-            seed=_seed(path, row_id, cell("seed", index), defaults.base_seed + index),
-        ))
-    return Manifest(path, requests, skipped, ignored)
+        cells = {name: values[index] for name, values in columns.items()}
+        problems = []
+        for name in ("id", "text", "speaker", "language", "instruct"):
+            if isinstance(cells[name], bytes):
+                cells[name], problem = _decode(cells[name], name)
+                problems.append(problem)
+        row_id = None if cells["id"] is None else str(cells["id"])
+        rows.append(_make_row(
+            index, row_id, cells["text"] or "", defaults, speaker=cells["speaker"], language=cells["language"],
+            instruct=cells["instruct"], seed=_seed(source, index, cells["seed"]),
+            problem=next((p for p in problems if p), None)))
+    return rows
 
 
 def _string_or(value, default: str) -> str:
@@ -125,12 +250,10 @@ def _string_or(value, default: str) -> str:
     return text or default
 
 
-def _seed(path: Path, row_id: str, value, default: int) -> int:
-    if value is None:
-        return default
+def _seed(source, index: int, value) -> int | None:
     # pandas stores an integer column that has nulls as floats.
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, int) and not isinstance(value, bool):
+    if value is None or isinstance(value, int):
         return value
-    raise TTSError(f"{path}: column 'seed', row id {row_id!r}: expected an integer, got {value!r}")
+    raise TTSError(f"{source}: column 'seed', row {index + 1}: expected an integer, got {value!r}")

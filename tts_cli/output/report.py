@@ -12,20 +12,26 @@ from ..request import Request
 from .writer import write_atomically
 
 DEFINITIONS = {
-    "xrt": "audio_seconds / wall_seconds: seconds of audio made per wall-clock second, the same number "
-           "as audio_seconds_per_second; above 1 is faster than real time",
+    "xrt": "audio_seconds_this_run / wall_seconds: seconds of audio made per wall-clock second, the same "
+           "number as audio_seconds_per_second; above 1 is faster than real time",
+    "resumed": "rows whose output an earlier run into this folder made (same text and settings, from the ledger)",
+    "segment_frames": "frames of each segment of a row split at sentence or clause boundaries; its segments "
+                      "are joined with a 40 ms crossfade",
     "wall_seconds": "run total: synthesis and WAV writing, model loading excluded (see load_seconds); "
-                    "per row: the wall time of the batch that synthesized it, since a batch's rows run together",
+                    "per row: the wall time of the batches that synthesized it (its segments'), since a batch's rows "
+                    "run together",
     "hit_cap": "the row stopped at its frame cap (--max-frames or the default cap), not at end of speech",
 }
 
 
 @dataclass
 class RowRecord:
-    """One non-empty manifest row: either a file or an error."""
+    """One manifest row: either a file (a parquet shard for --format parquet) or an error."""
     request: Request
+    row_number: int | None = None   # 1-based line or row in the manifest
     file: str | None = None
     frames: int | None = None
+    segment_frames: list[int] | None = None
     audio_seconds: float | None = None
     wall_seconds: float | None = None
     hit_cap: bool | None = None
@@ -52,11 +58,19 @@ class RunInfo:
     load_seconds: float
     wall_seconds: float
     tts_version: str
+    output_format: str = "wav"
+    segment_chars: int | None = None
+    max_text_chars: int | None = None
+    shard: str | None = None          # "i/n" or None
+    devices: list[str] | None = None  # worker devices with --gpus
+    resumed: int = 0
+    audio_seconds_this_run: float = 0.0
+    notes: list[str] | None = None
 
 
 def build_report(info: RunInfo, rows: list[RowRecord]) -> dict:
     audio_seconds = sum(row.audio_seconds or 0.0 for row in rows)
-    xrt = round(audio_seconds / info.wall_seconds, 3) if info.wall_seconds > 0 else None
+    xrt = round(info.audio_seconds_this_run / info.wall_seconds, 3) if info.wall_seconds > 0 else None
     return {
         "tts_version": info.tts_version,
         "manifest": info.manifest,
@@ -74,20 +88,28 @@ def build_report(info: RunInfo, rows: list[RowRecord]) -> dict:
                          "seeds are unused with greedy",
             "max_frames": info.max_frames,
             "batch_size": info.batch_size,
+            "format": info.output_format,
+            "segment_chars": info.segment_chars,
+            "max_text_chars": info.max_text_chars,
+            "shard": info.shard,
+            "devices": info.devices,
         },
         "totals": {
             "rows": len(rows),
             "ok": sum(row.ok for row in rows),
             "failed": sum(not row.ok for row in rows),
             "skipped_empty": info.skipped_empty,
+            "resumed": info.resumed,
             "hit_cap": sum(bool(row.hit_cap) for row in rows),
             "audio_seconds": round(audio_seconds, 3),
+            "audio_seconds_this_run": round(info.audio_seconds_this_run, 3),
             "wall_seconds": round(info.wall_seconds, 3),
             "load_seconds": round(info.load_seconds, 3),
             "audio_seconds_per_second": xrt,
             "xrt": xrt,
         },
         "definitions": DEFINITIONS,
+        "notes": info.notes or [],
         "rows": [_row_dict(row) for row in rows],
     }
 
@@ -95,6 +117,7 @@ def build_report(info: RunInfo, rows: list[RowRecord]) -> dict:
 def _row_dict(row: RowRecord) -> dict:
     request = row.request
     return {
+        "row": row.row_number,
         "id": request.id,
         "text": request.text,
         "speaker": request.speaker,
@@ -102,6 +125,7 @@ def _row_dict(row: RowRecord) -> dict:
         "instruct": request.instruct,
         "seed": request.seed,
         "frames": row.frames,
+        "segment_frames": row.segment_frames,
         "audio_seconds": None if row.audio_seconds is None else round(row.audio_seconds, 3),
         "wall_seconds": None if row.wall_seconds is None else round(row.wall_seconds, 3),
         "hit_cap": row.hit_cap,
@@ -130,29 +154,32 @@ def render_markdown(report: dict) -> str:
         f"- model: `{model['dir']}` ({model_note})",
         f"- device / dtype: {report['device']} / {report['dtype']}",
         f"- sampling: {sampling}; max frames: {settings['max_frames'] or 'default cap'}; "
-        f"batch size: {settings['batch_size']}",
+        f"batch size: {settings['batch_size']}; format: {settings['format']}"
+        + (f"; shard {settings['shard']}" if settings["shard"] else ""),
         f"- tts {report['tts_version']}",
         "",
         "## Totals",
         "",
-        "| rows ok | rows failed | empty rows skipped | rows at frame cap | audio s | wall s | audio-s/s | xRT |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {totals['ok']} | {totals['failed']} | {totals['skipped_empty']} | {totals['hit_cap']} "
+        "| rows ok | rows failed | empty rows skipped | rows at frame cap | resumed | audio s | wall s | audio-s/s | xRT |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {totals['ok']} | {totals['failed']} | {totals['skipped_empty']} | {totals['hit_cap']} | {totals['resumed']} "
         f"| {totals['audio_seconds']:.3f} | {totals['wall_seconds']:.3f} "
         f"| {_number(totals['audio_seconds_per_second'])} | {_number(totals['xrt'])} |",
         "",
         f"xRT = {DEFINITIONS['xrt']}.",
         f"Wall seconds: {DEFINITIONS['wall_seconds']}. Model loading took {totals['load_seconds']:.3f} s.",
+        f"Resumed: {DEFINITIONS['resumed']}.",
+        *(f"Note: {note}." for note in report["notes"]),
         "",
         "## Rows",
         "",
-        "| id | speaker | language | frames | audio s | wall s | hit cap | file or error | text |",
-        "|---|---|---|---:|---:|---:|---|---|---|",
+        "| row | id | speaker | language | frames | audio s | wall s | hit cap | file or error | text |",
+        "|---:|---|---|---|---:|---:|---:|---|---|---|",
     ]
     for row in report["rows"]:
         outcome = f"`{row['file']}`" if row["error"] is None else f"error: {row['error']}"
         lines.append("| " + " | ".join(_cell(value) for value in (
-            row["id"], row["speaker"], row["language"], _number(row["frames"]),
+            _number(row["row"]), row["id"], row["speaker"], row["language"], _number(row["frames"]),
             _number(row["audio_seconds"]), _number(row["wall_seconds"]),
             "" if row["hit_cap"] is None else ("yes" if row["hit_cap"] else "no"),
             outcome, row["text"])) + " |")

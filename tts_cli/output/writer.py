@@ -1,6 +1,7 @@
-"""WAV files named by row id, written atomically."""
+"""Audio files named by row id, written atomically: a reader or a rerun never sees half a file."""
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+TEMP_SUFFIX = ".tmp"
 MAX_NAME_CHARS = 200  # leaves room for a collision suffix and ".wav" under the usual 255-byte limit
 
 
@@ -20,7 +22,7 @@ def sanitize_id(row_id: str) -> str:
     return name[:MAX_NAME_CHARS] or "_"
 
 
-def wav_names(row_ids: list[str]) -> list[str]:
+def output_names(row_ids: list[str], extension: str) -> list[str]:
     """One distinct file name per row, in order; later duplicates get `_2`, `_3`, ...
 
     Names are compared case-insensitively so that they stay distinct on case-insensitive file systems.
@@ -34,27 +36,67 @@ def wav_names(row_ids: list[str]) -> list[str]:
             n += 1
             candidate = f"{stem}_{n}"
         taken.add(candidate.lower())
-        names.append(candidate + ".wav")
+        names.append(f"{candidate}.{extension}")
     return names
 
 
-def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
-    """16-bit PCM WAV (libsndfile clips samples outside [-1, 1]).
+def wav_names(row_ids: list[str]) -> list[str]:
+    return output_names(row_ids, "wav")
+
+
+def write_audio(path: Path, audio: np.ndarray, sample_rate: int, audio_format: str = "WAV") -> None:
+    """16-bit PCM WAV or FLAC (libsndfile clips samples outside [-1, 1]).
 
     Raises OSError for any failure to write, libsndfile's included.
     """
     try:
-        write_atomically(path, lambda tmp: sf.write(tmp, audio, sample_rate, subtype="PCM_16", format="WAV"))
+        write_atomically(path, lambda tmp: sf.write(tmp, audio, sample_rate, subtype="PCM_16", format=audio_format))
     except sf.SoundFileError as e:
         raise OSError(str(e)) from e
 
 
+def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
+    write_audio(path, audio, sample_rate, "WAV")
+
+
+def encode_audio(audio: np.ndarray, sample_rate: int, audio_format: str = "FLAC") -> bytes:
+    """The bytes write_audio would put in a file, for containers such as parquet."""
+    buffer = io.BytesIO()
+    sf.write(buffer, audio, sample_rate, subtype="PCM_16", format=audio_format)
+    return buffer.getvalue()
+
+
 def write_atomically(path: Path, write) -> None:
-    """Call write(temporary path) next to `path`, then rename over it: readers never see half a file."""
+    """Call write(temporary path) next to `path`, flush it to disk, then rename over `path`:
+    readers never see half a file, and after a crash the file is either old or whole."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
     try:
         write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def sync_folder(folder: Path) -> None:
+    """Make the renames done in `folder` durable (a file's fsync does not cover its name)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_temporary_files(folder: Path) -> list[str]:
+    """Delete what write_atomically leaves when its process is killed mid-write; returns the names.
+    Only safe while no other process writes into `folder` (the run holds its lock)."""
+    removed = []
+    for path in Path(folder).glob(f".*{TEMP_SUFFIX}"):
+        path.unlink(missing_ok=True)
+        removed.append(path.name)
+    return removed

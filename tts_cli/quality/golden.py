@@ -1,13 +1,15 @@
 """Our model against golden records of the official implementation (tools/make_golden.py).
 
 Each check compares one quantity with a stated threshold: relative L2 error for embeddings,
-logits, hidden states and waveforms (fp32), exact equality for token ids and greedy codes.
-The same checks serve the tests and (later) `tts verify-golden`.
+logits, hidden states and waveforms (fp32), exact equality for token ids and greedy codes. Beside
+the records: the streamed codec against its full decode, and seeded sampling run twice. The same
+checks serve the tests and `tts verify-golden`. The thresholds hold for fp32 only; bf16 needs its
+own (the engine issue defines them).
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -18,24 +20,35 @@ from tts_cli.request import Request
 from tts_cli.synthesizer import Synthesizer, code_predictor_settings, talker_settings
 
 REL_L2_MAX = 1e-4
+STREAM_REL_L2_MAX = 1e-5   # streamed vs full codec decode, same model: only summation order differs
+STREAM_CHUNKS = (1, 2, 3, 5, 8, 13)  # frames per decode step, cycled: covers 1-frame and multi-frame steps
 
 
 @dataclass
 class Check:
     name: str
-    value: float          # relative L2 error, or 0/1 mismatch for exact checks
+    value: float | None   # relative L2 error, or 0/1 mismatch for exact checks; None: not available
     threshold: float
     exact: bool = False
+    note: str = ""        # why a check is not available
 
     @property
     def passed(self) -> bool:
+        if self.value is None:
+            return False
         return self.value == 0 if self.exact else self.value <= self.threshold
+
+    @property
+    def failed(self) -> bool:
+        """Available and outside its threshold (a check that is not available neither passes nor fails)."""
+        return self.value is not None and not self.passed
 
 
 def rel_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
     if ours.shape != ref.shape:
         return float("inf")
-    return float((ours.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+    ours, ref = ours.detach().cpu().double(), ref.detach().cpu().double()
+    return float((ours - ref).norm() / ref.norm().clamp_min(1e-30))
 
 
 def load_records(golden_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -56,6 +69,8 @@ def prompt_requests(meta: dict) -> list[Request]:
 
 def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict) -> list[Check]:
     """All checks of one golden record set; the synthesizer must run in fp32 for the thresholds."""
+    device = next(synth.model.parameters()).device
+    records = {name: tensor.to(device) for name, tensor in records.items()}
     greedy = synth.ckpt.sampling.greedy()
     talker_s, cp_s = talker_settings(greedy), code_predictor_settings(greedy)
     checks: list[Check] = []
@@ -98,4 +113,30 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict) ->
     codec_wav = torch.from_numpy(synth.decode([records["codec.codes"]])[0])
     checks.append(Check(f"codec waveform ({records['codec.codes'].shape[0]} frames)",
                         rel_l2(codec_wav, records["codec.wav"]), REL_L2_MAX))
+    checks.append(streamed_codec_check(synth, records["codec.codes"]))
+    checks.append(seeded_determinism_check(synth, requests, frames))
+    checks.append(Check("depth kernel vs loop codes", None, 0.0, exact=True,
+                        note="not available: no depth kernel in this build (engine issue)"))
     return checks
+
+
+def streamed_codec_check(synth: Synthesizer, codes: torch.Tensor) -> Check:
+    """The codec fed a few frames at a time (per-row state) against one full decode of the same codes."""
+    codes = codes.unsqueeze(0)
+    with torch.no_grad():
+        full = synth.codec.decode(codes)
+        state, pieces, start, step = synth.codec.new_state(1), [], 0, 0
+        while start < codes.shape[1]:
+            size = STREAM_CHUNKS[step % len(STREAM_CHUNKS)]
+            pieces.append(synth.codec.decode_step(codes[:, start:start + size], state))
+            start, step = start + size, step + 1
+    return Check(f"codec streamed in chunks of {'/'.join(map(str, STREAM_CHUNKS))} frames vs full decode",
+                 rel_l2(torch.cat(pieces, dim=1), full), STREAM_REL_L2_MAX)
+
+
+def seeded_determinism_check(synth: Synthesizer, requests: list[Request], frames: int) -> Check:
+    """Sampled (not greedy) synthesis of the prompts, seeded, twice: the codes must be equal."""
+    seeded = [replace(request, seed=1000 + i) for i, request in enumerate(requests)]
+    runs = [synth.synthesize(seeded, greedy=False, max_frames=frames, min_new_tokens=frames + 1) for _ in range(2)]
+    return _exact(f"seeded sampling, {len(seeded)} rows x {frames} frames, two runs",
+                  all(torch.equal(a.codes, b.codes) for a, b in zip(*runs)))

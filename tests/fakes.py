@@ -1,0 +1,56 @@
+"""A fake synthesizer for tests of the pipeline around the model (CLI, job, outputs, ledger)."""
+import numpy as np
+import torch
+
+from tts_cli import cli
+from tts_cli.errors import RequestError
+from tts_cli.request import Result
+
+SAMPLES_PER_FRAME = 1920
+
+
+class FakeSynthesizer:
+    """The Synthesizer interface with made-up audio: frames = text length mod 5 + 2.
+
+    A text with "boom" is a RequestError; with "oom-always" the batch runs out of CUDA memory
+    whatever its size; with "oom-shared" it does so only in a batch of more than one row."""
+    speakers = ["ryan", "vivian"]
+    languages = ["auto", "chinese", "english"]
+    supports_instruct = True
+    sample_rate = 24000
+
+    def __init__(self):
+        self.batches = []
+
+    def validate(self, request):
+        if request.speaker not in self.speakers:
+            raise RequestError(f"unknown speaker {request.speaker!r}; valid: {', '.join(self.speakers)}")
+        if request.language not in self.languages:
+            raise RequestError(f"unknown language {request.language!r}; valid: {', '.join(self.languages)}")
+
+    def synthesize(self, requests, greedy=False, max_frames=None):
+        self.batches.append([r.id for r in requests])
+        if any("oom-always" in r.text for r in requests) or (
+                len(requests) > 1 and any("oom-shared" in r.text for r in requests)):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+        if len(requests) > 1 and any("boom" in r.text for r in requests):
+            raise RequestError("a row of this batch is bad")
+        if any("boom" in r.text for r in requests):
+            raise RequestError("boom is not speakable")
+        results = []
+        for r in requests:
+            frames = len(r.text) % 5 + 2
+            hit_cap = max_frames is not None and frames >= max_frames
+            frames = min(frames, max_frames or frames)
+            audio = 0.3 * np.sin(np.arange(frames * SAMPLES_PER_FRAME, dtype=np.float32) / 10)
+            results.append(Result(r.id, torch.zeros(frames, 16, dtype=torch.int64), audio, hit_cap))
+        return results
+
+
+def use_fake_synthesizer(monkeypatch, tmp_path) -> FakeSynthesizer:
+    """`tts synth --model tmp_path/model` then runs on a FakeSynthesizer."""
+    synth = FakeSynthesizer()
+    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device: synth)
+    monkeypatch.delenv("TTS_MODEL", raising=False)
+    (tmp_path / "model").mkdir(exist_ok=True)
+    return synth

@@ -1,0 +1,66 @@
+"""GPU faults: an injected CUDA out-of-memory during a decoding step is survived by fewer rows per
+call; a row that runs out of memory even alone fails with the error; nothing already made is lost."""
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tts_cli import cli
+from tts_cli.faults import out_of_memory_in
+from tts_cli.job import RowLimit, Segment, synthesize_batch
+from tts_cli.request import Request
+
+from fakes import use_fake_synthesizer
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    from tts_cli.synthesizer import Synthesizer
+
+    return Synthesizer.from_pretrained(cli.BUNDLED_MODEL_DIR)
+
+
+def test_out_of_memory_mid_generation_halves_the_rows_and_gives_the_same_audio(bundled):
+    requests = [Request(f"r{i}", text, "vivian", seed=i) for i, text in enumerate(
+        ["Hello there.", "The birch canoe slid.", "Rice is often served.", "Four."])]
+    clean = synthesize_batch(bundled, requests, greedy=False, max_frames=5, limit=RowLimit(4))
+
+    limit = RowLimit(4)
+    # after_calls=2: the prefill and the first step pass, the second decoding step of the 4-row batch fails.
+    with out_of_memory_in(bundled.model.talker, min_rows=3, after_calls=2) as injected:
+        survived = synthesize_batch(bundled, requests, greedy=False, max_frames=5, limit=limit)
+    assert injected["raised"] == 1
+    assert (limit.rows, limit.shrinks) == (2, 1)
+    assert all(isinstance(o, Segment) for o in survived)
+    for a, b in zip(clean, survived):
+        assert a.frames == b.frames and np.array_equal(a.audio, b.audio)   # rows do not depend on their batch
+
+
+def test_a_row_out_of_memory_even_alone_fails_and_the_others_are_kept(bundled):
+    requests = [Request("a", "Hello.", "vivian"), Request("b", "Again.", "vivian")]
+    with out_of_memory_in(bundled.model.talker, min_rows=1, after_calls=0) as injected:
+        outcomes = synthesize_batch(bundled, requests, greedy=True, max_frames=3, limit=RowLimit(2))
+    assert injected["raised"] == 1 + 2 * 2   # the pair, then each row twice alone
+    assert all("out of GPU memory even alone (2 tries): CUDA out of memory (injected on 1 rows)" in str(o)
+               for o in outcomes)
+
+
+def test_out_of_memory_through_the_cli_fails_only_the_row_at_fault(monkeypatch, tmp_path):
+    fake = use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree oom-shared.\nd\tFour.\ne\tFive oom-always.\nf\tSix.\n")
+    out = tmp_path / "out"
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                                     "--batch-size", "4"])
+    assert result.exit_code == 1, result.output
+    report = json.loads((out / "report.json").read_text())
+    errors = {row["id"]: row["error"] for row in report["rows"]}
+    assert errors == {"a": None, "b": None, "c": None, "d": None, "f": None,
+                      "e": "out of GPU memory even alone (2 tries): CUDA out of memory (fake)"}
+    assert all((out / f"{row_id}.wav").is_file() for row_id in "abcdf")
+    # 4 rows fail, then 2 at a time: a+b pass, c+d fail, then c and d alone, then e twice and f.
+    assert fake.batches == [["a", "b", "c", "d"], ["a", "b"], ["c", "d"], ["c"], ["d"], ["e"], ["e"], ["f"]]
+    assert "rows per call went down to 1" in " ".join(report["notes"])

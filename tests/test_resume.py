@@ -1,0 +1,167 @@
+"""Resume: the ledger, atomic outputs, skipping done rows, changed rows, and a run killed for real."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from tts_cli import cli
+from tts_cli.errors import TTSError
+from tts_cli.output.ledger import LEDGER_NAME, Ledger
+
+from fakes import use_fake_synthesizer
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    return use_fake_synthesizer(monkeypatch, tmp_path)
+
+
+def _synth(manifest, out, *options, model=None):
+    args = ["synth", str(manifest), "--out", str(out), *map(str, options)]
+    if model is not None:
+        args += ["--model", str(model)]
+    return runner.invoke(cli.app, args)
+
+
+def _ledger(out):
+    return [json.loads(line) for line in (out / LEDGER_NAME).read_text().splitlines()]
+
+
+def test_rerun_skips_done_rows_and_rebuilds_the_same_report(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo two.\nc\tThree three three.\n")
+    out = tmp_path / "out"
+    first = _synth(manifest, out, "--batch-size", 2, model=tmp_path / "model")
+    assert first.exit_code == 0, first.output
+    report = json.loads((out / "report.json").read_text())
+    assert len(fake.batches) == 2
+
+    manifest.write_text("a\tOne.\nb\tTwo two.\nc\tThree three three.\nd\tFour.\n")   # a row added
+    second = _synth(manifest, out, "--batch-size", 2, model=tmp_path / "model")
+    assert second.exit_code == 0, second.output
+    assert fake.batches[2:] == [["d"]]
+    rerun = json.loads((out / "report.json").read_text())
+    assert rerun["totals"]["resumed"] == 3 and rerun["totals"]["ok"] == 4
+    assert [r for r in rerun["rows"] if r["id"] != "d"] == report["rows"]
+    assert [e["id"] for e in _ledger(out)] == ["a", "b", "c", "d"]
+
+
+def test_a_missing_output_or_a_failed_row_is_redone(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tboom two.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, model=tmp_path / "model").exit_code == 1
+    (out / "a.wav").unlink()
+    manifest.write_text("a\tOne.\nb\tTwo.\n")   # the failed row was fixed: another key, but it had no output
+    result = _synth(manifest, out, model=tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert sf.info(out / "a.wav").frames > 0 and sf.info(out / "b.wav").frames > 0
+    assert sorted((e["id"], e["status"]) for e in _ledger(out)) == [("a", "ok"), ("a", "ok"), ("b", "failed"), ("b", "ok")]
+
+
+def test_changed_rows_stop_the_run_before_the_model_loads_unless_redo_changed(fake, tmp_path, monkeypatch):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, "--max-frames", 3, model=tmp_path / "model").exit_code == 0
+    first_a = (out / "a.wav").read_bytes()
+
+    manifest.write_text("a\tOne, changed.\nb\tTwo.\n")
+    monkeypatch.setattr(cli, "load_synthesizer", lambda *a: pytest.fail("the model was loaded"))
+    refused = _synth(manifest, out, "--max-frames", 3, model=tmp_path / "model")
+    assert refused.exit_code == 2
+    assert "1 rows were made before with other text or settings (first: row 1, id 'a': text)" in refused.stderr
+    refused = _synth(manifest, out, "--max-frames", 4, model=tmp_path / "model")
+    assert "2 rows were made before" in refused.stderr and "max_frames 3 -> 4" in refused.stderr
+    assert (out / "a.wav").read_bytes() == first_a   # nothing touched
+
+    monkeypatch.setattr(cli, "load_synthesizer", lambda *a: fake)
+    redone = _synth(manifest, out, "--max-frames", 3, "--redo-changed", model=tmp_path / "model")
+    assert redone.exit_code == 0, redone.output
+    assert fake.batches[-1] == ["a"]
+    report = json.loads((out / "report.json").read_text())
+    assert report["rows"][0]["text"] == "One, changed." and report["totals"]["resumed"] == 1
+
+
+def test_ledger_drops_a_torn_last_line_and_locks_the_folder(tmp_path):
+    (tmp_path / LEDGER_NAME).write_text('{"id": "a", "key": "k", "status": "ok"}\n{"id": "b", "ke')
+    with Ledger(tmp_path) as ledger:
+        assert ledger.repaired_bytes == len('{"id": "b", "ke') and list(ledger.latest) == ["a"]
+        with pytest.raises(TTSError, match="another tts run is writing into this folder"):
+            Ledger(tmp_path)
+        ledger.append([{"id": "b", "key": "k", "status": "failed"}])
+    assert [e["id"] for e in _ledger(tmp_path)] == ["a", "b"]
+    (tmp_path / LEDGER_NAME).write_text('{"id": "a"}\n{"id": "b", "key": "k", "status": "ok"}\n')
+    with pytest.raises(TTSError, match=r"ledger.jsonl, line 1: not a ledger entry"):
+        Ledger(tmp_path)
+
+
+def test_parquet_shard_that_no_ledger_entry_names_is_removed_and_its_rows_redone(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"r{i}\tRow number {i}.\n" for i in range(5)))
+    out = tmp_path / "out"
+    assert _synth(manifest, out, "--format", "parquet", model=tmp_path / "model").exit_code == 0
+    (out / LEDGER_NAME).write_text("")   # as if killed after the shard's rename, before its ledger lines
+    result = _synth(manifest, out, "--format", "parquet", model=tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert "removed 1 parquet shards that no ledger entry names" in result.stderr
+    shards = sorted(out.glob("part-*.parquet"))
+    assert [p.name for p in shards] == ["part-00000.parquet"]   # numbered after the orphan went
+    assert sorted(pq.read_table(shards[0]).column("id").to_pylist()) == [f"r{i}" for i in range(5)]
+
+
+@pytest.mark.skipif(not (cli.BUNDLED_MODEL_DIR / "config.json").is_file(), reason="the bundled model is missing")
+def test_sigkill_mid_run_then_rerun_gives_each_row_one_whole_output(tmp_path):
+    """Acceptance: `tts synth` on the bundled model, SIGKILLed mid-run, then the same command again."""
+    rows = 12
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"row-{i:02d}\tSentence number {i} of the kill test.\n" for i in range(rows)))
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "tts_cli", "synth", str(manifest), "--out", str(out),
+               "--max-frames", "3", "--batch-size", "2", "--greedy"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env.pop("TTS_MODEL", None)
+
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and first.poll() is None:
+        ledger = out / LEDGER_NAME
+        if ledger.is_file() and ledger.read_text().count("\n") >= 4:
+            break
+        time.sleep(0.02)
+    assert first.poll() is None, f"the run ended before it could be killed: {first.stderr.read().decode()}"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    first.stderr.close()
+    done_before = {e["id"] for e in _ledger(out)}
+    assert 4 <= len(done_before) < rows
+    # What a kill can also leave: a half-written file and a torn ledger line.
+    (out / ".row-11.wav.99999.tmp").write_bytes(b"RIFF")
+    with open(out / LEDGER_NAME, "a") as ledger:
+        ledger.write('{"id": "row-2')
+
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    assert f"{rows} rows ok ({len(done_before)} from an earlier run)" in second.stdout
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted([f"row-{i:02d}.wav" for i in range(rows)] + [
+        ".tts-lock", "ledger.jsonl", "report.json", "report.md"])
+    report = json.loads((out / "report.json").read_text())
+    assert [r["id"] for r in report["rows"]] == [f"row-{i:02d}" for i in range(rows)]
+    for row in report["rows"]:
+        audio, rate = sf.read(out / row["file"])
+        assert row["error"] is None and rate == 24000 and len(audio) == row["frames"] * 1920 > 0
+    entries = _ledger(out)
+    assert sorted({e["id"] for e in entries}) == [f"row-{i:02d}" for i in range(rows)]
+    assert len(entries) == rows   # rows done before the kill were not done again

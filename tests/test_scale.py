@@ -1,0 +1,114 @@
+"""Scale-out: --shard i/n partitions, --gpus worker processes (as CPU workers), the Ray Data path."""
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from tts_cli import cli
+from tts_cli.errors import TTSError
+from tts_cli.scale.shard import parse_shard, shard_of
+from tts_cli.scale.workers import parse_devices
+
+from fakes import use_fake_synthesizer
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+needs_bundled_model = pytest.mark.skipif(not (cli.BUNDLED_MODEL_DIR / "config.json").is_file(),
+                                         reason="the bundled model is missing")
+
+
+def test_shards_of_every_n_are_disjoint_and_cover_all_ids():
+    ids = [f"utt-{i}" for i in range(2000)] + ["", "é", "a/b"]
+    for n in (1, 2, 3, 8):
+        shards = [{row_id for row_id in ids if shard_of(row_id, n) == i} for i in range(n)]
+        assert set().union(*shards) == set(ids) and sum(map(len, shards)) == len(ids)
+        assert all(len(shard) > len(ids) / n / 2 for shard in shards)   # balanced, roughly
+    assert shard_of("utt-7", 8) == shard_of("utt-7", 8) == 0           # fixed: SHA-256, not hash()
+
+
+@pytest.mark.parametrize("spec", ["3/3", "-1/2", "1", "a/b", "1/0"])
+def test_bad_shard_specs_are_refused(spec):
+    with pytest.raises(TTSError, match="expected i/n with 0 <= i < n"):
+        parse_shard(spec)
+
+
+def test_gpu_lists():
+    assert parse_devices("0,1") == ["cuda:0", "cuda:1"]
+    assert parse_devices("cpu, cpu") == ["cpu", "cpu"]
+    with pytest.raises(TTSError, match="expected GPU numbers"):
+        parse_devices("0,gpu1")
+
+
+def test_shard_runs_together_make_the_whole_manifest(monkeypatch, tmp_path):
+    """Acceptance: the union of --shard i/n over all i is the manifest, pairwise disjoint, bad rows included."""
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"row-{i}\tSentence {i}.\n" for i in range(30)) + "bad/id\tText.\n\n")
+    seen = []
+    for i in range(3):
+        out = tmp_path / f"shard-{i}"
+        result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                                         "--shard", f"{i}/3"])
+        assert result.exit_code in (0, 1), result.output
+        report = json.loads((out / "report.json").read_text())
+        assert report["settings"]["shard"] == f"{i}/3"
+        seen.append([row["id"] for row in report["rows"]])
+        assert {p.stem for p in out.glob("*.wav")} == {row["id"] for row in report["rows"] if row["error"] is None}
+    all_ids = [f"row-{i}" for i in range(30)] + ["bad/id"]
+    assert sorted(sum(seen, [])) == sorted(all_ids)
+    assert all(seen) and len(set(sum(seen, []))) == len(all_ids)
+
+
+@needs_bundled_model
+def test_gpus_list_runs_one_worker_process_each(tmp_path, monkeypatch):
+    monkeypatch.delenv("TTS_MODEL", raising=False)
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": [f"r{i}" for i in range(4)], "text": [f"Sentence {i}." for i in range(4)],
+                             "speaker": ["vivian"] * 3 + ["nobody"]}), manifest)
+    out = tmp_path / "out"
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--gpus", "cpu,cpu",
+                                     "--max-frames", "3", "--batch-size", "1", "--greedy"])
+    assert result.exit_code == 1, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["devices"] == ["cpu", "cpu"]
+    assert [row["error"] is None for row in report["rows"]] == [True] * 3 + [False]
+    assert "unknown speaker 'nobody'" in report["rows"][3]["error"]   # checked in the parent, from config.json
+    single = tmp_path / "single"
+    assert runner.invoke(cli.app, ["synth", str(manifest), "--out", str(single), "--max-frames", "3",
+                                   "--batch-size", "1", "--greedy"]).exit_code == 1
+    for row in report["rows"][:3]:
+        assert sf.read(out / row["file"])[0].tolist() == sf.read(single / row["file"])[0].tolist()
+
+
+@needs_bundled_model
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="the [ray] extra is not installed (pip install -e '.[ray]'); make test installs it")
+def test_ray_data_path_in_local_mode(tmp_path):
+    import ray
+
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "a"], "text": ["Hello there.", "Second row.", "", "Again."],
+                             "seed": [1, None, None, None]}), manifest)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
+    try:
+        synthesize_with_ray(manifest, tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, actors=1,
+                            max_frames=3, greedy=True)
+    finally:
+        ray.shutdown()
+    table = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "out").glob("*.parquet"))])
+    rows = {row["id"] + ("*" if row["text"] == "Again." else ""): row for row in table.to_pylist()}
+    assert sorted(rows) == ["a", "a*", "b", "c"]
+    for row_id in ("a", "b"):
+        audio, rate = sf.read(io.BytesIO(rows[row_id]["audio"]["bytes"]))
+        assert rate == 24000 and len(audio) == rows[row_id]["frames"] * 1920 > 0 and rows[row_id]["error"] is None
+    assert rows["c"]["error"] == "empty text" and rows["c"]["audio"] is None
+    assert rows["a*"]["error"] == "duplicate id 'a' (first used by row 1)"

@@ -1,0 +1,59 @@
+"""Long text -> segments at sentence and clause boundaries, and the crossfade join."""
+import numpy as np
+import pytest
+
+from tts_cli.textsplit import join_with_crossfade, split_text
+
+
+def _words(text):
+    return text.split()
+
+
+def test_short_text_is_one_segment():
+    assert split_text("  Hello there.  ", 50) == ["Hello there."]
+    assert split_text("   ", 50) == []
+
+
+def test_cuts_at_sentence_ends_and_packs_sentences_up_to_the_limit():
+    text = "One two three. Four five six! Seven eight? Nine ten."
+    assert split_text(text, 30) == ["One two three. Four five six!", "Seven eight? Nine ten."]
+    assert split_text(text, 15) == ["One two three.", "Four five six!", "Seven eight?", "Nine ten."]
+
+
+def test_a_sentence_too_long_is_cut_at_clauses_then_spaces_then_inside_words():
+    assert split_text("alpha beta, gamma delta; epsilon zeta.", 20) == ["alpha beta,", "gamma delta;", "epsilon zeta."]
+    assert split_text("aaaa bbbb cccc dddd", 9) == ["aaaa bbbb", "cccc dddd"]
+    assert split_text("x" * 25, 10) == ["x" * 10, "x" * 10, "x" * 5]
+
+
+def test_cjk_sentence_and_clause_marks_need_no_space():
+    assert split_text("你好世界。今天天气很好！我们走吧，好吗？", 8) == ["你好世界。", "今天天气很好！", "我们走吧，好吗？"]
+
+
+def test_closing_quotes_stay_with_their_sentence():
+    assert split_text('He said "stop." Then he left.', 20) == ['He said "stop."', "Then he left."]
+
+
+@pytest.mark.parametrize("limit", [7, 40, 300])
+def test_segments_respect_the_limit_and_keep_every_word(limit):
+    rng = np.random.default_rng(limit)
+    words = ["".join(rng.choice(list("abcdefgh"), rng.integers(1, 12))) + str(rng.choice(["", ",", ".", "!", ";"]))
+             for _ in range(400)]
+    text = " ".join(words)
+    segments = split_text(text, limit)
+    assert all(0 < len(s) <= limit for s in segments)
+    if limit >= 12:   # no word is longer than that, so none is cut inside
+        assert _words(" ".join(segments)) == _words(text)
+    else:
+        assert "".join(segments).replace(" ", "") == text.replace(" ", "")
+
+
+def test_join_overlaps_each_seam_and_fades_linearly():
+    a, b, c = np.ones(100, np.float32), np.full(50, 3.0, np.float32), np.ones(5, np.float32)
+    joined = join_with_crossfade([a, b, c], 10)
+    assert len(joined) == 100 + 50 + 5 - 10 - 5        # the last seam is as long as the shorter segment
+    seam = joined[90:100]
+    assert np.all(np.diff(seam) > 0) and 1.0 < seam[0] < seam[-1] < 3.0
+    assert np.all(joined[:90] == 1.0) and np.all(joined[100:135] == 3.0)
+    assert len(join_with_crossfade([], 10)) == 0
+    assert np.array_equal(join_with_crossfade([a], 10), a)

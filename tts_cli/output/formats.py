@@ -1,0 +1,129 @@
+"""Where finished rows go: one WAV or FLAC file per row, or parquet shards of many rows.
+
+A sink takes a row's ledger entry and audio, and hands entries back only once their output is
+durably on disk, so that the ledger never names an output that a crash could take away.
+Parquet shards hold id, text, speaker, language, the audio as a Hugging Face `datasets` Audio
+column (struct {bytes: FLAC, path}), sampling_rate and duration; the schema metadata carries
+the `datasets` features, so `load_dataset("parquet", ...)` decodes the audio column as Audio.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .writer import encode_audio, sync_folder, write_atomically, write_audio
+
+FORMATS = ("wav", "flac", "parquet")
+PARQUET_ROWS_PER_FILE = 1000   # about 100 MB of FLAC at 5 s per row: few files, bounded memory
+SHARD_PATTERN = re.compile(r"part-(\d{5,})\.parquet")
+
+
+def file_extension(output_format: str) -> str:
+    """The extension of each row's own audio name (parquet rows carry FLAC bytes)."""
+    return "wav" if output_format == "wav" else "flac"
+
+
+class FileSink:
+    """One audio file per row, written atomically as soon as the row is done."""
+
+    def __init__(self, out_dir: Path, output_format: str, sample_rate: int):
+        self.out_dir, self.sample_rate = Path(out_dir), sample_rate
+        self.audio_format = output_format.upper()
+        self._written: list[dict] = []
+
+    def add(self, entry: dict, name: str, audio: np.ndarray) -> None:
+        """Raises OSError when the file cannot be written."""
+        write_audio(self.out_dir / name, audio, self.sample_rate, self.audio_format)
+        self._written.append({**entry, "file": name})
+
+    def durable_entries(self, final: bool = False) -> list[dict]:
+        if not self._written:
+            return []
+        sync_folder(self.out_dir)
+        entries, self._written = self._written, []
+        return entries
+
+
+class ParquetSink:
+    """Rows buffered and written as parquet shards part-NNNNN.parquet of up to rows_per_file rows."""
+
+    def __init__(self, out_dir: Path, sample_rate: int, referenced_files: set[str],
+                 rows_per_file: int = PARQUET_ROWS_PER_FILE):
+        self.out_dir, self.sample_rate, self.rows_per_file = Path(out_dir), sample_rate, rows_per_file
+        self.removed_orphans = remove_orphan_shards(self.out_dir, referenced_files)
+        numbers = [int(m.group(1)) for p in self.out_dir.iterdir() if (m := SHARD_PATTERN.fullmatch(p.name))]
+        self._next_number = max(numbers, default=-1) + 1
+        self._rows: list[dict] = []
+        self._entries: list[dict] = []
+
+    def add(self, entry: dict, name: str, audio: np.ndarray) -> None:
+        self._rows.append({
+            "id": entry["id"], "text": entry["params"]["text"], "speaker": entry["params"]["speaker"],
+            "language": entry["params"]["language"],
+            "audio": {"bytes": encode_audio(audio, self.sample_rate, "FLAC"), "path": name},
+            "sampling_rate": self.sample_rate, "duration": len(audio) / self.sample_rate,
+        })
+        self._entries.append(entry)
+
+    def durable_entries(self, final: bool = False) -> list[dict]:
+        """Writes a shard when rows_per_file rows are waiting (or any, when final)."""
+        if not self._rows or (len(self._rows) < self.rows_per_file and not final):
+            return []
+        name = f"part-{self._next_number:05d}.parquet"
+        write_atomically(self.out_dir / name, lambda tmp: write_shard(tmp, self._rows, self.sample_rate))
+        sync_folder(self.out_dir)
+        self._next_number += 1
+        entries = [{**entry, "file": name} for entry in self._entries]
+        self._rows, self._entries = [], []
+        return entries
+
+
+def output_exists(out_dir: Path, entry: dict) -> bool:
+    """Whether the file an ok ledger entry names (the row's audio file or its shard) is there."""
+    return bool(entry.get("file")) and (Path(out_dir) / entry["file"]).is_file()
+
+
+def shard_schema(sample_rate: int):
+    import pyarrow as pa
+
+    features = {
+        "id": {"dtype": "string", "_type": "Value"},
+        "text": {"dtype": "string", "_type": "Value"},
+        "speaker": {"dtype": "string", "_type": "Value"},
+        "language": {"dtype": "string", "_type": "Value"},
+        "audio": {"sampling_rate": sample_rate, "_type": "Audio"},
+        "sampling_rate": {"dtype": "int32", "_type": "Value"},
+        "duration": {"dtype": "float64", "_type": "Value"},
+    }
+    return pa.schema([
+        ("id", pa.string()), ("text", pa.string()), ("speaker", pa.string()), ("language", pa.string()),
+        ("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        ("sampling_rate", pa.int32()), ("duration", pa.float64()),
+    ], metadata={"huggingface": json.dumps({"info": {"features": features}})})
+
+
+def write_shard(path: Path, rows: list[dict], sample_rate: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows, schema=shard_schema(sample_rate)), path)
+
+
+def remove_orphan_shards(out_dir: Path, referenced_files: set[str]) -> list[str]:
+    """Shards that no ledger entry names were written by a run killed before it could record
+    them: their rows will be redone, so keeping the shard would duplicate them."""
+    removed = []
+    for path in Path(out_dir).iterdir():
+        if SHARD_PATTERN.fullmatch(path.name) and path.name not in referenced_files:
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+def make_sink(output_format: str, out_dir: Path, sample_rate: int, referenced_files: set[str]):
+    if output_format == "parquet":
+        return ParquetSink(out_dir, sample_rate, referenced_files)
+    return FileSink(out_dir, output_format, sample_rate)

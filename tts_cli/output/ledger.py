@@ -1,0 +1,119 @@
+"""ledger.jsonl: the append-only record of a run's finished rows, what makes a run resumable.
+
+One JSON line per finished row (ok or failed), appended only after the row's output file has been
+renamed into place and flushed, then fsync'd. A rerun reads it to skip rows already done and
+rebuilds the report from it; a killed run loses at most the rows whose line was not yet written,
+and those are redone. A row is matched by id and by `key`, a hash of everything that shapes its
+audio, so a row whose text or settings changed is found, not silently mixed with old output.
+The output folder is locked while a run writes into it, so two runs never interleave.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from ..errors import TTSError
+from ..request import Request
+
+LEDGER_NAME = "ledger.jsonl"
+LOCK_NAME = ".tts-lock"
+
+
+def row_params(request: Request, settings: dict) -> dict:
+    """Everything that decides a row's output: its own fields and the run settings that shape audio.
+    The seed is left out of greedy runs, where it changes nothing."""
+    return {"text": request.text, "speaker": request.speaker, "language": request.language,
+            "instruct": request.instruct, "seed": None if settings.get("greedy") else request.seed, **settings}
+
+
+def params_key(params: dict) -> str:
+    canonical = json.dumps(params, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:32]
+
+
+def changed_params(old: dict, new: dict) -> str:
+    """'max_frames 6 -> 8, text' style summary of what differs."""
+    parts = []
+    for name in sorted(set(old) | set(new)):
+        if old.get(name) != new.get(name):
+            parts.append(name if name == "text" else f"{name} {old.get(name)!r} -> {new.get(name)!r}")
+    return ", ".join(parts)
+
+
+class Ledger:
+    """The ledger of one output folder, opened for appending; holds the folder's lock until closed."""
+
+    def __init__(self, out_dir: Path):
+        self.path = Path(out_dir) / LEDGER_NAME
+        self._lock = _lock_folder(Path(out_dir))
+        try:
+            self.repaired_bytes = _drop_torn_tail(self.path)
+            self.latest: dict[str, dict] = {entry["id"]: entry for entry in _read_entries(self.path)}  # last per id
+            self._file = open(self.path, "a", encoding="utf-8")
+        except BaseException:
+            os.close(self._lock)
+            raise
+
+    def append(self, entries: list[dict]) -> None:
+        """Write the entries and wait until they are on disk."""
+        if not entries:
+            return
+        self._file.write("".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        for entry in entries:
+            self.latest[entry["id"]] = entry
+
+    def close(self) -> None:
+        self._file.close()
+        os.close(self._lock)
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _lock_folder(out_dir: Path) -> int:
+    fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TTSError(f"{out_dir}: another tts run is writing into this folder; wait for it, "
+                       "or give this run its own --out") from None
+    return fd
+
+
+def _drop_torn_tail(path: Path) -> int:
+    """A run killed mid-append leaves a last line without its newline: cut it off, so that the
+    next append starts a fresh line (that row is redone). Returns the bytes removed."""
+    if not path.is_file():
+        return 0
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            f.truncate(keep)
+            os.fsync(f.fileno())
+        return len(data) - keep
+
+
+def _read_entries(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    entries = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            try:
+                entry = json.loads(line)
+                entry["id"], entry["key"], entry["status"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise TTSError(f"{path}, line {number}: not a ledger entry ({e}); "
+                               "fix or remove that line, or use a new --out") from None
+            entries.append(entry)
+    return entries

@@ -1,0 +1,65 @@
+"""ASR in worker processes, fed row by row while the caller goes on (synthesizing, or reading files).
+
+    with AsrPool(model_path, workers=1) as pool:
+        pool.submit(key, wav_path, text, language)   # returns at once; key: unique per row
+        ...
+        heard = pool.results()                       # waits; {key: Transcript | error text}
+
+Each worker loads the model once. Processes, not threads: CTranslate2 and torch each want their
+own cores, and a crash or a stuck transcription stays in the worker. Started with "spawn" so that
+a worker holds no copy of the caller's torch state.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+from ..errors import TTSError
+from .asr import Transcriber, Transcript
+
+_worker_transcriber: Transcriber | None = None  # one per worker process
+
+
+def _load_in_worker(model_path: str, cpu_threads: int) -> None:
+    global _worker_transcriber
+    _worker_transcriber = Transcriber(Path(model_path), cpu_threads)
+
+
+def _transcribe_in_worker(wav_path: str, text: str, language: str) -> Transcript | str:
+    try:
+        return _worker_transcriber.transcribe(Path(wav_path), text, language)
+    except Exception as e:  # an unreadable or odd file fails its row only
+        return f"ASR failed on {wav_path}: {type(e).__name__}: {e}"
+
+
+class AsrPool:
+    def __init__(self, model_path: Path, workers: int = 1, cpu_threads_per_worker: int = 1):
+        self.model_path = Path(model_path)
+        self._executor = ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_load_in_worker, initargs=(str(model_path), cpu_threads_per_worker))
+        self._futures: dict[str, Future] = {}
+
+    def submit(self, key: str, wav_path: Path, text: str, language: str) -> None:
+        if key in self._futures:
+            raise ValueError(f"row {key!r} submitted twice")
+        self._futures[key] = self._executor.submit(_transcribe_in_worker, str(wav_path), text, language)
+
+    def results(self) -> dict[str, Transcript | str]:
+        """Every submitted row: its Transcript, or the error text of a row whose file could not be heard."""
+        try:
+            return {key: future.result() for key, future in self._futures.items()}
+        except BrokenProcessPool as e:
+            raise TTSError(f"the ASR workers stopped (model {self.model_path} could not be loaded, or a "
+                           f"worker ran out of memory): {e}") from e
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "AsrPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,194 @@
+"""Rows + what the ASR heard -> per-row WER and flags, the summary, and the score files:
+report.json, report.md (same content) and rows.parquet (one row per manifest row).
+
+`tts score` runs it on existing audio files; the same rows and files serve WER in `tts synth`.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..manifest import Manifest
+from ..output.writer import wav_names, write_atomically
+from .asr import SPLIT_CHARACTER_LANGUAGES, Transcript
+from .asr_pool import AsrPool
+from .wer import FLAG_MEANINGS, HIGH_WER, NEAR_SILENT_RMS, PROTOCOL, RowWer, row_wer, slow_rows, summarize
+
+WORST_ROWS = 10
+
+
+@dataclass
+class ScoredRow:
+    id: str
+    text: str
+    language: str
+    file: str | None = None
+    hypothesis: str | None = None
+    wer: float | None = None
+    errors: int | None = None
+    reference_words: int | None = None
+    frames: int | None = None                 # known for our own synthesis only
+    seconds: float | None = None
+    first_audio_seconds: float | None = None  # first-audio latency, known for our own synthesis only
+    rms: float | None = None
+    hit_cap: bool | None = None
+    flags: list[str] = field(default_factory=list)
+    not_scored: str | None = None
+    error: str | None = None
+
+
+def apply_transcripts(rows: list[ScoredRow], heard: dict[str, Transcript | str]) -> None:
+    """Fill in hypothesis, WER and flags from the ASR results, keyed by row file name (unique, unlike
+    ids); rows that already carry an error keep it."""
+    for row in rows:
+        result = heard.get(row.file)
+        if row.error is not None or result is None:
+            continue
+        if isinstance(result, str):
+            row.error = result
+            continue
+        row.seconds, row.rms = result.seconds, result.rms
+        row.hypothesis, row.not_scored = result.hypothesis, result.not_scored
+        if row.hypothesis is not None:
+            score = row_wer(row.text, row.hypothesis, result.asr_language in SPLIT_CHARACTER_LANGUAGES)
+            if score is None:
+                row.not_scored = "the text has no words after normalization"
+            else:
+                row.wer, row.errors, row.reference_words = score.wer, score.errors, score.reference_words
+    for row, slow in zip(rows, slow_rows([r.seconds for r in rows], [r.text for r in rows])):
+        row.flags = [name for name, on in (
+            ("hit_cap", bool(row.hit_cap)),
+            ("slow", slow),
+            ("silent", row.rms is not None and row.rms < NEAR_SILENT_RMS),
+            ("wer_above_50", row.wer is not None and row.wer > HIGH_WER),
+        ) if on]
+
+
+def build_report(rows: list[ScoredRow], context: dict, skipped_empty: int = 0) -> dict:
+    """context: {"title": ..., "settings": {...}}: what was scored and how (files, ASR model),
+    printed at the top of report.md."""
+    scores = [RowWer(r.wer, r.errors, r.reference_words) for r in rows if r.wer is not None]
+    summary = {
+        "rows": len(rows),
+        "not_scored": sum(r.not_scored is not None and r.error is None for r in rows),
+        "failed": sum(r.error is not None for r in rows),
+        "skipped_empty": skipped_empty,
+        **summarize(scores),
+        "flagged": {name: sum(name in r.flags for r in rows) for name in FLAG_MEANINGS},
+    }
+    return {**context, "protocol": PROTOCOL, "flag_meanings": FLAG_MEANINGS, "summary": summary,
+            "rows": [asdict(r) for r in rows]}
+
+
+AUDIO_EXTENSIONS = (".wav", ".flac")  # what `tts synth` writes; other systems' files may be either
+
+
+def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
+    """One row per manifest row, with its audio file in audio_dir, named from its id as our writer
+    names it (sanitized, repeated names `_2`, ...); a row without a file or with a manifest problem
+    carries the error."""
+    rows = []
+    for row, wav_name in zip(manifest.rows, wav_names([row.request.id for row in manifest.rows])):
+        request = row.request
+        scored = ScoredRow(request.id, request.text, request.language, error=row.problem)
+        stem = wav_name.removesuffix(".wav")
+        found = [stem + ext for ext in AUDIO_EXTENSIONS if (audio_dir / (stem + ext)).is_file()]
+        if found:
+            scored.file = found[0]
+        elif scored.error is None:
+            scored.error = f"audio file not found: {audio_dir / stem}{{{','.join(AUDIO_EXTENSIONS)}}}"
+        rows.append(scored)
+    return rows
+
+
+def score_audio_dir(audio_dir: Path, rows: list[ScoredRow], asr_model: Path, workers: int) -> None:
+    """Hear every row's file in audio_dir with the ASR model and fill in its WER and flags."""
+    with AsrPool(asr_model, workers=workers) as pool:
+        for row in rows:
+            if row.error is None:
+                pool.submit(row.file, audio_dir / row.file, row.text, row.language)
+        apply_transcripts(rows, pool.results())
+
+
+def write_score_files(out_dir: Path, report: dict) -> dict[str, Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out_dir = Path(out_dir)
+    paths = {name: out_dir / name for name in ("report.json", "report.md", "rows.parquet")}
+    write_atomically(paths["report.json"], lambda tmp: tmp.write_text(
+        json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"))
+    write_atomically(paths["report.md"], lambda tmp: tmp.write_text(render_markdown(report), encoding="utf-8"))
+    table = pa.Table.from_pylist(report["rows"], schema=row_schema())
+    write_atomically(paths["rows.parquet"], lambda tmp: pq.write_table(table, tmp))
+    return paths
+
+
+def row_schema():
+    """rows.parquet columns: a fixed schema, so that a column of nulls keeps its type."""
+    import pyarrow as pa
+    types = {"id": pa.string(), "text": pa.string(), "language": pa.string(), "file": pa.string(),
+             "hypothesis": pa.string(), "wer": pa.float64(), "errors": pa.int64(), "reference_words": pa.int64(),
+             "frames": pa.int64(), "seconds": pa.float64(), "first_audio_seconds": pa.float64(),
+             "rms": pa.float64(), "hit_cap": pa.bool_(), "flags": pa.list_(pa.string()),
+             "not_scored": pa.string(), "error": pa.string()}
+    return pa.schema(list(types.items()))
+
+
+def render_markdown(report: dict) -> str:
+    s = report["summary"]
+    lines = [f"# {report['title']}", ""]
+    lines += [f"- {key}: `{value}`" for key, value in report["settings"].items()]
+    lines += [
+        "",
+        "## Summary",
+        "",
+        "| rows | scored | not scored | failed | empty skipped | mean WER | corpus WER | rows > 50% | mean WER of rows <= 50% |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {s['rows']} | {s['scored_rows']} | {s['not_scored']} | {s['failed']} | {s['skipped_empty']} "
+        f"| {_percent(s['mean_wer'])} | {_percent(s['corpus_wer'])} | {s['rows_above_50']} "
+        f"| {_percent(s['mean_wer_of_rows_at_or_below_50'])} |",
+        "",
+        "Flagged rows: " + ", ".join(f"{name} {count}" for name, count in s["flagged"].items()) + ".",
+        "",
+        "## Protocol",
+        "",
+        report["protocol"],
+        "",
+    ]
+    rows = report["rows"]
+    worst = sorted((r for r in rows if r["wer"] is not None), key=lambda r: -r["wer"])[:WORST_ROWS]
+    lines += _table(f"Worst {len(worst)} rows", ("id", "WER", "text", "hypothesis"),
+                    [(r["id"], _percent(r["wer"]), r["text"], r["hypothesis"]) for r in worst])
+    lines += _table("Flags", ("id", "flags", "WER", "seconds", "frames"),
+                    [(r["id"], ", ".join(r["flags"]), _percent(r["wer"]), _number(r["seconds"]), _number(r["frames"]))
+                     for r in rows if r["flags"]])
+    lines += [f"- {name}: {meaning}" for name, meaning in report["flag_meanings"].items()] + [""]
+    lines += _table("Not scored", ("id", "language", "why"),
+                    [(r["id"], r["language"], r["not_scored"]) for r in rows if r["not_scored"] and not r["error"]])
+    lines += _table("Failed", ("id", "error"), [(r["id"], r["error"]) for r in rows if r["error"]])
+    return "\n".join(lines)
+
+
+def _table(title: str, header: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    lines = [f"## {title}", ""]
+    if not rows:
+        return lines + ["none", ""]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _percent(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def _number(value) -> str:
+    if value is None:
+        return ""
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _cell(value) -> str:
+    return "" if value is None else str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,93 @@
+"""The Ray Data path, for clusters: `tts synth`'s synthesis as a Ray Data pipeline.
+
+    read_parquet(manifest) -> map_batches(SynthesizerActor, fixed actor pool, a GPU each) -> write_parquet(out)
+
+Each actor loads the synthesizer once and runs the same code as `tts synth` on its batches (row
+checks, long-text segments, out-of-memory recovery, crossfade joins). The output shards have the
+columns of `tts synth --format parquet` (audio as a `datasets` Audio struct of FLAC bytes) plus
+`frames` and `error` (null audio for a failed row). Ray Data schedules, retries failed tasks and
+writes; there is no ledger: rerun into a fresh output folder. The manifest needs an `id` column,
+and a row without a `seed` draws with base_seed + a hash of its id (tts synth uses the row index,
+which a Ray batch does not know); duplicate ids are found only within a batch.
+
+Needs the `ray` extra: pip install 'tts[ray]'. See README, "Scale-out".
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import TTSError
+from ..manifest import DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_schema, mark_duplicate_ids, rows_from_table
+from .shard import stable_id_number
+
+
+def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir: str | Path, actors: int = 1,
+                        gpus_per_actor: float = 0, device: str = "cpu", rows_per_batch: int = 64,
+                        segments_per_call: int = 8, speaker: str = "vivian", language: str = "auto",
+                        base_seed: int = 0, greedy: bool = False, max_frames: int | None = None,
+                        segment_chars: int = 300, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> None:
+    """Synthesize a parquet manifest (any path ray.data.read_parquet reads) into parquet shards in
+    out_dir, on the Ray cluster this process is connected to (ray.init first). On GPUs: device="cuda"
+    and gpus_per_actor=1, with one actor per GPU."""
+    import ray.data
+
+    dataset = ray.data.read_parquet(str(manifest))
+    schema = dataset.schema().base_schema
+    check_schema(schema, manifest)
+    if "id" not in schema.names:
+        raise TTSError(f"{manifest}: the Ray path needs an 'id' column (rows are read in parallel, without row numbers)")
+    dataset.map_batches(
+        SynthesizerActor, batch_size=rows_per_batch, batch_format="pyarrow",
+        compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=gpus_per_actor or None,
+        fn_constructor_kwargs=dict(
+            model_dir=str(model_dir), device=device, defaults=RowDefaults(speaker, language, base_seed, max_text_chars),
+            greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call),
+    ).write_parquet(str(out_dir))
+
+
+class SynthesizerActor:
+    """One per actor of the pool: a loaded synthesizer, called on pyarrow batches of manifest rows."""
+
+    def __init__(self, model_dir: str, device: str, defaults: RowDefaults, greedy: bool, max_frames: int | None,
+                 segment_chars: int, segments_per_call: int):
+        import torch
+
+        from ..job import JobSettings, LocalExecutor
+        from ..synthesizer import Synthesizer
+
+        self.defaults = defaults
+        self.settings = JobSettings(output_format="parquet", greedy=greedy, max_frames=max_frames,
+                                    segment_chars=segment_chars, batch_size=segments_per_call, model=model_dir)
+        self.executor = LocalExecutor(Synthesizer.from_pretrained(model_dir, device=device, dtype=torch.float32),
+                                      self.settings)
+
+    def __call__(self, batch):
+        import pyarrow as pa
+
+        from ..job import plan_row, synthesize_plans
+        from ..output.formats import shard_schema
+        from ..output.writer import encode_audio, sanitize_id
+
+        rows = rows_from_table(batch, self.defaults, "ray batch")
+        seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
+        for row, seed in zip(rows, seeds):
+            if seed is None:
+                row.request.seed = self.defaults.base_seed + stable_id_number(row.request.id) % 2**31
+        mark_duplicate_ids(rows)
+        plans = [plan_row(row, f"{sanitize_id(row.request.id)}.flac", self.settings) for row in rows if not row.problem]
+        outcomes = {id(plan.row): (plan, audio) for finished in synthesize_plans(plans, self.executor, self.settings)
+                    for plan, audio in finished}
+        rate = self.executor.sample_rate
+        table = []
+        for row in rows:
+            plan, audio = outcomes.get(id(row), (None, row.problem))
+            ok = not isinstance(audio, str)
+            table.append({
+                "id": row.request.id, "text": row.request.text, "speaker": row.request.speaker,
+                "language": row.request.language,
+                "audio": {"bytes": encode_audio(audio, rate), "path": plan.name} if ok else None,
+                "sampling_rate": rate, "duration": len(audio) / rate if ok else None,
+                "frames": sum(o.frames for o in plan.outcomes) if ok else None, "error": None if ok else audio,
+            })
+        schema = shard_schema(rate).append(pa.field("frames", pa.int64())).append(pa.field("error", pa.string()))
+        return pa.Table.from_pylist(table, schema=schema)

@@ -7,7 +7,7 @@ from transformers.generation.logits_process import (MinNewTokensLengthLogitsProc
                                                     TopKLogitsWarper, TopPLogitsWarper)
 
 from tts_cli.model.sampler import (RowSampling, SamplerSettings, TalkerLogitsProcessor, apply_top_k, choose,
-                                   bits_to_unit, gumbel_draw, uniform_noise, warp)
+                                   bits_to_unit, gumbel_draw, gumbel_noise, uniform_noise, warp)
 
 VOCAB, EOS = 3072, 2150
 
@@ -50,13 +50,15 @@ def test_top_k_keeps_ties_at_the_boundary():
 
 
 def test_noise_is_a_pure_function_of_seed_frame_group_token():
-    a = uniform_noise(torch.tensor([7, 8, 9]), frame=3, group=2, vocab=100)
-    alone = uniform_noise(torch.tensor([8]), frame=3, group=2, vocab=100)
+    a = uniform_noise(torch.tensor([7, 8, 9]), frame=3, groups=[2], vocab=100)[0]
+    alone = uniform_noise(torch.tensor([8]), frame=3, groups=[2], vocab=100)[0]
     assert torch.equal(a[1], alone[0])                       # batch mates do not matter
     assert not torch.equal(a[0], a[1])                       # seeds differ
-    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 4, 2, 100))   # frames differ
-    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 3, 1, 100))   # groups differ
-    big = uniform_noise(torch.tensor([2**40 + 1, 1]), 0, 0, 10)
+    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 4, [2], 100)[0])   # frames differ
+    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 3, [1], 100)[0])   # groups differ
+    several = uniform_noise(torch.tensor([7, 8, 9]), 3, [1, 2, 3], 100)
+    assert torch.equal(several[1], a)                         # one group's noise, alone or with others
+    big = uniform_noise(torch.tensor([2**40 + 1, 1]), 0, [0], 10)[0]
     assert not torch.equal(big[0], big[1])                   # the high 32 bits of a seed count
     assert 0 < a.min() and a.max() < 1
 
@@ -65,7 +67,7 @@ def test_gumbel_draws_follow_the_softmax():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     seeds = torch.arange(40000)
     logits = probs.log().expand(len(seeds), -1)
-    draws = gumbel_draw(logits, seeds, frame=0, group=0)
+    draws = gumbel_draw(logits, gumbel_noise(seeds, 0, [0], 4)[0])
     freq = torch.bincount(draws, minlength=4).float() / len(seeds)
     assert torch.allclose(freq, probs, atol=0.01), freq
 
@@ -74,7 +76,7 @@ def test_gumbel_never_draws_a_masked_token():
     logits = torch.full((500, 6), float("-inf"))
     logits[:, 2] = 0.0
     logits[:, 4] = 0.0
-    draws = gumbel_draw(logits, torch.arange(500), 1, 1)
+    draws = gumbel_draw(logits, gumbel_noise(torch.arange(500), 1, [1], 6)[0])
     assert set(draws.tolist()) == {2, 4}
 
 
@@ -99,5 +101,4 @@ def test_rows_of_one_batch_can_use_different_settings():
 def test_noise_never_reaches_zero_or_one_in_fp32():
     edges = bits_to_unit(torch.tensor([0, 0xFFFFFFFF], dtype=torch.int64))
     assert 0 < edges[0] and edges[1] < 1
-    u = uniform_noise(torch.arange(64), frame=3, group=0, vocab=3072)
-    assert torch.isfinite(-torch.log(-torch.log(u))).all()
+    assert torch.isfinite(gumbel_noise(torch.arange(64), frame=3, groups=[0, 5], vocab=3072)).all()

@@ -15,7 +15,7 @@ import torch
 
 from tts_cli.engine.slots import SlotState
 from tts_cli.model.qwen3_tts import Qwen3TTS
-from tts_cli.model.sampler import TalkerLogitsProcessor, choose
+from tts_cli.model.sampler import TalkerLogitsProcessor, choose, gumbel_noise
 
 log = logging.getLogger(__name__)
 STAGES = ("depth", "codec", "talker")
@@ -44,9 +44,12 @@ class DecodeStep:
         st, cp = self.st, self.model.code_predictor
         self.emit.copy_(st.active & (st.g0 != self.eos) & (st.frame < st.cap))
         self.code0_embed.copy_(self.model.talker.codec_track(st.g0))
+        groups = list(range(1, self.model.cfg.num_code_groups))
+        noise = gumbel_noise(st.seeds, st.frame, groups, self.model.cfg.code_vocab_size)
         residual, _ = cp.predict_frame(
             st.hidden, self.code0_embed,
-            choose=lambda group, logits: choose(logits, st.cp_sampling, st.seeds, st.frame, group, self.top_p),
+            choose=lambda group, logits: choose(logits, st.cp_sampling, st.seeds, st.frame, group, self.top_p,
+                                                noise=noise[group - 1]),
             caches=st.cp_kv)
         # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
         self.codes[:, 0] = torch.where(self.emit, st.g0, 0)

@@ -28,16 +28,23 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seeds: torch.Tensor, frame: int | torch.Tensor, group: int, vocab: int) -> torch.Tensor:
-    """Uniform (0, 1) fp32 noise [B, vocab], a pure function of (seed, frame, group, token).
-    frame: one int for every row, or [B] (each row's own frame index)."""
+def uniform_noise(seeds: torch.Tensor, frame: int | torch.Tensor, groups: list[int], vocab: int) -> torch.Tensor:
+    """Uniform (0, 1) fp32 noise [len(groups), B, vocab], a pure function of (seed, frame, group,
+    token). frame: one int for every row, or [B] (each row's own frame index). Several groups
+    at once cost the same few kernels as one (the code predictor's 15 draws of a frame)."""
     seeds = seeds.to(torch.int64)
     key = _mix32(seeds & _MASK32)
     key = _mix32(key ^ ((seeds >> 32) & _MASK32))
     key = _mix32(key ^ (torch.as_tensor(frame, device=seeds.device) & _MASK32))
-    key = _mix32(key ^ (group & _MASK32))
+    group_ids = torch.tensor(groups, device=seeds.device, dtype=torch.int64)
+    key = _mix32(key[None, :] ^ (group_ids[:, None] & _MASK32))
     tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    return bits_to_unit(_mix32(key[:, None] ^ tokens[None, :]))
+    return bits_to_unit(_mix32(key[..., None] ^ tokens))
+
+
+def gumbel_noise(seeds: torch.Tensor, frame: int | torch.Tensor, groups: list[int], vocab: int) -> torch.Tensor:
+    """Gumbel noise -log(-log(u)) [len(groups), B, vocab] for Gumbel-max draws."""
+    return -torch.log(-torch.log(uniform_noise(seeds, frame, groups, vocab)))
 
 
 def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
@@ -47,10 +54,9 @@ def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
     return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
-def gumbel_draw(logits: torch.Tensor, seeds: torch.Tensor, frame: int | torch.Tensor, group: int) -> torch.Tensor:
-    """One draw per row from softmax(logits) (-inf entries are never drawn)."""
-    u = uniform_noise(seeds, frame, group, logits.shape[-1])
-    return torch.argmax(logits - torch.log(-torch.log(u)), dim=-1)
+def gumbel_draw(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """One draw per row from softmax(logits), given Gumbel noise [B, V] (-inf entries are never drawn)."""
+    return torch.argmax(logits + noise, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -123,9 +129,12 @@ def warp(logits: torch.Tensor, rows: RowSampling, top_p: bool = True) -> torch.T
 
 
 def choose(logits: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, frame: int | torch.Tensor,
-           group: int, top_p: bool = True) -> torch.Tensor:
-    """Each row's draw (or argmax when it does not sample)."""
-    drawn = gumbel_draw(warp(logits, rows, top_p), seeds, frame, group)
+           group: int, top_p: bool = True, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """Each row's draw (or argmax when it does not sample). noise: this group's Gumbel noise
+    [B, V] when precomputed (see gumbel_noise), else computed here."""
+    if noise is None:
+        noise = gumbel_noise(seeds, frame, [group], logits.shape[-1])[0]
+    drawn = gumbel_draw(warp(logits, rows, top_p), noise)
     return torch.where(rows.do_sample, drawn, torch.argmax(logits, dim=-1))
 
 

@@ -50,15 +50,15 @@ def test_top_k_keeps_ties_at_the_boundary():
 
 
 def test_noise_is_a_pure_function_of_seed_frame_group_token():
-    a = uniform_noise(torch.tensor([7, 8, 9]), frame=3, groups=[2], vocab=100)[0]
-    alone = uniform_noise(torch.tensor([8]), frame=3, groups=[2], vocab=100)[0]
+    a = uniform_noise(torch.tensor([7, 8, 9]), frame=3, groups=range(2, 3), vocab=100)[0]
+    alone = uniform_noise(torch.tensor([8]), frame=3, groups=range(2, 3), vocab=100)[0]
     assert torch.equal(a[1], alone[0])                       # batch mates do not matter
     assert not torch.equal(a[0], a[1])                       # seeds differ
-    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 4, [2], 100)[0])   # frames differ
-    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 3, [1], 100)[0])   # groups differ
-    several = uniform_noise(torch.tensor([7, 8, 9]), 3, [1, 2, 3], 100)
+    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 4, range(2, 3), 100)[0])   # frames differ
+    assert not torch.equal(a, uniform_noise(torch.tensor([7, 8, 9]), 3, range(1, 2), 100)[0])   # groups differ
+    several = uniform_noise(torch.tensor([7, 8, 9]), 3, range(1, 4), 100)
     assert torch.equal(several[1], a)                         # one group's noise, alone or with others
-    big = uniform_noise(torch.tensor([2**40 + 1, 1]), 0, [0], 10)[0]
+    big = uniform_noise(torch.tensor([2**40 + 1, 1]), 0, range(0, 1), 10)[0]
     assert not torch.equal(big[0], big[1])                   # the high 32 bits of a seed count
     assert 0 < a.min() and a.max() < 1
 
@@ -67,7 +67,7 @@ def test_gumbel_draws_follow_the_softmax():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     seeds = torch.arange(40000)
     logits = probs.log().expand(len(seeds), -1)
-    draws = gumbel_draw(logits, gumbel_noise(seeds, 0, [0], 4)[0])
+    draws = gumbel_draw(logits, gumbel_noise(seeds, 0, range(0, 1), 4)[0])
     freq = torch.bincount(draws, minlength=4).float() / len(seeds)
     assert torch.allclose(freq, probs, atol=0.01), freq
 
@@ -76,7 +76,7 @@ def test_gumbel_never_draws_a_masked_token():
     logits = torch.full((500, 6), float("-inf"))
     logits[:, 2] = 0.0
     logits[:, 4] = 0.0
-    draws = gumbel_draw(logits, gumbel_noise(torch.arange(500), 1, [1], 6)[0])
+    draws = gumbel_draw(logits, gumbel_noise(torch.arange(500), 1, range(1, 2), 6)[0])
     assert set(draws.tolist()) == {2, 4}
 
 
@@ -101,4 +101,4 @@ def test_rows_of_one_batch_can_use_different_settings():
 def test_noise_never_reaches_zero_or_one_in_fp32():
     edges = bits_to_unit(torch.tensor([0, 0xFFFFFFFF], dtype=torch.int64))
     assert 0 < edges[0] and edges[1] < 1
-    assert torch.isfinite(gumbel_noise(torch.arange(64), frame=3, groups=[0, 5], vocab=3072)).all()
+    assert torch.isfinite(gumbel_noise(torch.arange(64), frame=3, groups=range(0, 6), vocab=3072)).all()

@@ -44,7 +44,7 @@ class DecodeStep:
         st, cp = self.st, self.model.code_predictor
         self.emit.copy_(st.active & (st.g0 != self.eos) & (st.frame < st.cap))
         self.code0_embed.copy_(self.model.talker.codec_track(st.g0))
-        groups = list(range(1, self.model.cfg.num_code_groups))
+        groups = range(1, self.model.cfg.num_code_groups)
         noise = gumbel_noise(st.seeds, st.frame, groups, self.model.cfg.code_vocab_size)
         residual, _ = cp.predict_frame(
             st.hidden, self.code0_embed,

@@ -28,7 +28,7 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seeds: torch.Tensor, frame: int | torch.Tensor, groups: list[int], vocab: int) -> torch.Tensor:
+def uniform_noise(seeds: torch.Tensor, frame: int | torch.Tensor, groups: range, vocab: int) -> torch.Tensor:
     """Uniform (0, 1) fp32 noise [len(groups), B, vocab], a pure function of (seed, frame, group,
     token). frame: one int for every row, or [B] (each row's own frame index). Several groups
     at once cost the same few kernels as one (the code predictor's 15 draws of a frame)."""
@@ -36,13 +36,14 @@ def uniform_noise(seeds: torch.Tensor, frame: int | torch.Tensor, groups: list[i
     key = _mix32(seeds & _MASK32)
     key = _mix32(key ^ ((seeds >> 32) & _MASK32))
     key = _mix32(key ^ (torch.as_tensor(frame, device=seeds.device) & _MASK32))
-    group_ids = torch.tensor(groups, device=seeds.device, dtype=torch.int64)
+    # arange, not tensor(list): no host-to-device copy, so it can be captured in a CUDA graph
+    group_ids = torch.arange(groups.start, groups.stop, device=seeds.device, dtype=torch.int64)
     key = _mix32(key[None, :] ^ (group_ids[:, None] & _MASK32))
     tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     return bits_to_unit(_mix32(key[..., None] ^ tokens))
 
 
-def gumbel_noise(seeds: torch.Tensor, frame: int | torch.Tensor, groups: list[int], vocab: int) -> torch.Tensor:
+def gumbel_noise(seeds: torch.Tensor, frame: int | torch.Tensor, groups: range, vocab: int) -> torch.Tensor:
     """Gumbel noise -log(-log(u)) [len(groups), B, vocab] for Gumbel-max draws."""
     return -torch.log(-torch.log(uniform_noise(seeds, frame, groups, vocab)))
 
@@ -133,7 +134,7 @@ def choose(logits: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, frame: 
     """Each row's draw (or argmax when it does not sample). noise: this group's Gumbel noise
     [B, V] when precomputed (see gumbel_noise), else computed here."""
     if noise is None:
-        noise = gumbel_noise(seeds, frame, [group], logits.shape[-1])[0]
+        noise = gumbel_noise(seeds, frame, range(group, group + 1), logits.shape[-1])[0]
     drawn = gumbel_draw(warp(logits, rows, top_p), noise)
     return torch.where(rows.do_sample, drawn, torch.argmax(logits, dim=-1))
 

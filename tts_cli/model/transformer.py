@@ -106,11 +106,15 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update(k, v)
         # Grouped-query attention without copying keys: the query heads that share a kv head
-        # (consecutive heads, as in repeat_interleave) are stacked along the query axis, which
-        # makes it plain multi-head attention for SDPA (softmax accumulated in fp32).
+        # (consecutive heads, as in repeat_interleave) are stacked along the query axis.
+        # (SDPA here was no faster on the H200 and its fp32 GPU kernels broke exact equality
+        # with the plain path: measured 2026-11-29.)
         q = q.reshape(b, kv_heads, groups * s, hd)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.repeat(1, 1, groups, 1))
-        return self.o_proj(out.view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1))
+        scores = (q @ k.transpose(2, 3)) * hd ** -0.5
+        scores = scores.masked_fill(~mask.repeat(1, 1, groups, 1), float("-inf"))
+        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out = (probs @ v).view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1)
+        return self.o_proj(out)
 
 
 class SwiGLU(nn.Module):

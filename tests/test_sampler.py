@@ -83,10 +83,10 @@ def test_gumbel_never_draws_a_masked_token():
 def test_rows_of_one_batch_can_use_different_settings():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 50, generator=g)
-    rows = RowSampling.uniform(SamplerSettings(True, 1.0, 0, 1.0), 4, "cpu")
-    rows.set_row(1, SamplerSettings(False, 1.0, 0, 1.0))          # greedy
-    rows.set_row(2, SamplerSettings(True, 0.5, 1, 1.0))           # top-1: always the argmax
-    rows.set_row(3, SamplerSettings(True, 1.0, 0, 0.3))           # nucleus
+    rows = RowSampling.stack([SamplerSettings(True, 1.0, 0, 1.0),
+                              SamplerSettings(False, 1.0, 0, 1.0),      # greedy
+                              SamplerSettings(True, 0.5, 1, 1.0),       # top-1: always the argmax
+                              SamplerSettings(True, 1.0, 0, 0.3)], "cpu")  # nucleus
     seeds = torch.arange(4)
     draws = choose(logits, rows, seeds, frame=torch.tensor([0, 1, 2, 3]), group=0)
     argmax = logits.argmax(-1)

@@ -118,27 +118,26 @@ class Engine:
         embeds, valid, positions, mask = prefill_batch([r.prompt_embeds for r in requests], left_pad=False)
         caches = [GrowingKV() for _ in self.model.talker.decoder.layers]
         hidden, logits = self.model.talker(embeds, positions, mask, caches)
-        slots = torch.tensor([s for s, _ in admitted], device=self.device)
+        # Everything the host knows goes over in one pinned, non-blocking copy: a plain
+        # torch.tensor(..., device=cuda) would wait for the step that is still running.
+        host = torch.tensor([[slot, r.prompt_embeds.shape[0], r.max_frames, r.min_new_tokens, r.seed]
+                             for slot, r in admitted], dtype=torch.int64)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        slots, lengths, caps, min_new_tokens, seeds = host.to(self.device, non_blocking=True).unbind(1)
         length = embeds.shape[1]
         for static, grown in zip(self.state.talker_kv, caches):
             static.k[slots, :, :length] = grown.k
             static.v[slots, :, :length] = grown.v
-        last = valid.sum(1) - 1
         rows = torch.arange(len(requests), device=self.device)
-        last_hidden, last_logits = hidden[rows, last], logits[rows, last].float()
-        talker = [r.talker or self.talker_defaults for r in requests]
-        sampling = RowSampling.uniform(self.talker_defaults, len(requests), self.device)
-        for i, s in enumerate(talker):
-            sampling.set_row(i, s)
-        seeds = torch.tensor([r.seed for r in requests], device=self.device)
-        blocked = torch.tensor([r.min_new_tokens > 0 for r in requests], device=self.device)
+        last_hidden, last_logits = hidden[rows, lengths - 1], logits[rows, lengths - 1].float()
+        talker = RowSampling.stack([r.talker or self.talker_defaults for r in requests], self.device)
+        cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
         seen = torch.zeros(len(requests), self.model.cfg.codec_vocab_size, dtype=torch.bool, device=self.device)
-        processed = self.process(last_logits, seen, blocked, sampling.repetition_penalty)
-        g0 = choose(processed, sampling, seeds, 0, 0)
-        for i, (slot, r) in enumerate(admitted):
-            self.state.admit(slot, g0=g0[i], hidden=last_hidden[i], prompt_length=int(valid[i].sum()),
-                             cap=r.max_frames, min_new_tokens=r.min_new_tokens, seed=r.seed,
-                             talker=talker[i], cp=r.cp or self.cp_defaults)
+        processed = self.process(last_logits, seen, min_new_tokens > 0, talker.repetition_penalty)
+        g0 = choose(processed, talker, seeds, 0, 0)
+        self.state.admit(slots, g0=g0, hidden=last_hidden, prompt_lengths=lengths, caps=caps,
+                         min_new_tokens=min_new_tokens, seeds=seeds, talker=talker, cp=cp)
 
     # -- the loop ---------------------------------------------------------------------------------
 

@@ -47,23 +47,25 @@ class SlotState:
         self.out_pcm = torch.zeros(rows, codec.samples_per_frame, device=device)
         self.out_emit = torch.zeros(rows, dtype=torch.bool, device=device)
 
-    def admit(self, slot: int, *, g0: torch.Tensor, hidden: torch.Tensor, prompt_length: int, cap: int,
-              min_new_tokens: int, seed: int, talker: SamplerSettings, cp: SamplerSettings) -> None:
-        """Start a request in `slot` (its prompt's keys and values are already written)."""
-        self.g0[slot] = g0
-        self.hidden[slot] = hidden
-        self.position[slot] = prompt_length
-        self.frame[slot] = 0
-        self.cap[slot] = cap
-        self.min_new_tokens[slot] = min_new_tokens
-        self.seeds[slot] = seed
-        self.active[slot] = True
-        self.seen[slot] = False
-        self.seen[slot, g0] = True
-        self.talker_sampling.set_row(slot, talker)
-        self.cp_sampling.set_row(slot, cp)
+    def admit(self, slots: torch.Tensor, *, g0: torch.Tensor, hidden: torch.Tensor, prompt_lengths: torch.Tensor,
+              caps: torch.Tensor, min_new_tokens: torch.Tensor, seeds: torch.Tensor, talker: RowSampling,
+              cp: RowSampling) -> None:
+        """Start requests in `slots` [n] (their prompts' keys and values are already written); every
+        argument has one row per slot, on the device. Vectorized: a few kernels for any n."""
+        self.g0[slots] = g0
+        self.hidden[slots] = hidden
+        self.position[slots] = prompt_lengths
+        self.frame[slots] = 0
+        self.cap[slots] = caps
+        self.min_new_tokens[slots] = min_new_tokens
+        self.seeds[slots] = seeds
+        self.active[slots] = True
+        self.seen[slots] = False
+        self.seen[slots, g0] = True
+        self.talker_sampling.assign(slots, talker)
+        self.cp_sampling.assign(slots, cp)
         rows = torch.zeros(self.rows, dtype=torch.bool, device=self.g0.device)
-        rows[slot] = True
+        rows[slots] = True
         self.codec.reset(rows)
 
     def release(self, slot: int) -> None:

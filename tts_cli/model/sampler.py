@@ -87,12 +87,25 @@ class RowSampling:
         return cls(torch.full((rows,), s.do_sample, device=device), column(s.temperature),
                    torch.full((rows,), s.top_k, device=device), column(s.top_p), column(s.repetition_penalty))
 
-    def set_row(self, row: int, s: SamplerSettings) -> None:
-        self.do_sample[row] = s.do_sample
-        self.temperature[row] = s.temperature
-        self.top_k[row] = s.top_k
-        self.top_p[row] = s.top_p
-        self.repetition_penalty[row] = s.repetition_penalty
+    @classmethod
+    def stack(cls, settings: list[SamplerSettings], device) -> "RowSampling":
+        """One row per settings object. Built on the host and copied without blocking (from pinned
+        memory on CUDA), so that the engine never waits for the GPU here."""
+        def column(values, dtype):
+            host = torch.tensor(values, dtype=dtype)
+            if torch.device(device).type == "cuda":
+                host = host.pin_memory()
+            return host.to(device, non_blocking=True)
+        return cls(column([s.do_sample for s in settings], torch.bool),
+                   column([[s.temperature] for s in settings], torch.float32),
+                   column([s.top_k for s in settings], torch.int64),
+                   column([[s.top_p] for s in settings], torch.float32),
+                   column([[s.repetition_penalty] for s in settings], torch.float32))
+
+    def assign(self, rows: torch.Tensor, other: "RowSampling") -> None:
+        """Copies `other`'s rows into these rows (index tensor)."""
+        for name in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty"):
+            getattr(self, name)[rows] = getattr(other, name)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

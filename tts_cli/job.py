@@ -13,7 +13,7 @@ left, write each finished row and record it, then rebuild the report from the le
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from time import perf_counter
 from typing import Callable, Iterator, Protocol
@@ -61,6 +61,10 @@ class Segment:
 
 
 Outcome = Segment | TTSError
+# on_output(record, audio, sample_rate): a row whose output is there, for ASR beside synthesis.
+# Resumed rows: record.file from the ledger, audio None. Rows of this run, as soon as the sink took
+# them: with --format wav/flac record.file is their written file; audio is always given.
+OutputCallback = Callable[["RowRecord", np.ndarray | None, int | None], None]
 
 
 class Executor(Protocol):
@@ -181,10 +185,11 @@ class JobResult:
 def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, settings: JobSettings,
             start_executor: Callable[[], Executor],
             on_start: Callable[[int], None] = lambda total: None,
-            on_rows_done: Callable[[list[RowRecord]], None] = lambda records: None) -> JobResult:
+            on_rows_done: Callable[[list[RowRecord]], None] = lambda records: None,
+            on_output: OutputCallback | None = None) -> JobResult:
     """Synthesize the rows not yet done into out_dir. `names` maps a row's index to its output name;
     start_executor is called only when there is something to synthesize, and on_start(rows to do)
-    once it has started."""
+    once it has started; on_output: see OutputCallback."""
     out_dir = Path(out_dir)
     notes: list[str] = []
     with Ledger(out_dir) as ledger:
@@ -195,12 +200,17 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
             notes.append(f"removed {len(removed)} temporary files of a killed run")
         plans = [plan_row(row, names[row.index], settings) for row in rows if row.problem is None]
         todo, resumed = _rows_to_do(plans, ledger, out_dir, settings)
+        if on_output:
+            redone = {id(plan) for plan in todo}
+            for plan in plans:
+                if id(plan) not in redone:
+                    on_output(_record(plan.row, ledger.latest[plan.row.request.id]), None, None)
         start = perf_counter()
         if todo:
             executor = start_executor()
             try:
                 on_start(len(todo))
-                _synthesize(todo, executor, ledger, out_dir, settings, notes, on_rows_done)
+                _synthesize(todo, executor, ledger, out_dir, settings, notes, on_rows_done, on_output)
             finally:
                 executor.close()
         wall_seconds = perf_counter() - start
@@ -240,7 +250,8 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: J
 
 
 def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir: Path, settings: JobSettings,
-                notes: list[str], on_rows_done: Callable[[list[RowRecord]], None]) -> None:
+                notes: list[str], on_rows_done: Callable[[list[RowRecord]], None],
+                on_output: OutputCallback | None = None) -> None:
     sink = make_sink(settings.output_format, out_dir, executor.sample_rate,
                      {entry["file"] for entry in ledger.latest.values() if entry.get("file")})
     if getattr(sink, "removed_orphans", None):
@@ -253,6 +264,9 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
             records.append(_record(plan.row, entry))
             if entry["status"] == "failed":
                 failed.append(entry)
+            elif on_output:
+                written = plan.name if settings.output_format != "parquet" else None
+                on_output(replace(records[-1], file=written), audio, sink.sample_rate)
         ledger.append(failed + sink.durable_entries())
         on_rows_done(records)
     ledger.append(sink.durable_entries(final=True))

@@ -68,7 +68,8 @@ class RunInfo:
     notes: list[str] | None = None
 
 
-def build_report(info: RunInfo, rows: list[RowRecord]) -> dict:
+def build_report(info: RunInfo, rows: list[RowRecord], wer: dict | None = None) -> dict:
+    """wer: the WER section (tts_cli/quality/synth_wer.py), when WER was computed."""
     audio_seconds = sum(row.audio_seconds or 0.0 for row in rows)
     xrt = round(info.audio_seconds_this_run / info.wall_seconds, 3) if info.wall_seconds > 0 else None
     return {
@@ -110,6 +111,7 @@ def build_report(info: RunInfo, rows: list[RowRecord]) -> dict:
         },
         "definitions": DEFINITIONS,
         "notes": info.notes or [],
+        **({"wer": wer} if wer is not None else {}),
         "rows": [_row_dict(row) for row in rows],
     }
 
@@ -171,6 +173,7 @@ def render_markdown(report: dict) -> str:
         f"Resumed: {DEFINITIONS['resumed']}.",
         *(f"Note: {note}." for note in report["notes"]),
         "",
+        *_wer_lines(report.get("wer")),
         "## Rows",
         "",
         "| row | id | speaker | language | frames | audio s | wall s | hit cap | file or error | text |",
@@ -184,6 +187,14 @@ def render_markdown(report: dict) -> str:
             "" if row["hit_cap"] is None else ("yes" if row["hit_cap"] else "no"),
             outcome, row["text"])) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _wer_lines(wer: dict | None) -> list[str]:
+    if wer is None:
+        return []
+    from ..quality.scoring import wer_markdown   # imports jiwer: only when WER was computed
+    return (["## WER (per row: rows.parquet)", ""] + [f"- {key}: `{value}`" for key, value in wer["settings"].items()]
+            + [""] + wer_markdown(wer, "###"))
 
 
 def _number(value) -> str:

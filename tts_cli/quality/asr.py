@@ -6,6 +6,7 @@ tokenizer.json, vocabulary file), e.g. a local large-v3-turbo conversion.
 """
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,27 @@ class Transcript:
     not_scored: str | None = None      # why no hypothesis was made
 
 
+# An audio file's path; an encoded audio file's bytes (a row of a parquet shard); or (samples, sample rate).
+AudioSource = Path | bytes | tuple[np.ndarray, int]
+
+
+def load_audio(source: AudioSource) -> np.ndarray:
+    """Mono float32 samples at whisper's rate. Samples in memory go through 16-bit FLAC, so that
+    they are heard exactly as a parquet shard or a FLAC file written from them holds them."""
+    from faster_whisper import decode_audio
+
+    from ..output.writer import encode_audio
+    if isinstance(source, tuple):
+        source = encode_audio(*source, "FLAC")
+    return decode_audio(io.BytesIO(source) if isinstance(source, bytes) else str(source), sampling_rate=SAMPLE_RATE)
+
+
+def describe_source(source: AudioSource) -> str:
+    if isinstance(source, tuple):
+        return f"{len(source[0])} samples in memory"
+    return f"{len(source)} bytes of encoded audio" if isinstance(source, bytes) else str(source)
+
+
 def _is_ascii_text(text: str) -> bool:
     return all(ord(c) < 128 for c in text)
 
@@ -85,9 +107,8 @@ class Transcriber:
             return None, f"{language}: the ASR model transcribes English only"
         return code, None
 
-    def transcribe(self, wav_path: Path, text: str, language: str) -> Transcript:
-        from faster_whisper import decode_audio
-        audio = decode_audio(str(wav_path), sampling_rate=SAMPLE_RATE)
+    def transcribe(self, source: AudioSource, text: str, language: str) -> Transcript:
+        audio = load_audio(source)
         heard = Transcript(seconds=len(audio) / SAMPLE_RATE,
                            rms=float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if len(audio) else 0.0)
         code, heard.not_scored = self.whisper_language(language, text)

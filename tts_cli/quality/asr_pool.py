@@ -2,6 +2,7 @@
 
     with AsrPool(model_path, workers=1) as pool:
         pool.submit(key, wav_path, text, language)   # returns at once; key: unique per row
+        pool.submit(key2, (samples, 24000), text, language)  # or audio in memory, or a file's bytes
         ...
         heard = pool.results()                       # waits; {key: Transcript | error text}
 
@@ -17,7 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from ..errors import TTSError
-from .asr import Transcriber, Transcript
+from .asr import AudioSource, Transcriber, Transcript, describe_source
 
 _worker_transcriber: Transcriber | None = None  # one per worker process
 
@@ -27,25 +28,34 @@ def _load_in_worker(model_path: str, cpu_threads: int) -> None:
     _worker_transcriber = Transcriber(Path(model_path), cpu_threads)
 
 
-def _transcribe_in_worker(wav_path: str, text: str, language: str) -> Transcript | str:
+def _transcribe_in_worker(source: AudioSource, text: str, language: str) -> Transcript | str:
     try:
-        return _worker_transcriber.transcribe(Path(wav_path), text, language)
+        return _worker_transcriber.transcribe(source, text, language)
     except Exception as e:  # an unreadable or odd file fails its row only
-        return f"ASR failed on {wav_path}: {type(e).__name__}: {e}"
+        return f"ASR failed on {describe_source(source)}: {type(e).__name__}: {e}"
+
+
+def _nothing() -> None:
+    pass
 
 
 class AsrPool:
-    def __init__(self, model_path: Path, workers: int = 1, cpu_threads_per_worker: int = 1):
+    def __init__(self, model_path: Path, workers: int = 1, cpu_threads_per_worker: int = 1, start_now: bool = False):
+        """start_now: start the workers (and load the model) at once rather than at the first submit."""
         self.model_path = Path(model_path)
         self._executor = ProcessPoolExecutor(
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_load_in_worker, initargs=(str(model_path), cpu_threads_per_worker))
         self._futures: dict[str, Future] = {}
+        for _ in range(workers if start_now else 0):
+            self._executor.submit(_nothing)
 
-    def submit(self, key: str, wav_path: Path, text: str, language: str) -> None:
+    def submit(self, key: str, audio: Path | str | AudioSource, text: str, language: str) -> None:
+        """audio: a file's path, an encoded audio file's bytes, or (float samples, sample rate)."""
         if key in self._futures:
             raise ValueError(f"row {key!r} submitted twice")
-        self._futures[key] = self._executor.submit(_transcribe_in_worker, str(wav_path), text, language)
+        source = Path(audio) if isinstance(audio, str) else audio
+        self._futures[key] = self._executor.submit(_transcribe_in_worker, source, text, language)
 
     def results(self) -> dict[str, Transcript | str]:
         """Every submitted row: its Transcript, or the error text of a row whose file could not be heard."""

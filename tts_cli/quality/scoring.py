@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..manifest import Manifest
 from ..output.writer import wav_names, write_atomically
@@ -38,11 +39,12 @@ class ScoredRow:
     error: str | None = None
 
 
-def apply_transcripts(rows: list[ScoredRow], heard: dict[str, Transcript | str]) -> None:
-    """Fill in hypothesis, WER and flags from the ASR results, keyed by row file name (unique, unlike
-    ids); rows that already carry an error keep it."""
+def apply_transcripts(rows: list[ScoredRow], heard: dict[str, Transcript | str],
+                      key: Callable[[ScoredRow], str | None] = lambda row: row.file) -> None:
+    """Fill in hypothesis, WER and flags from the ASR results, keyed by key(row) (by default the row's
+    file name: unique, unlike ids); rows that already carry an error keep it."""
     for row in rows:
-        result = heard.get(row.file)
+        result = heard.get(key(row))
         if row.error is not None or result is None:
             continue
         if isinstance(result, str):
@@ -112,17 +114,22 @@ def score_audio_dir(audio_dir: Path, rows: list[ScoredRow], asr_model: Path, wor
 
 
 def write_score_files(out_dir: Path, report: dict) -> dict[str, Path]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     out_dir = Path(out_dir)
     paths = {name: out_dir / name for name in ("report.json", "report.md", "rows.parquet")}
     write_atomically(paths["report.json"], lambda tmp: tmp.write_text(
         json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"))
     write_atomically(paths["report.md"], lambda tmp: tmp.write_text(render_markdown(report), encoding="utf-8"))
-    table = pa.Table.from_pylist(report["rows"], schema=row_schema())
-    write_atomically(paths["rows.parquet"], lambda tmp: pq.write_table(table, tmp))
+    write_rows_parquet(paths["rows.parquet"], report["rows"])
     return paths
+
+
+def write_rows_parquet(path: Path, rows: list[dict]) -> None:
+    """rows.parquet: one row per manifest row, the ScoredRow fields (asdict)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pylist(rows, schema=row_schema())
+    write_atomically(path, lambda tmp: pq.write_table(table, tmp))
 
 
 def row_schema():
@@ -137,12 +144,36 @@ def row_schema():
 
 
 def render_markdown(report: dict) -> str:
-    s = report["summary"]
+    rows = report["rows"]
     lines = [f"# {report['title']}", ""]
     lines += [f"- {key}: `{value}`" for key, value in report["settings"].items()]
-    lines += [
-        "",
-        "## Summary",
+    lines += [""] + wer_markdown({**report, "worst_rows": worst_rows(rows), "flagged_rows": flagged_rows(rows),
+                                  "not_scored_rows": not_scored_rows(rows)}, "##")
+    lines += _table("##", "Failed", ("id", "error"), [(r["id"], r["error"]) for r in rows if r["error"]])
+    return "\n".join(lines)
+
+
+def worst_rows(rows: list[dict]) -> list[dict]:
+    """The WORST_ROWS scored rows of highest WER, as report rows (dicts)."""
+    worst = sorted((r for r in rows if r["wer"] is not None), key=lambda r: -r["wer"])[:WORST_ROWS]
+    return [{name: r[name] for name in ("id", "wer", "text", "hypothesis")} for r in worst]
+
+
+def flagged_rows(rows: list[dict]) -> list[dict]:
+    return [{name: r[name] for name in ("id", "flags", "wer", "seconds", "frames")} for r in rows if r["flags"]]
+
+
+def not_scored_rows(rows: list[dict]) -> list[dict]:
+    return [{name: r[name] for name in ("id", "language", "not_scored")}
+            for r in rows if r["not_scored"] and not r["error"]]
+
+
+def wer_markdown(section: dict, level: str) -> list[str]:
+    """Summary, protocol, worst rows, flags and not-scored rows of a WER report section (keys summary,
+    protocol, flag_meanings, worst_rows, flagged_rows, not_scored_rows), headings at `level` (## or ###)."""
+    s = section["summary"]
+    lines = [
+        f"{level} Summary",
         "",
         "| rows | scored | not scored | failed | empty skipped | mean WER | corpus WER | rows > 50% | mean WER of rows <= 50% |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -152,27 +183,25 @@ def render_markdown(report: dict) -> str:
         "",
         "Flagged rows: " + ", ".join(f"{name} {count}" for name, count in s["flagged"].items()) + ".",
         "",
-        "## Protocol",
+        f"{level} Protocol",
         "",
-        report["protocol"],
+        section["protocol"],
         "",
     ]
-    rows = report["rows"]
-    worst = sorted((r for r in rows if r["wer"] is not None), key=lambda r: -r["wer"])[:WORST_ROWS]
-    lines += _table(f"Worst {len(worst)} rows", ("id", "WER", "text", "hypothesis"),
+    worst = section["worst_rows"]
+    lines += _table(level, f"Worst {len(worst)} rows", ("id", "WER", "text", "hypothesis"),
                     [(r["id"], _percent(r["wer"]), r["text"], r["hypothesis"]) for r in worst])
-    lines += _table("Flags", ("id", "flags", "WER", "seconds", "frames"),
+    lines += _table(level, "Flags", ("id", "flags", "WER", "seconds", "frames"),
                     [(r["id"], ", ".join(r["flags"]), _percent(r["wer"]), _number(r["seconds"]), _number(r["frames"]))
-                     for r in rows if r["flags"]])
-    lines += [f"- {name}: {meaning}" for name, meaning in report["flag_meanings"].items()] + [""]
-    lines += _table("Not scored", ("id", "language", "why"),
-                    [(r["id"], r["language"], r["not_scored"]) for r in rows if r["not_scored"] and not r["error"]])
-    lines += _table("Failed", ("id", "error"), [(r["id"], r["error"]) for r in rows if r["error"]])
-    return "\n".join(lines)
+                     for r in section["flagged_rows"]])
+    lines += [f"- {name}: {meaning}" for name, meaning in section["flag_meanings"].items()] + [""]
+    lines += _table(level, "Not scored", ("id", "language", "why"),
+                    [(r["id"], r["language"], r["not_scored"]) for r in section["not_scored_rows"]])
+    return lines
 
 
-def _table(title: str, header: tuple[str, ...], rows: list[tuple]) -> list[str]:
-    lines = [f"## {title}", ""]
+def _table(level: str, title: str, header: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    lines = [f"{level} {title}", ""]
     if not rows:
         return lines + ["none", ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -1,0 +1,65 @@
+"""WER inside `tts synth`: every row goes to the ASR worker processes as soon as its output is
+written (the rows resumed from an earlier run as soon as the run has planned), so that ASR runs
+beside synthesis; the transcripts are gathered at the end into the WER section of report.json /
+report.md and into rows.parquet, with the same protocol, metrics and flags as `tts score`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from time import perf_counter
+
+import numpy as np
+
+from ..output.report import RowRecord
+from .asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, AsrModelChoice, AudioSource
+from .asr_pool import AsrPool
+from .scoring import ScoredRow, apply_transcripts, build_report, flagged_rows, not_scored_rows, worst_rows
+
+
+class SynthWer:
+    def __init__(self, asr: AsrModelChoice, workers: int, out_dir: Path, output_format: str):
+        self.asr, self.workers = asr, workers
+        self.out_dir, self.output_format = Path(out_dir), output_format
+        self.pool = AsrPool(asr.path, workers=workers, start_now=True)  # loads while the TTS model loads
+        self._shard: tuple[str | None, dict[str, bytes]] = (None, {})
+
+    def feed(self, record: RowRecord, audio: np.ndarray | None = None, sample_rate: int | None = None) -> None:
+        """A finished row: its audio in memory, or else its output named by record.file (an audio
+        file, or the parquet shard that holds the row)."""
+        source: AudioSource
+        if audio is not None:
+            source = (audio, sample_rate)
+        elif self.output_format == "parquet":
+            source = self._audio_in_shard(record.file, record.request.id)
+        else:
+            source = self.out_dir / record.file
+        self.pool.submit(record.request.id, source, record.request.text, record.request.language)
+
+    def _audio_in_shard(self, shard: str, row_id: str) -> bytes:
+        """The row's FLAC bytes from its shard (one shard kept in memory: resumed rows come in order)."""
+        if self._shard[0] != shard:
+            import pyarrow.parquet as pq
+            table = pq.read_table(self.out_dir / shard, columns=["id", "audio"]).to_pydict()
+            self._shard = (shard, {i: a["bytes"] for i, a in zip(table["id"], table["audio"])})
+        return self._shard[1][row_id]
+
+    def finish(self, records: list[RowRecord], skipped_empty: int) -> tuple[dict, list[dict]]:
+        """Waits for the ASR; returns the report's WER section and the rows of rows.parquet (one per record)."""
+        start = perf_counter()
+        heard = self.pool.results()
+        wait_seconds = perf_counter() - start
+        rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,
+                          seconds=r.audio_seconds, hit_cap=r.hit_cap, error=r.error) for r in records]
+        apply_transcripts(rows, heard, key=lambda row: row.id)   # ids of rows that ran are unique
+        report = build_report(rows, {"settings": {
+            "ASR model": str(self.asr.path), "ASR model source": self.asr.source,
+            "ASR settings": dict(TRANSCRIBE_OPTIONS, compute_type=COMPUTE_TYPE), "ASR workers": self.workers,
+            "ASR wait after synthesis (s)": round(wait_seconds, 3)}}, skipped_empty)
+        scored = report.pop("rows")
+        report.update(worst_rows=worst_rows(scored), flagged_rows=flagged_rows(scored),
+                      not_scored_rows=not_scored_rows(scored))
+        return report, scored
+
+    def close(self) -> None:
+        self.pool.close()
+

@@ -82,3 +82,20 @@ def test_streamed_bf16_codec_equals_full_fp32_decode():
     snr = 10 * torch.log10(full.pow(2).sum() / (streamed - full).pow(2).sum())
     print(f"streamed bf16 codec vs full fp32 decode: SNR {snr:.1f} dB")
     assert snr >= 35
+
+
+def test_fused_rms_norm_equals_torch_in_bf16():
+    from tts_cli.model.transformer import RMSNorm
+    g = torch.Generator("cuda").manual_seed(0)
+    for width in (128, 1024, 2048):
+        x = (torch.randn(64, 3, width, device="cuda", generator=g) * 3).bfloat16()
+        norm = RMSNorm(width, 1e-6).cuda()
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.1 * torch.randn(width, device="cuda", generator=g))
+        norm = norm.bfloat16()
+        expected = norm(x)
+        norm.fused = True
+        got = norm(x)
+        # one bf16 unit in the last place at most (fp32 sums in another order)
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -7, atol=1e-6)
+        assert (got != expected).float().mean() < 0.01

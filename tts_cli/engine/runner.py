@@ -20,7 +20,7 @@ from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import RequestError
 from tts_cli.model.generate import prefill_batch
 from tts_cli.model.sampler import RowSampling, SamplerSettings, TalkerLogitsProcessor, choose
-from tts_cli.model.transformer import GrowingKV
+from tts_cli.model.transformer import GrowingKV, RMSNorm
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,26 @@ class EngineStats:
         return out
 
 
+def use_fused_kernels(model, codec, device: torch.device, wanted: bool | None) -> bool:
+    """Switches every RMSNorm of the model and codec to the fused kernel when it can run here
+    (wanted=None: whenever it can); logs why not. The switch stays on the shared modules."""
+    import tts_kernels
+    ok, why = tts_kernels.available(device.type)
+    on = ok and wanted is not False
+    if wanted and not ok:
+        raise RuntimeError(f"fused kernels asked for but unavailable: {why}")
+    if not on:
+        log.info("engine: torch RMSNorm (%s)", why or "fused kernels switched off")
+    for module in list(model.modules()) + list(codec.modules()):
+        if isinstance(module, RMSNorm):
+            module.fused = on
+    return on
+
+
 class Engine:
     def __init__(self, model, codec, rows: int, context: int, talker_defaults: SamplerSettings,
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
-                 time_stages: bool = False):
+                 time_stages: bool = False, fused_kernels: bool | None = None):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -83,6 +99,7 @@ class Engine:
         if not use_graphs:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device
+        use_fused_kernels(model, codec, device, fused_kernels)
         self.rows, self.context = rows, context
         self.admit_group = max(1, rows // 8)
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults

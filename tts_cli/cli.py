@@ -131,7 +131,9 @@ def synth(
     batch_size: int = typer.Option(
         8, "--batch-size", metavar="ROWS", min=1,
         help="Segments synthesized together in one call (fewer after a CUDA out-of-memory)."),
-    device: str = typer.Option("cpu", metavar="DEVICE", help="Torch device (only cpu is tested so far)."),
+    device: str = typer.Option(
+        "cpu", metavar="DEVICE",
+        help="Torch device: cpu runs the plain model; cuda[:N] runs the slot engine (CUDA graphs, fp32 for now)."),
     output_format: str = typer.Option(
         "wav", "--format", metavar="wav|flac|parquet",
         help="wav or flac: one 24 kHz 16-bit file per row. parquet: shards part-NNNNN.parquet of up to "

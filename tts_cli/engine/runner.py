@@ -19,7 +19,7 @@ from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import RequestError
 from tts_cli.model.generate import prefill_batch
-from tts_cli.model.sampler import RowSampling, SamplerSettings, TalkerLogitsProcessor, choose
+from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
 from tts_cli.model.transformer import GrowingKV, RMSNorm
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Engine:
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p)
-        self.process = TalkerLogitsProcessor(model.cfg.codec_vocab_size, model.cfg.codec_eos_id, device)
+        self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
         pin = device.type == "cuda"
         self._host = [self._host_buffers(pin) for _ in range(2)]
@@ -214,20 +214,20 @@ class Engine:
         if event is not None:
             event.synchronize()
         now = time.perf_counter()
-        emit = buffers["emit"].numpy()
+        emit, codes, pcm = (buffers[name].numpy() for name in ("emit", "codes", "pcm"))
         for slot, run in enumerate(running):
             if run is None or run is not owners[slot]:
                 continue
             if emit[slot]:
-                run.codes.append(buffers["codes"][slot].numpy().copy())
-                run.pcm.append(buffers["pcm"][slot].numpy().copy())
+                run.codes.append(codes[slot].copy())
+                run.pcm.append(pcm[slot].copy())
                 if run.first_audio_at is None:
                     run.first_audio_at = now
                 continue
             frames = len(run.codes)
             result = EngineResult(
                 key=run.request.key,
-                codes=np.stack(run.codes) if run.codes else np.zeros((0, 16), dtype=np.int64),
+                codes=np.stack(run.codes) if run.codes else np.zeros((0, codes.shape[1]), dtype=np.int64),
                 pcm=np.concatenate(run.pcm) if run.pcm else np.zeros(0, dtype=np.float32),
                 hit_cap=frames >= run.request.max_frames, admitted_at=run.admitted_at,
                 first_audio_at=run.first_audio_at, finished_at=now)

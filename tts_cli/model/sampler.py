@@ -82,10 +82,7 @@ class RowSampling:
 
     @classmethod
     def uniform(cls, s: SamplerSettings, rows: int, device) -> "RowSampling":
-        def column(value):
-            return torch.full((rows, 1), float(value), device=device)
-        return cls(torch.full((rows,), s.do_sample, device=device), column(s.temperature),
-                   torch.full((rows,), s.top_k, device=device), column(s.top_p), column(s.repetition_penalty))
+        return cls.stack([s] * rows, device)
 
     @classmethod
     def stack(cls, settings: list[SamplerSettings], device) -> "RowSampling":

@@ -1,5 +1,6 @@
 """GPU checks of the engine (skipped without CUDA; run through the device machine)."""
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +121,76 @@ def test_synthesizer_on_cuda_runs_the_graphed_engine_like_the_plain_model():
     for a, b in zip(fast, plain):
         assert torch.equal(a.codes, b.codes)
         assert np.linalg.norm(a.audio - b.audio) / np.linalg.norm(b.audio) < 1e-5
+
+
+def _real_decoder_pair(cfg, layers: int):
+    """A torch reference and a fused copy of `layers` layers of a real-shaped decoder, bf16, N(0, 0.02)."""
+    from tts_cli.model.transformer import Decoder, use_kernels
+    cfg = dataclasses.replace(cfg, num_layers=layers)
+    g = torch.Generator("cuda").manual_seed(0)
+    with torch.device("cuda"):
+        plain = Decoder(cfg)
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            p.copy_(torch.randn(p.shape, device="cuda", generator=g) * 0.02 if p.dim() > 1
+                    else 1 + 0.1 * torch.randn(p.shape, device="cuda", generator=g))
+    plain = plain.bfloat16()
+    fused = copy.deepcopy(plain)
+    use_kernels(fused, True)
+    return plain, fused
+
+
+@pytest.mark.parametrize("which", ["talker", "code_predictor"])
+def test_fused_decoder_layers_follow_torch_in_bf16_at_real_shapes(which):
+    """The engine's fused layers (tts_kernels) against the torch reference, both bf16, in the
+    caching pattern of each stack: a prefill of 30 tokens then single tokens at per-row positions
+    (talker), 2 tokens then one per call at a shared offset (code predictor)."""
+    from tts_cli.engine.random_model import random_config
+    from tts_cli.model.transformer import StaticKV
+    cfg = getattr(random_config("1.7b"), which)
+    plain, fused = _real_decoder_pair(cfg, 4)
+    rows, capacity = 64, 64
+    g = torch.Generator("cuda").manual_seed(1)
+    kvs = {m: [StaticKV(rows, cfg.num_kv_heads, capacity, cfg.head_dim, "cuda", torch.bfloat16)
+               for _ in range(cfg.num_layers)] for m in ("plain", "fused")}
+
+    def both(x, at):
+        outs = []
+        for model, key in ((plain, "plain"), (fused, "fused")):
+            for kv in kvs[key]:
+                kv.at = at.clone() if torch.is_tensor(at) else at
+            positions = kvs[key][0].positions(x.shape[1])
+            keys = torch.arange(capacity if torch.is_tensor(at) else at + x.shape[1], device="cuda")
+            mask = (keys[None, None, :] <= positions[:, :, None])[:, None]
+            outs.append(model(x, positions, mask, kvs[key]))
+        return outs
+
+    steps = ([(30, 0)] + [(1, torch.full((rows,), 30 + i, device="cuda") - torch.arange(rows, device="cuda") % 7)
+                          for i in range(4)]) if which == "talker" else [(2, 0)] + [(1, i) for i in range(2, 16)]
+    worst = 1.0
+    for tokens, at in steps:
+        x = torch.randn(rows, tokens, cfg.hidden_size, device="cuda", generator=g).bfloat16()
+        ref, got = both(x, at)
+        worst = min(worst, _cosine(got, ref))
+        # one bf16 rounding apart per op: the fused kernels round once where torch rounds twice
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0.05, atol=0.05)
+    print(f"{which}: fused vs torch bf16, worst cosine {worst:.6f}")
+    assert worst >= 0.9999
+
+
+def test_fused_snake_follows_torch_in_bf16():
+    from tts_cli.model.codec import SnakeBeta
+    g = torch.Generator("cuda").manual_seed(0)
+    act = SnakeBeta(192).cuda()
+    with torch.no_grad():
+        act.alpha.normal_(0, 0.5, generator=g)
+        act.beta.normal_(0, 0.5, generator=g)
+    act = act.bfloat16()
+    x = (torch.randn(64, 640, 192, device="cuda", generator=g) * 3).bfloat16().transpose(1, 2)
+    expected = act(x)
+    act.fused = True
+    got = act(x)
+    differ = (got != expected).float().mean().item()
+    print(f"snake: {differ:.3%} of bf16 results differ from torch's")
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -6, atol=2 ** -6)
+    assert differ < 0.01

@@ -20,7 +20,7 @@ from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import RequestError
 from tts_cli.model.generate import prefill_batch
 from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
-from tts_cli.model.transformer import GrowingKV, RMSNorm
+from tts_cli.model.transformer import use_kernels
 
 log = logging.getLogger(__name__)
 
@@ -73,18 +73,18 @@ class EngineStats:
 
 
 def use_fused_kernels(model, codec, device: torch.device, wanted: bool | None) -> bool:
-    """Switches every RMSNorm of the model and codec to the fused kernel when it can run here
-    (wanted=None: whenever it can); logs why not. The switch stays on the shared modules."""
+    """Switches the model and codec to their fused paths (tts_cli.model.transformer.use_kernels)
+    when the kernels can run here (wanted=None: whenever they can); logs why not. The switch
+    stays on the shared modules."""
     import tts_kernels
     ok, why = tts_kernels.available(device.type)
     on = ok and wanted is not False
     if wanted and not ok:
         raise RuntimeError(f"fused kernels asked for but unavailable: {why}")
     if not on:
-        log.info("engine: torch RMSNorm (%s)", why or "fused kernels switched off")
-    for module in list(model.modules()) + list(codec.modules()):
-        if isinstance(module, RMSNorm):
-            module.fused = on
+        log.info("engine: torch reference path, no fused kernels (%s)", why or "switched off")
+    use_kernels(model, on)
+    use_kernels(codec, on)
     return on
 
 
@@ -133,8 +133,6 @@ class Engine:
         slots' static caches, the first codebook-0 draw to the slot state."""
         requests = [r for _, r in admitted]
         embeds, valid, positions, mask = prefill_batch([r.prompt_embeds for r in requests], left_pad=False)
-        caches = [GrowingKV() for _ in self.model.talker.decoder.layers]
-        hidden, logits = self.model.talker(embeds, positions, mask, caches)
         # Everything the host knows goes over in one pinned, non-blocking copy: a plain
         # torch.tensor(..., device=cuda) would wait for the step that is still running.
         host = torch.tensor([[slot, r.prompt_embeds.shape[0], r.max_frames, r.min_new_tokens, r.seed]
@@ -142,10 +140,10 @@ class Engine:
         if self.device.type == "cuda":
             host = host.pin_memory()
         slots, lengths, caps, min_new_tokens, seeds = host.to(self.device, non_blocking=True).unbind(1)
-        length = embeds.shape[1]
-        for static, grown in zip(self.state.talker_kv, caches):
-            static.k[slots, :, :length] = grown.k
-            static.v[slots, :, :length] = grown.v
+        # Right-padded prompts write their keys and values straight into the slots' caches: the
+        # padding's entries lie beyond each prompt and are overwritten before any query sees them.
+        caches = [kv.for_rows(slots) for kv in self.state.talker_kv]
+        hidden, logits = self.model.talker(embeds, positions, mask, caches)
         rows = torch.arange(len(requests), device=self.device)
         last_hidden, last_logits = hidden[rows, lengths - 1], logits[rows, lengths - 1].float()
         talker = RowSampling.stack([r.talker or self.talker_defaults for r in requests], self.device)

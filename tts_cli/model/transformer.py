@@ -4,8 +4,16 @@ Pre-norm block: x + o(attn(rope(qnorm(q(n1 x))), rope(knorm(k(n1 x))), v(n1 x)))
 h + down(silu(gate(n2 h)) * up(n2 h)); grouped-query attention, causal, no sliding window.
 The talker's "multimodal" RoPE always receives three identical position streams, which makes it
 exactly the standard rotate-half RoPE used here.
+
+Fast path (the engine switches it on with `use_kernels`): for new tokens against StaticKV caches,
+each layer runs as nine kernels: add + norm, one q/k/v projection, norm + RoPE + cache write,
+attention, o projection, add + norm, one gate/up projection, silu * up, down projection (Triton
+kernels in tts_kernels, cuBLAS for the projections). The torch code below is the reference it is
+tested against (tests/test_kernels.py, tests/test_gpu.py).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -63,22 +71,45 @@ class GrowingKV:
 
 
 class StaticKV:
-    """One layer's keys and values in preallocated buffers [B, kv_heads, capacity, head_dim], so
+    """One layer's keys and values in preallocated buffers [R, kv_heads, capacity, head_dim], so
     that a step can be captured in a CUDA graph. `at` says where the next update writes: an int
-    (the same offset for every row; the code predictor's frame) or a [B] tensor (one token per row,
-    each at its own position; the engine's talker step). The caller's mask hides unwritten slots."""
+    (the same offset for every row: the code predictor's frame, a prefill) or a [B] tensor (one
+    token per row, each at its own position; the engine's talker step). `rows` [B] maps batch rows
+    to cache rows (None: batch row i is cache row i; see for_rows). The caller's mask hides
+    unwritten slots; it must be causal by cache position (what the fused path assumes)."""
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int, device, dtype):
         self.k = torch.zeros(batch, kv_heads, capacity, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.at: int | torch.Tensor = 0
+        self.rows: torch.Tensor | None = None
+        self.all_rows = torch.arange(batch, device=device)
+
+    def for_rows(self, rows: torch.Tensor) -> "StaticKV":
+        """The same buffers for a batch whose row i is cache row rows[i] (a prefill of some slots)."""
+        view = copy.copy(self)
+        view.rows, view.at = rows, 0
+        return view
+
+    def row_index(self) -> torch.Tensor:
+        return self.all_rows if self.rows is None else self.rows
+
+    def positions(self, tokens: int) -> torch.Tensor:
+        """[B, tokens]: the cache position each new token of each row is written to."""
+        offsets = torch.arange(tokens, device=self.k.device)
+        if isinstance(self.at, int):
+            return (self.at + offsets).expand(self.row_index().shape[0], tokens)
+        return self.at[:, None] + offsets
 
     def update(self, k, v):
         if isinstance(self.at, int):
+            rows = slice(None) if self.rows is None else self.rows
             end = self.at + k.shape[2]
-            self.k[:, :, self.at:end] = k
-            self.v[:, :, self.at:end] = v
-            return self.k[:, :, :end], self.v[:, :, :end]
+            self.k[rows, :, self.at:end] = k
+            self.v[rows, :, self.at:end] = v
+            return self.k[rows, :, :end], self.v[rows, :, :end]
+        if self.rows is not None:
+            raise ValueError("per-row positions need the cache's own row order")
         index = self.at.view(-1, 1, 1, 1).expand(-1, k.shape[1], 1, k.shape[3])
         self.k.scatter_(2, index, k)
         self.v.scatter_(2, index, v)
@@ -96,9 +127,18 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.fused = False
+        self.qkv = None   # (weight, bias) of q, k, v as one projection, once merged
+
+    def merge_projections(self) -> None:
+        """q, k and v become row blocks of one weight (and bias): one GEMM on the fused path, the
+        same numbers (views, no copy) on the plain one."""
+        self.qkv = merge_linears([self.q_proj, self.k_proj, self.v_proj], self.qkv)
 
     def forward(self, x, cos, sin, mask, cache: GrowingKV | StaticKV | None):
         """x [B, S, D]; cos/sin [B, S, hd]; mask [B, 1, S, keys] bool (True = may attend)."""
+        if self.fused and isinstance(cache, StaticKV):
+            return self._forward_kernels(x, cos, sin, cache)
         b, s, _ = x.shape
         hd, kv_heads = self.cfg.head_dim, self.cfg.num_kv_heads
         groups = self.cfg.num_heads // kv_heads
@@ -120,6 +160,33 @@ class Attention(nn.Module):
         out = (probs @ v).view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
 
+    def _forward_kernels(self, x, cos, sin, cache: StaticKV):
+        from tts_kernels.attention import cached_attention, rope_and_store
+        cfg = self.cfg
+        positions, rows = cache.positions(x.shape[1]), cache.row_index()
+        q = rope_and_store(F.linear(x, *self.qkv), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                           self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, cos, sin,
+                           cache.k, cache.v, rows, positions)
+        return self.o_proj(cached_attention(q, cache.k, cache.v, rows, positions, cfg.head_dim ** -0.5))
+
+
+def merge_linears(linears: list[nn.Linear], merged: tuple | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenates the weights (and biases) of linears over the same input and makes each
+    linear's parameters views of the result; returns (weight, bias). `merged`: the result of an
+    earlier call, returned as is while the linears still view it (not after e.g. `.to(dtype)`)."""
+    if merged is not None and linears[0].weight.data_ptr() == merged[0].data_ptr():
+        return merged
+    weight = torch.cat([l.weight.detach() for l in linears])
+    bias = None if linears[0].bias is None else torch.cat([l.bias.detach() for l in linears])
+    start = 0
+    for linear in linears:
+        rows = linear.weight.shape[0]
+        linear.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
+        if bias is not None:
+            linear.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
 
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
@@ -127,8 +194,16 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
         self.up_proj = nn.Linear(dim, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.fused = False
+        self.gate_up = None   # (weight, None) of gate and up as one projection, once merged
+
+    def merge_projections(self) -> None:
+        self.gate_up = merge_linears([self.gate_proj, self.up_proj], self.gate_up)
 
     def forward(self, x):
+        if self.fused:
+            from tts_kernels.swiglu import silu_mul
+            return self.down_proj(silu_mul(F.linear(x, *self.gate_up)))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -153,11 +228,36 @@ class Decoder(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fused = False
 
     def forward(self, x, positions, mask, caches: list | None = None):
         """x [B, S, D], positions [B, S] (RoPE position of each row's token), mask as in Attention;
         caches: one GrowingKV or StaticKV per layer, updated in place."""
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        if self.fused and caches and isinstance(caches[0], StaticKV):
+            return self._forward_kernels(x, cos, sin, caches)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, caches[i] if caches else None)
         return self.norm(x)
+
+    def _forward_kernels(self, x, cos, sin, caches):
+        """The same layers with each residual add fused into the norm that follows it."""
+        from tts_kernels.rms_norm import add_rms_norm, rms_norm
+        eps = self.cfg.rms_norm_eps
+        norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        normed = rms_norm(x, self.layers[0].input_layernorm.weight, eps)
+        for layer, cache, next_norm in zip(self.layers, caches, norms_after):
+            attn = layer.self_attn(normed, cos, sin, None, cache)
+            x, normed = add_rms_norm(x, attn, layer.post_attention_layernorm.weight, eps)
+            x, normed = add_rms_norm(x, layer.mlp(normed), next_norm.weight, eps)
+        return normed
+
+
+def use_kernels(root: nn.Module, on: bool) -> None:
+    """Switches every module under `root` that has a fused path (RMSNorm, Attention, SwiGLU,
+    Decoder) to it, or back to the torch reference; merges projections on the way in."""
+    for module in root.modules():
+        if hasattr(module, "fused"):
+            module.fused = on
+        if on and isinstance(module, (Attention, SwiGLU)):
+            module.merge_projections()

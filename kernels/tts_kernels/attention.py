@@ -1,0 +1,148 @@
+"""The attention half of a decoder layer for a few new tokens per row against a static KV cache,
+as two Triton kernels (torch takes ~25 small kernels: views, two RMSNorms, rotate-half RoPE, cache
+scatter, two batched matmuls, scale, mask, softmax, casts).
+
+`rope_and_store`: per new token, q and k heads RMS-normed and rotated, k and v written to the
+cache at the token's position; returns the rotated queries.
+`cached_attention`: each query attends to the cached keys at positions <= its own (causal by
+position: the caller's keys beyond a row's position are stale or empty and never read).
+
+Rounding follows the torch reference where it is cheap to (norm, weight, each RoPE product and
+their sum rounded to the activation dtype); scores and softmax stay in fp32 (the reference rounds
+scores to the activation dtype first), and the softmax is online, so bf16 results differ from the
+reference by rounding only.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_and_store(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr,
+                    rows_ptr, pos_ptr, q_out_ptr, tokens_per_row, eps,
+                    cache_row_stride, cache_head_stride, cache_pos_stride,
+                    Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    token = tl.program_id(0)          # b * tokens_per_row + s
+    head = tl.program_id(1)           # 0..Q_HEADS-1: a query head; then the kv heads
+    out_type = q_out_ptr.dtype.element_ty
+    dims = tl.arange(0, HEAD_DIM)
+    half = HEAD_DIM // 2
+    partner = (dims + half) % HEAD_DIM            # rotate-half: [-x2, x1]
+    width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
+    is_query = head < Q_HEADS
+    if is_query:
+        norm_ptr = q_norm_ptr
+    else:
+        norm_ptr = k_norm_ptr
+    base = qkv_ptr + token * width + head * HEAD_DIM
+    x = tl.load(base + dims).to(tl.float32)
+    x_partner = tl.load(base + partner).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HEAD_DIM + eps)
+    w = tl.load(norm_ptr + dims).to(tl.float32)
+    w_partner = tl.load(norm_ptr + partner).to(tl.float32)
+    normed = (w * (x * rstd).to(out_type, fp_downcast_rounding="rtne").to(tl.float32))
+    normed = normed.to(out_type, fp_downcast_rounding="rtne").to(tl.float32)
+    normed_partner = (w_partner * (x_partner * rstd).to(out_type, fp_downcast_rounding="rtne").to(tl.float32))
+    normed_partner = normed_partner.to(out_type, fp_downcast_rounding="rtne").to(tl.float32)
+    rotated = tl.where(dims < half, -normed_partner, normed_partner)
+    cos = tl.load(cos_ptr + token * HEAD_DIM + dims).to(tl.float32)
+    sin = tl.load(sin_ptr + token * HEAD_DIM + dims).to(tl.float32)
+    a = (normed * cos).to(out_type, fp_downcast_rounding="rtne").to(tl.float32)
+    b = (rotated * sin).to(out_type, fp_downcast_rounding="rtne").to(tl.float32)
+    out = (a + b).to(out_type, fp_downcast_rounding="rtne")
+    if is_query:
+        tl.store(q_out_ptr + (token * Q_HEADS + head) * HEAD_DIM + dims, out)
+    else:
+        kv_head = head - Q_HEADS
+        row = tl.load(rows_ptr + token // tokens_per_row)
+        pos = tl.load(pos_ptr + token)
+        slot = row * cache_row_stride + kv_head * cache_head_stride + pos * cache_pos_stride
+        tl.store(k_cache_ptr + slot + dims, out)
+        v = tl.load(qkv_ptr + token * width + (Q_HEADS + KV_HEADS + kv_head) * HEAD_DIM + dims)
+        tl.store(v_cache_ptr + slot + dims, v)
+
+
+def rope_and_store(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: torch.Tensor,
+                   k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+                   v_cache: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """qkv [B, S, (q_heads + 2 kv_heads) * head_dim] (one projection's output); cos/sin [B, S, head_dim];
+    caches [R, kv_heads, capacity, head_dim]; rows [B]: each row's cache row; positions [B, S]: where
+    each token's key and value go. Returns the rotated queries [B, S, q_heads, head_dim]."""
+    b, s, _ = qkv.shape
+    qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
+    q = torch.empty(b, s, q_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
+    _rope_and_store[(b * s, q_heads + kv_heads)](
+        qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, positions, q, s, eps,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        Q_HEADS=q_heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim)
+    return q
+
+
+@triton.jit
+def _cached_attention(q_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, pos_ptr, out_ptr, tokens_per_row, scale,
+                      cache_row_stride, cache_head_stride, cache_pos_stride,
+                      Q_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, CAPACITY: tl.constexpr,
+                      BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+    row_in_batch = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    # The queries of one kv head's GROUPS query heads for every new token of the row, as one tile:
+    # entry i is token i // GROUPS, head kv_head * GROUPS + i % GROUPS.
+    i = tl.program_id(2) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    valid = i < tokens_per_row * GROUPS
+    token = row_in_batch * tokens_per_row + i // GROUPS
+    head = kv_head * GROUPS + i % GROUPS
+    dims = tl.arange(0, HEAD_DIM)
+    q_offsets = (token * Q_HEADS + head)[:, None] * HEAD_DIM + dims[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=valid[:, None], other=0.0)
+    # padding entries look at key 0 only, so that no row of the tile is empty
+    q_pos = tl.load(pos_ptr + token, mask=valid, other=0)
+    # a row's new tokens have increasing positions: its last one sees the most keys
+    last = tl.load(pos_ptr + row_in_batch * tokens_per_row + tokens_per_row - 1)
+    cache_row = tl.load(rows_ptr + row_in_batch)
+    head_base = cache_row * cache_row_stride + kv_head * cache_head_stride
+    best = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
+    # A static trip count (a loop bounded by `last` breaks Triton's interpreter under numpy 2.4);
+    # the blocks past `last` are skipped.
+    for start in range(0, CAPACITY, BLOCK_K):
+        if start <= last:
+            keys = start + tl.arange(0, BLOCK_K)
+            in_range = keys <= last
+            kv_offsets = head_base + keys[:, None] * cache_pos_stride + dims[None, :]
+            k = tl.load(k_cache_ptr + kv_offsets, mask=in_range[:, None], other=0.0)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(keys[None, :] <= q_pos[:, None], scores * scale, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=1))
+            p = tl.exp(scores - new_best[:, None])
+            correction = tl.exp(best - new_best)
+            total = total * correction + tl.sum(p, axis=1)
+            v = tl.load(v_cache_ptr + kv_offsets, mask=in_range[:, None], other=0.0)
+            if IEEE:
+                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
+            best = new_best
+    out = acc / total[:, None]
+    tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
+                     positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, S, q_heads, head_dim]; caches [R, kv_heads, capacity, head_dim]; rows [B]; positions [B, S]
+    (each query sees the keys at cache positions <= its own). Returns [B, S, q_heads * head_dim]."""
+    b, s, q_heads, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    groups = q_heads // kv_heads
+    block_q = max(16, min(64, triton.next_power_of_2(s * groups)))
+    out = torch.empty(b, s, q_heads * head_dim, device=q.device, dtype=q.dtype)
+    grid = (b, kv_heads, triton.cdiv(s * groups, block_q))
+    _cached_attention[grid](
+        q.contiguous(), k_cache, v_cache, rows, positions.contiguous(), out, s, scale,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        Q_HEADS=q_heads, GROUPS=groups, HEAD_DIM=head_dim, CAPACITY=k_cache.shape[2], BLOCK_Q=block_q, BLOCK_K=32,
+        IEEE=q.dtype == torch.float32)
+    return out

@@ -199,12 +199,12 @@ def test_unusable_device_is_one_red_line(fake, tmp_path, device, message):
 def test_bench_runs_the_engine_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
     result = _invoke("bench", "--device", "cpu", "--model", cli.BUNDLED_MODEL_DIR, "--concurrency", "1,2",
-                     "--requests", "3", "--frames", "5", "--json", out)
+                     "--requests", "3", "--frames", "5", "--codec-window", "2", "--json", out)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert [r["concurrency"] for r in report["rows"]] == [1, 2]
     assert all(r["frames"] == 3 * 5 and r["requests"] == 3 for r in report["rows"])
-    assert report["forced_length"] and report["dtype"] == "float32"
+    assert report["forced_length"] and report["dtype"] == "float32" and report["codec_window"] == 2
     assert "audio-s/s" in result.stdout
 
 

@@ -1,6 +1,6 @@
 """The slot engine computes what the plain model computes (CPU, fp32, no graphs): same codes for
 greedy and for seeded sampling, whatever the slot and the batch mates; streamed PCM equals the
-full decode of those codes."""
+full decode of those codes, and decoding every K steps over K frames gives what K = 1 gives."""
 from pathlib import Path
 
 import numpy as np
@@ -42,10 +42,10 @@ def _plain(synth, i, seed, frames, greedy, min_new_tokens):
                     code_predictor_settings(sampling), min_new_tokens=min_new_tokens)[0]
 
 
-def _engine(synth, rows, greedy):
+def _engine(synth, rows, greedy, codec_window=1):
     sampling = synth.ckpt.sampling.greedy() if greedy else synth.ckpt.sampling
     return Engine(synth.model, synth.codec, rows=rows, context=192, talker_defaults=talker_settings(sampling),
-                  cp_defaults=code_predictor_settings(sampling), top_p=True)
+                  cp_defaults=code_predictor_settings(sampling), top_p=True, codec_window=codec_window)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -63,19 +63,76 @@ def test_engine_equals_the_plain_model_with_slot_refill(synth, greedy):
         assert np.linalg.norm(result.pcm - full) / np.linalg.norm(full) < 1e-5
 
 
-def test_engine_stops_rows_on_eos_like_the_plain_model(synth):
-    # Unforced greedy: the official EOS rule ends some rows (the tiny model draws EOS at frame 115
-    # for the Chinese prompt, see the golden records), the others hit the cap.
-    cap = 120
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=0, max_frames=cap) for i in range(3)]
-    results = _engine(synth, rows=2, greedy=True).run(requests)
-    lengths = []
-    for i, result in enumerate(results):
-        plain = _plain(synth, i, 0, cap, True, 2)
-        assert np.array_equal(result.codes, plain.codes.numpy()), f"row {i}"
-        assert result.hit_cap == plain.hit_cap
-        lengths.append(len(result.codes))
-    assert min(lengths) < cap                      # at least one row ended by EOS
+EOS_CAP = 120
+
+
+@pytest.fixture(scope="module")
+def eos_case(synth):
+    """Unforced greedy: the official EOS rule ends some rows (the tiny model draws EOS at frame 115
+    for the Chinese prompt, see the golden records), the others hit the cap. 3 requests, 2 slots."""
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=0, max_frames=EOS_CAP) for i in range(3)]
+    plain = [_plain(synth, i, 0, EOS_CAP, True, 2) for i in range(3)]
+    return requests, plain, _engine(synth, rows=2, greedy=True).run(requests)
+
+
+def test_engine_stops_rows_on_eos_like_the_plain_model(eos_case):
+    _, plain, results = eos_case
+    for i, (result, p) in enumerate(zip(results, plain)):
+        assert np.array_equal(result.codes, p.codes.numpy()), f"row {i}"
+        assert result.hit_cap == p.hit_cap
+    assert min(len(r.codes) for r in results) < EOS_CAP       # at least one row ended by EOS
+
+
+# -- codec window: the codec runs every K steps over the last K frames -----------------------------
+
+def _run_counting_closes(engine, requests):
+    """The engine's results, and the column count of each window it closed early."""
+    closed = []
+    close_window = engine.step.close_window
+    engine.step.close_window = lambda columns: (closed.append(columns), close_window(columns))
+    return engine.run(requests), closed
+
+
+def _assert_same_audio(windowed, per_frame):
+    """Same codes; same PCM up to float summation order (the codec's linear layers then see
+    rows x K frames at once instead of rows x 1, and BLAS blocks such sums differently)."""
+    for i, (w, f) in enumerate(zip(windowed, per_frame)):
+        assert np.array_equal(w.codes, f.codes), f"request {i}"
+        assert w.hit_cap == f.hit_cap and w.pcm.shape == f.pcm.shape, f"request {i}"
+        assert np.linalg.norm(w.pcm - f.pcm) <= 1e-6 * np.linalg.norm(f.pcm), f"request {i}"
+
+
+# Lengths chosen so that each run below ends mid-window for K = 2, 3 and 4; one slot: every
+# request ends with the window closed early while the next one waits.
+WINDOW_CASES = {"4 slots, refilled": (4, [12, 30, 7, 20, 27, 11]), "1 slot": (1, [5, 11, 6])}
+
+
+@pytest.fixture(scope="module", params=list(WINDOW_CASES))
+def window_case(synth, request):
+    rows, frames = WINDOW_CASES[request.param]
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
+                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    plain = [_plain(synth, i, 100 + i, f, False, f + 1) for i, f in enumerate(frames)]
+    return rows, requests, plain, _engine(synth, rows, greedy=False).run(requests)
+
+
+@pytest.mark.parametrize("window", [2, 3, 4])
+def test_codec_window_gives_the_audio_of_window_1(synth, window_case, window):
+    rows, requests, plain, per_frame = window_case
+    for result, p in zip(per_frame, plain):
+        assert np.array_equal(result.codes, p.codes.numpy())
+    windowed, closed = _run_counting_closes(_engine(synth, rows, greedy=False, codec_window=window), requests)
+    _assert_same_audio(windowed, per_frame)
+    assert closed and all(0 < columns < window for columns in closed)
+
+
+@pytest.mark.parametrize("window", [2, 3, 4])
+def test_codec_window_stops_on_eos_mid_window(synth, eos_case, window):
+    requests, _, per_frame = eos_case
+    windowed, _ = _run_counting_closes(_engine(synth, rows=2, greedy=True, codec_window=window), requests)
+    _assert_same_audio(windowed, per_frame)
+    # Admitted at a window boundary, a request's frame j lies in column j mod K.
+    assert any(len(r.codes) % window for r in windowed if not r.hit_cap)
 
 
 def test_a_request_that_cannot_fit_a_slot_is_refused(synth):

@@ -194,3 +194,28 @@ def test_fused_snake_follows_torch_in_bf16():
     print(f"snake: {differ:.3%} of bf16 results differ from torch's")
     torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -6, atol=2 ** -6)
     assert differ < 0.01
+@pytest.mark.parametrize("codec_window", [2, 4])
+def test_graphed_codec_window_gives_the_audio_of_window_1(codec_window):
+    """The codec every K steps over K frames (window column index advanced inside the captured
+    depth graph) against K = 1, both graphed, fp32 without TF32: 6 requests through 4 slots."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=torch.float32)
+    sampling = synth.ckpt.sampling
+    frames = [12, 30, 7, 20, 27, 11]
+    embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    requests = [EngineRequest(key=i, prompt_embeds=e, seed=7 + i, max_frames=f, min_new_tokens=f + 1)
+                for i, (e, f) in enumerate(zip(embeds, frames))]
+
+    def run(window):
+        engine = Engine(synth.model, synth.codec, rows=4, context=128, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), use_graphs=True, codec_window=window)
+        assert engine.step.graphs
+        return engine.run(requests)
+
+    per_frame, windowed = run(1), run(codec_window)
+    for i, (w, f) in enumerate(zip(windowed, per_frame)):
+        assert np.array_equal(w.codes, f.codes), f"request {i}"
+        assert w.pcm.shape == f.pcm.shape, f"request {i}"
+        assert np.linalg.norm(w.pcm - f.pcm) / np.linalg.norm(f.pcm) < 1e-5, f"request {i}"

@@ -11,8 +11,9 @@ Reported per concurrency:
   xRT        per request, audio seconds / seconds from admission to its last frame; mean
   RTF        1 / xRT of the same requests; mean (wall per second of audio, per stream)
   first audio p50/p99: seconds from admission (prefill start) to its first frame on the host
-  ms per step: depth (code predictor + its sampling), codec, talker (+ its sampling), prefill,
-  host (wall per step not covered by those), from CUDA events around each stage
+  ms per step: depth (code predictor + its sampling), codec (with --codec-window K: one call
+  every K steps, amortized over steps), talker (+ its sampling), prefill, host (wall per step not
+  covered by those), from CUDA events around each stage
   peak GPU memory (torch.cuda.max_memory_allocated)
 """
 from __future__ import annotations
@@ -89,7 +90,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 @torch.no_grad()
-def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest]) -> BenchRow:
+def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
+              codec_window: int = 1) -> BenchRow:
     cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -98,7 +100,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
     context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
-                    time_stages=True)
+                    time_stages=True, codec_window=codec_window)
     warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
                             min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
     engine.run(warmup)
@@ -127,7 +129,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
 
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
-              frames: int | None, device: str, speaker: str = "vivian") -> dict:
+              frames: int | None, device: str, speaker: str = "vivian", codec_window: int = 1) -> dict:
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     t0 = time.perf_counter()
     synth = load_synthesizer(spec, device, dtype)
@@ -136,12 +138,13 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     rows = []
     for c in concurrencies:
         count = requests or max(2 * c, 8)
-        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker)))
+        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window))
     return {
         "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "torch": torch.__version__, "load_s": round(load_s, 2), "sentences": str(sentences_path),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
+        "codec_window": codec_window,
         "rows": [asdict(r) for r in rows],
     }
 

@@ -402,6 +402,8 @@ def bench(
                                     "per s (at least 8), or N frames. Lengths are forced because random weights "
                                     "never end speech."),
     device: str = typer.Option("cuda", metavar="DEVICE", help="Torch device; bf16 on cuda, fp32 on cpu."),
+    codec_window: int = typer.Option(1, min=1, metavar="K",
+                                     help="Run the codec every K decode steps over the last K frames."),
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
@@ -418,12 +420,14 @@ def bench(
         raise typer.Exit(2)
     try:
         check_device(device)
-        result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device)
+        result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
+                           codec_window=codec_window)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
     write_json(result, json_out)
-    table = Table(title=f"tts bench: {model} on {result['gpu'] or device} ({result['dtype']}), forced lengths")
+    table = Table(title=f"tts bench: {model} on {result['gpu'] or device} ({result['dtype']}), forced lengths, "
+                        f"codec window {codec_window}")
     for column in ("rows", "requests", "audio-s/s", "xRT", "RTF", "first audio p50/p99 s", "ms/step "
                    "depth/codec/talker/prefill/host", "peak GiB"):
         table.add_column(column)

@@ -4,6 +4,12 @@ that are refilled from a queue as requests end.
 The host never waits inside a step: after launching step n it reads step n-1's outputs from
 pinned memory (waiting only on that step's event), ends finished requests, and admits new ones
 into the freed slots before launching step n+1.
+
+The codec runs every `codec_window` (K) steps over the window of the last K frames, so admission
+happens at window boundaries only (step count mod K == 0). A request that stops mid-window frees
+its slot for the next boundary; it ends when the PCM of its last window reaches the host. When no
+slot emits anymore (the run's end, or every slot stopped while requests wait), the window is
+decoded at once instead of stepping idle slots to its end.
 """
 from __future__ import annotations
 
@@ -54,7 +60,20 @@ class _Running:
     admitted_at: float
     codes: list = field(default_factory=list)
     pcm: list = field(default_factory=list)
+    decoded: int = 0                # frames whose PCM is in `pcm`
+    stopped: bool = False           # a step did not emit for it: no more frames (its slot may be reused)
+    ended: bool = False             # its result is out
     first_audio_at: float | None = None
+
+
+@dataclass
+class _Launch:
+    """What one launch (a decode step, or the decode of a window closed early) leaves to read."""
+    buffers: dict                   # the pinned host buffers its outputs were copied to
+    event: object                   # CUDA event after the copies (None on CPU)
+    owners: list                    # slot -> the _Running it held at launch (None: free)
+    stepped: bool                   # a decode step: codes and emit flags are in buffers
+    window_end: bool                # the codec ran: the window's PCM is in buffers
 
 
 @dataclass
@@ -91,7 +110,7 @@ def use_fused_kernels(model, codec, device: torch.device, wanted: bool | None) -
 class Engine:
     def __init__(self, model, codec, rows: int, context: int, talker_defaults: SamplerSettings,
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
-                 time_stages: bool = False, fused_kernels: bool | None = None):
+                 time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int = 1):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -102,8 +121,12 @@ class Engine:
         use_fused_kernels(model, codec, device, fused_kernels)
         self.rows, self.context = rows, context
         self.admit_group = max(1, rows // 8)
+        if codec_window < 1:
+            raise ValueError(f"codec_window must be >= 1, got {codec_window}")
+        self.codec_window = codec_window
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
-        self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults)
+        self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
+                               codec_window)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p)
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
@@ -161,79 +184,120 @@ class Engine:
         for r in requests:
             self.check(r)
         queue = deque(requests)
+        # slot -> the request whose frames it holds; a stopped one stays until the slot is reused
+        # or its last PCM is read
         running: list[_Running | None] = [None] * self.rows
         results: dict[int, EngineResult] = {}
-        previous = None   # (host buffers, event, slot owners) of the step whose outputs are unread
+        previous = None   # the launch whose outputs are unread
         parity = 0
+        column = 0        # steps launched in the current codec window
         start = time.perf_counter()
         while True:
-            free = [i for i, r in enumerate(running) if r is None]
-            admitted = []
-            # Prefill is an eager call of a few ms whatever its size: admit in groups, not one
-            # request per step, unless nothing runs or the queue is nearly empty.
-            if len(free) >= min(self.admit_group, len(queue)) or all(r is None for r in running):
-                while free and queue:
-                    admitted.append((free.pop(0), queue.popleft()))
-            if admitted:
-                t0 = self._event()
-                self._prefill(admitted)
-                now = time.perf_counter()
-                for slot, r in admitted:
-                    running[slot] = _Running(r, now)
-                self._add_time("prefill", t0)
+            if column == 0:
+                self._admit(queue, running)
             launched = None
-            if any(r is not None for r in running):
+            emitting = any(r is not None and not r.stopped for r in running)
+            if emitting or column > 0:
                 buffers = self._host[parity]
                 parity ^= 1
-                self._launch_step(buffers)
-                launched = (buffers, self._record_event(), list(running))
+                if emitting:
+                    column = (column + 1) % self.codec_window
+                    self._launch_step(buffers, window_end=column == 0)
+                else:
+                    self._launch_window_close(buffers, column)
+                    column = 0
+                launched = _Launch(buffers, self._record_event(), list(running), stepped=emitting,
+                                   window_end=column == 0)
             if previous is not None:
-                self._drain(*previous, running, results, on_result)
+                self._drain(previous, running, results, on_result)
             previous = launched
             if previous is None and not queue and all(r is None for r in running):
                 break
         self.stats.wall_s += time.perf_counter() - start
         return [results[r.key] for r in requests]
 
-    def _launch_step(self, buffers) -> None:
+    def _admit(self, queue: deque, running: list) -> None:
+        """Fills free slots (empty, or holding a request that stopped) from the queue. Call at a
+        window boundary only: the codec state of an admitted slot restarts there."""
+        free = [i for i, r in enumerate(running) if r is None or r.stopped]
+        idle = len(free) == self.rows
+        # Prefill is an eager call of a few ms whatever its size: admit in groups, not one
+        # request per step, unless nothing runs or the queue is nearly empty.
+        if not queue or (len(free) < min(self.admit_group, len(queue)) and not idle):
+            return
+        admitted = [(slot, queue.popleft()) for slot in free[:len(queue)]]
+        t0 = self._event()
+        self._prefill(admitted)
+        now = time.perf_counter()
+        for slot, r in admitted:
+            running[slot] = _Running(r, now)
+        self._add_time("prefill", t0)
+
+    def _launch_step(self, buffers, window_end: bool) -> None:
         st = self.state
         for name in STAGES:
+            if name == "codec" and not window_end:
+                continue
             t0 = self._event()
             self.step.run_stage(name)
             self._add_time(name, t0)
         self.stats.steps += 1
         buffers["codes"].copy_(st.out_codes, non_blocking=True)
-        buffers["pcm"].copy_(st.out_pcm, non_blocking=True)
         buffers["emit"].copy_(st.out_emit, non_blocking=True)
+        if window_end:
+            buffers["pcm"].copy_(st.out_pcm, non_blocking=True)
 
-    def _drain(self, buffers, event, owners, running, results, on_result) -> None:
-        """Reads one finished step: appends emitted frames, ends the requests that stopped. A slot
-        counts only if it still holds the request it held when the step was launched."""
-        if event is not None:
-            event.synchronize()
+    def _launch_window_close(self, buffers, columns: int) -> None:
+        t0 = self._event()
+        self.step.close_window(columns)
+        self._add_time("codec", t0)
+        buffers["pcm"].copy_(self.state.out_pcm, non_blocking=True)
+
+    def _drain(self, launch: _Launch, running, results, on_result) -> None:
+        """Reads one finished launch: appends a step's emitted frames and marks the requests it did
+        not emit for as stopped; at a window's end hands each request the PCM of its frames in that
+        window. A request ends once it has stopped and all its PCM is read. Slots are taken as they
+        were at launch: a slot reused since still owes its previous request that window's PCM."""
+        if launch.event is not None:
+            launch.event.synchronize()
         now = time.perf_counter()
-        emit, codes, pcm = (buffers[name].numpy() for name in ("emit", "codes", "pcm"))
-        for slot, run in enumerate(running):
-            if run is None or run is not owners[slot]:
+        emit, codes, pcm = (launch.buffers[name].numpy() for name in ("emit", "codes", "pcm"))
+        samples = self.codec.samples_per_frame
+        for slot, run in enumerate(launch.owners):
+            if run is None or run.ended:
                 continue
-            if emit[slot]:
-                run.codes.append(codes[slot].copy())
-                run.pcm.append(pcm[slot].copy())
-                if run.first_audio_at is None:
-                    run.first_audio_at = now
-                continue
-            frames = len(run.codes)
-            result = EngineResult(
-                key=run.request.key,
-                codes=np.stack(run.codes) if run.codes else np.zeros((0, codes.shape[1]), dtype=np.int64),
-                pcm=np.concatenate(run.pcm) if run.pcm else np.zeros(0, dtype=np.float32),
-                hit_cap=frames >= run.request.max_frames, admitted_at=run.admitted_at,
-                first_audio_at=run.first_audio_at, finished_at=now)
-            results[run.request.key] = result
+            if launch.stepped:
+                if emit[slot]:
+                    run.codes.append(codes[slot].copy())
+                else:
+                    run.stopped = True
+            if launch.window_end:
+                # Admitted at a boundary and emitting until it stops, a request's frames of this
+                # window are its columns 0, 1, ...: the frames not decoded yet.
+                fresh = len(run.codes) - run.decoded
+                if fresh:
+                    run.pcm.append(pcm[slot, :fresh * samples].copy())
+                    run.decoded += fresh
+                    if run.first_audio_at is None:
+                        run.first_audio_at = now
+            if run.stopped and run.decoded == len(run.codes):
+                self._end(slot, run, running, results, now, on_result)
+
+    def _end(self, slot: int, run: _Running, running, results, now: float, on_result) -> None:
+        frames = len(run.codes)
+        result = EngineResult(
+            key=run.request.key,
+            codes=np.stack(run.codes) if run.codes else np.zeros((0, self.model.cfg.num_code_groups), dtype=np.int64),
+            pcm=np.concatenate(run.pcm) if run.pcm else np.zeros(0, dtype=np.float32),
+            hit_cap=frames >= run.request.max_frames, admitted_at=run.admitted_at,
+            first_audio_at=run.first_audio_at, finished_at=now)
+        run.ended = True
+        results[run.request.key] = result
+        if running[slot] is run:   # not reused by a request admitted at a window boundary since
             running[slot] = None
             self.state.release(slot)
-            if on_result is not None:
-                on_result(result)
+        if on_result is not None:
+            on_result(result)
 
     # -- timing -------------------------------------------------------------------------------------
 

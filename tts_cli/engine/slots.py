@@ -6,6 +6,11 @@ the slot emits next and `hidden` the talker state that predicted it; the step em
 (codebooks 1..15 from the code predictor, its PCM from the streamed codec) and draws the next g0.
 A slot whose g0 is EOS, or that has `cap` frames, stops emitting and stays frozen until the host
 frees it.
+
+The codec decodes every `codec_window` (K) steps over the last K frames of every slot: the step
+writes its frame into `window_codes` at column `window_column` (step mod K, kept on the device so
+that one captured graph serves every column). Requests are admitted at window boundaries only, so
+a slot's frames in a window always start at column 0 and belong to one request.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from tts_cli.model.transformer import StaticKV
 
 class SlotState:
     def __init__(self, cfg: ModelConfig, rows: int, context: int, codec, device, dtype,
-                 talker_defaults: SamplerSettings, cp_defaults: SamplerSettings):
+                 talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1):
         t, cp = cfg.talker, cfg.code_predictor
 
         def longs():
@@ -42,9 +47,11 @@ class SlotState:
                       for _ in range(cp.num_layers)]
         self.key_positions = torch.arange(context, device=device)
         self.codec = codec.new_state(rows)
-        # outputs of the last step, copied to pinned host memory by the runner
+        self.window_codes = torch.zeros(rows, codec_window, cfg.num_code_groups, dtype=torch.int64, device=device)
+        self.window_column = torch.zeros(1, dtype=torch.int64, device=device)
+        # outputs of the last step (PCM: of the last window), copied to pinned host memory by the runner
         self.out_codes = torch.zeros(rows, cfg.num_code_groups, dtype=torch.int64, device=device)
-        self.out_pcm = torch.zeros(rows, codec.samples_per_frame, device=device)
+        self.out_pcm = torch.zeros(rows, codec_window * codec.samples_per_frame, device=device)
         self.out_emit = torch.zeros(rows, dtype=torch.bool, device=device)
 
     def admit(self, slots: torch.Tensor, *, g0: torch.Tensor, hidden: torch.Tensor, prompt_lengths: torch.Tensor,

@@ -1,7 +1,9 @@
 """One decode step for every slot, in three stages with fixed shapes (each a CUDA graph on GPU):
 
-  depth:  codebooks 1..15 of the slot's current frame (code predictor + its sampler)
-  codec:  that frame's 1920 PCM samples (streamed decoder, per-slot state)
+  depth:  codebooks 1..15 of the slot's current frame (code predictor + its sampler), written
+          into the codec window at column step mod K
+  codec:  every K-th step only: the window's K frames -> K * 1920 PCM samples per slot (streamed
+          decoder, per-slot state, so decoding K frames at once is the same as one at a time)
   talker: the next talker position (frame embedding sum + tts_pad) and the next codebook-0 draw
 
 No host synchronisation inside a step: what the host needs (codes, PCM, which slots emitted)
@@ -54,11 +56,13 @@ class DecodeStep:
         # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
         self.codes[:, 0] = torch.where(self.emit, st.g0, 0)
         self.codes[:, 1:] = residual
+        st.window_codes.index_copy_(1, st.window_column, self.codes[:, None])
+        st.window_column.add_(1).remainder_(st.window_codes.shape[1])
 
     @torch.no_grad()
     def _codec(self) -> None:
         st = self.st
-        st.out_pcm.copy_(self.codec.decode_step(self.codes[:, None], st.codec).float())
+        st.out_pcm.copy_(self.codec.decode_step(st.window_codes, st.codec).float())
 
     @torch.no_grad()
     def _talker(self) -> None:
@@ -100,6 +104,17 @@ class DecodeStep:
                 self.stage_fns[name]()
             pool = graph.pool()
             self.graphs[name] = graph
+        self.st.window_column.zero_()   # the warm-up steps moved it; the host counts from column 0
+
+    @torch.no_grad()
+    def close_window(self, columns: int) -> None:
+        """Decodes the current window after only `columns` steps (once no slot emits, waiting for
+        the rest would only step idle slots). The other columns still hold the previous window's
+        frames: they become code 0, as for any slot that does not emit, and their PCM is not read.
+        The next step starts a new window."""
+        self.st.window_codes[:, columns:] = 0
+        self.st.window_column.zero_()
+        self.run_stage("codec")
 
     def run_stage(self, name: str) -> None:
         if self.graphs:

@@ -134,7 +134,7 @@ def _real_decoder_pair(cfg, layers: int):
         for name, p in plain.named_parameters():
             p.copy_(torch.randn(p.shape, device="cuda", generator=g) * 0.02 if p.dim() > 1
                     else 1 + 0.1 * torch.randn(p.shape, device="cuda", generator=g))
-    plain = plain.bfloat16()
+    plain = plain.bfloat16().requires_grad_(False)
     fused = copy.deepcopy(plain)
     use_kernels(fused, True)
     return plain, fused
@@ -167,14 +167,14 @@ def test_fused_decoder_layers_follow_torch_in_bf16_at_real_shapes(which):
 
     steps = ([(30, 0)] + [(1, torch.full((rows,), 30 + i, device="cuda") - torch.arange(rows, device="cuda") % 7)
                           for i in range(4)]) if which == "talker" else [(2, 0)] + [(1, i) for i in range(2, 16)]
-    worst = 1.0
+    worst, largest = 1.0, 0.0
     for tokens, at in steps:
         x = torch.randn(rows, tokens, cfg.hidden_size, device="cuda", generator=g).bfloat16()
         ref, got = both(x, at)
-        worst = min(worst, _cosine(got, ref))
-        # one bf16 rounding apart per op: the fused kernels round once where torch rounds twice
-        torch.testing.assert_close(got.float(), ref.float(), rtol=0.05, atol=0.05)
-    print(f"{which}: fused vs torch bf16, worst cosine {worst:.6f}")
+        # per row, so that one row attending to the wrong keys cannot hide among 63 good ones
+        worst = min([worst] + [_cosine(got[r], ref[r]) for r in range(rows)])
+        largest = max(largest, (got.float() - ref.float()).abs().max().item())
+    print(f"{which}: fused vs torch bf16, worst row cosine {worst:.6f}, largest difference {largest:.4f}")
     assert worst >= 0.9999
 
 

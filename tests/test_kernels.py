@@ -49,7 +49,7 @@ gu = torch.randn(5, 2, 2 * 40, generator=g)
 torch.testing.assert_close(silu_mul(gu), F.silu(gu[..., :40]) * gu[..., 40:], rtol=1e-6, atol=1e-6)
 
 cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8, num_kv_heads=2,
-                    head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False)
+                    head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False)
 torch.manual_seed(0)
 plain = Decoder(cfg)
 for p in plain.parameters():
@@ -58,9 +58,10 @@ fused = Decoder(cfg)
 fused.load_state_dict(plain.state_dict())
 use_kernels(fused, True)
 rows, capacity = 3, 24
+fused.cache_rope(capacity)   # the engine's way: RoPE gathered from a table
 
 def caches():
-    return [StaticKV(rows, 2, capacity, 32, "cpu", torch.float32) for _ in range(cfg.num_layers)]
+    return [StaticKV(rows, 2, capacity, cfg.head_dim, "cpu", torch.float32) for _ in range(cfg.num_layers)]
 
 def run(model, kvs, x, at):
     s = x.shape[1]
@@ -73,7 +74,7 @@ def run(model, kvs, x, at):
 
 # the engine's prefill: prompts written into other cache rows, more queries than one tile holds
 a, b = caches(), caches()
-slots = torch.tensor([2, 0])
+slots = torch.tensor([[2, 7], [0, 7]])[:, 0]   # a strided column, as the engine's admission makes
 x = torch.randn(2, 20, 64, generator=g)
 got = fused(x, torch.arange(20).expand(2, 20), None, [kv.for_rows(slots) for kv in b])
 mask = torch.ones(20, 20, dtype=torch.bool).tril()[None, None]

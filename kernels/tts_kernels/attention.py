@@ -69,7 +69,8 @@ def rope_and_store(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int
     caches [R, kv_heads, capacity, head_dim]; rows [B]: each row's cache row; positions [B, S]: where
     each token's key and value go. Returns the rotated queries [B, S, q_heads, head_dim]."""
     b, s, _ = qkv.shape
-    qkv, cos, sin, positions = qkv.contiguous(), cos.contiguous(), sin.contiguous(), positions.contiguous()
+    qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
+    rows, positions = rows.contiguous(), positions.contiguous()
     q = torch.empty(b, s, q_heads, head_dim, device=qkv.device, dtype=qkv.dtype)
     _rope_and_store[(b * s, q_heads + kv_heads)](
         qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, positions, q, s, eps,
@@ -82,7 +83,7 @@ def rope_and_store(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int
 def _cached_attention(q_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, pos_ptr, out_ptr, tokens_per_row, scale,
                       cache_row_stride, cache_head_stride, cache_pos_stride,
                       Q_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, CAPACITY: tl.constexpr,
-                      BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+                      BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr):
     row_in_batch = tl.program_id(0)
     kv_head = tl.program_id(1)
     # The queries of one kv head's GROUPS query heads for every new token of the row, as one tile:
@@ -91,9 +92,12 @@ def _cached_attention(q_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, pos_ptr, out_pt
     valid = i < tokens_per_row * GROUPS
     token = row_in_batch * tokens_per_row + i // GROUPS
     head = kv_head * GROUPS + i % GROUPS
-    dims = tl.arange(0, HEAD_DIM)
+    # BLOCK_D >= 16 (what tl.dot needs); dimensions past HEAD_DIM load as zeros
+    dims = tl.arange(0, BLOCK_D)
+    in_head = dims < HEAD_DIM
     q_offsets = (token * Q_HEADS + head)[:, None] * HEAD_DIM + dims[None, :]
-    q = tl.load(q_ptr + q_offsets, mask=valid[:, None], other=0.0)
+    q_mask = valid[:, None] & in_head[None, :]
+    q = tl.load(q_ptr + q_offsets, mask=q_mask, other=0.0)
     # padding entries look at key 0 only, so that no row of the tile is empty
     q_pos = tl.load(pos_ptr + token, mask=valid, other=0)
     # a row's new tokens have increasing positions: its last one sees the most keys
@@ -102,7 +106,7 @@ def _cached_attention(q_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, pos_ptr, out_pt
     head_base = cache_row * cache_row_stride + kv_head * cache_head_stride
     best = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_Q], tl.float32)
-    acc = tl.zeros([BLOCK_Q, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
     # A static trip count (a loop bounded by `last` breaks Triton's interpreter under numpy 2.4);
     # the blocks past `last` are skipped.
     for start in range(0, CAPACITY, BLOCK_K):
@@ -110,7 +114,8 @@ def _cached_attention(q_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, pos_ptr, out_pt
             keys = start + tl.arange(0, BLOCK_K)
             in_range = keys <= last
             kv_offsets = head_base + keys[:, None] * cache_pos_stride + dims[None, :]
-            k = tl.load(k_cache_ptr + kv_offsets, mask=in_range[:, None], other=0.0)
+            kv_mask = in_range[:, None] & in_head[None, :]
+            k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
             if IEEE:
                 scores = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -120,14 +125,14 @@ def _cached_attention(q_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, pos_ptr, out_pt
             p = tl.exp(scores - new_best[:, None])
             correction = tl.exp(best - new_best)
             total = total * correction + tl.sum(p, axis=1)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=in_range[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
             if IEEE:
                 acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
                 acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
             best = new_best
     out = acc / total[:, None]
-    tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+    tl.store(out_ptr + q_offsets, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
 def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
@@ -141,8 +146,8 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty(b, s, q_heads * head_dim, device=q.device, dtype=q.dtype)
     grid = (b, kv_heads, triton.cdiv(s * groups, block_q))
     _cached_attention[grid](
-        q.contiguous(), k_cache, v_cache, rows, positions.contiguous(), out, s, scale,
+        q.contiguous(), k_cache, v_cache, rows.contiguous(), positions.contiguous(), out, s, scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         Q_HEADS=q_heads, GROUPS=groups, HEAD_DIM=head_dim, CAPACITY=k_cache.shape[2], BLOCK_Q=block_q, BLOCK_K=32,
-        IEEE=q.dtype == torch.float32)
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=q.dtype == torch.float32)
     return out

@@ -118,7 +118,9 @@ class Engine:
         if not use_graphs:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device
-        use_fused_kernels(model, codec, device, fused_kernels)
+        if use_fused_kernels(model, codec, device, fused_kernels):
+            model.talker.decoder.cache_rope(context)
+            model.code_predictor.decoder.cache_rope(model.cfg.num_code_groups)
         self.rows, self.context = rows, context
         self.admit_group = max(1, rows // 8)
         if codec_window < 1:

@@ -127,7 +127,6 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.fused = False
         self.qkv = None   # (weight, bias) of q, k, v as one projection, once merged
 
     def merge_projections(self) -> None:
@@ -137,8 +136,6 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, mask, cache: GrowingKV | StaticKV | None):
         """x [B, S, D]; cos/sin [B, S, hd]; mask [B, 1, S, keys] bool (True = may attend)."""
-        if self.fused and isinstance(cache, StaticKV):
-            return self._forward_kernels(x, cos, sin, cache)
         b, s, _ = x.shape
         hd, kv_heads = self.cfg.head_dim, self.cfg.num_kv_heads
         groups = self.cfg.num_heads // kv_heads
@@ -160,10 +157,11 @@ class Attention(nn.Module):
         out = (probs @ v).view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
 
-    def _forward_kernels(self, x, cos, sin, cache: StaticKV):
+    def forward_kernels(self, x, cos, sin, cache: StaticKV, positions: torch.Tensor, rows: torch.Tensor):
+        """The fused path (see the module doc): positions [B, S] where the new tokens go in the
+        cache (attention is causal by cache position), rows [B] their cache rows."""
         from tts_kernels.attention import cached_attention, rope_and_store
         cfg = self.cfg
-        positions, rows = cache.positions(x.shape[1]), cache.row_index()
         q = rope_and_store(F.linear(x, *self.qkv), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                            self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, cos, sin,
                            cache.k, cache.v, rows, positions)
@@ -229,32 +227,49 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.fused = False
+        self.rope_tables: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def cache_rope(self, positions: int) -> None:
+        """Precomputes cos/sin of positions [0, positions) for the fused path, which then gathers
+        table rows instead of recomputing them (~8 kernels) per call. Tables only grow, and
+        replaced ones stay alive: CUDA graphs captured earlier still read them."""
+        if self.rope_tables and self.rope_tables[-1][0].shape[0] >= positions:
+            return
+        weight = self.norm.weight
+        self.rope_tables.append(rope_cos_sin(torch.arange(positions, device=weight.device), self.cfg.head_dim,
+                                             self.cfg.rope_theta, weight.dtype))
 
     def forward(self, x, positions, mask, caches: list | None = None):
         """x [B, S, D], positions [B, S] (RoPE position of each row's token), mask as in Attention;
         caches: one GrowingKV or StaticKV per layer, updated in place."""
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         if self.fused and caches and isinstance(caches[0], StaticKV):
-            return self._forward_kernels(x, cos, sin, caches)
+            return self._forward_kernels(x, positions, caches)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, caches[i] if caches else None)
         return self.norm(x)
 
-    def _forward_kernels(self, x, cos, sin, caches):
-        """The same layers with each residual add fused into the norm that follows it."""
+    def _forward_kernels(self, x, positions, caches):
+        """The same layers with each residual add fused into the norm that follows it. Every
+        layer's cache has the same `at` and rows (set by the caller for all of them)."""
         from tts_kernels.rms_norm import add_rms_norm, rms_norm
+        if self.rope_tables and self.rope_tables[-1][0].shape[0] > 0:
+            cos, sin = (table[positions] for table in self.rope_tables[-1])
+        else:
+            cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cache_positions, rows = caches[0].positions(x.shape[1]).contiguous(), caches[0].row_index().contiguous()
         eps = self.cfg.rms_norm_eps
         norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
         normed = rms_norm(x, self.layers[0].input_layernorm.weight, eps)
         for layer, cache, next_norm in zip(self.layers, caches, norms_after):
-            attn = layer.self_attn(normed, cos, sin, None, cache)
+            attn = layer.self_attn.forward_kernels(normed, cos, sin, cache, cache_positions, rows)
             x, normed = add_rms_norm(x, attn, layer.post_attention_layernorm.weight, eps)
             x, normed = add_rms_norm(x, layer.mlp(normed), next_norm.weight, eps)
         return normed
 
 
 def use_kernels(root: nn.Module, on: bool) -> None:
-    """Switches every module under `root` that has a fused path (RMSNorm, Attention, SwiGLU,
+    """Switches every module under `root` that has a fused path (RMSNorm, SwiGLU, SnakeBeta,
     Decoder) to it, or back to the torch reference; merges projections on the way in."""
     for module in root.modules():
         if hasattr(module, "fused"):

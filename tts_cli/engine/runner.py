@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import RequestError
-from tts_cli.model.generate import prefill_batch
 from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
 from tts_cli.model.transformer import use_kernels
 
@@ -130,6 +130,7 @@ class Engine:
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p)
+        self.prefill = Prefill(model, self.state, use_graphs)
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
         pin = device.type == "cuda"
@@ -157,7 +158,6 @@ class Engine:
         """One padded talker call for every newly admitted request; keys and values go to the
         slots' static caches, the first codebook-0 draw to the slot state."""
         requests = [r for _, r in admitted]
-        embeds, valid, positions, mask = prefill_batch([r.prompt_embeds for r in requests], left_pad=False)
         # Everything the host knows goes over in one pinned, non-blocking copy: a plain
         # torch.tensor(..., device=cuda) would wait for the step that is still running.
         host = torch.tensor([[slot, r.prompt_embeds.shape[0], r.max_frames, r.min_new_tokens, r.seed]
@@ -165,12 +165,7 @@ class Engine:
         if self.device.type == "cuda":
             host = host.pin_memory()
         slots, lengths, caps, min_new_tokens, seeds = host.to(self.device, non_blocking=True).unbind(1)
-        # Right-padded prompts write their keys and values straight into the slots' caches: the
-        # padding's entries lie beyond each prompt and are overwritten before any query sees them.
-        caches = [kv.for_rows(slots) for kv in self.state.talker_kv]
-        hidden, logits = self.model.talker(embeds, positions, mask, caches)
-        rows = torch.arange(len(requests), device=self.device)
-        last_hidden, last_logits = hidden[rows, lengths - 1], logits[rows, lengths - 1].float()
+        last_hidden, last_logits = self.prefill([r.prompt_embeds for r in requests], slots, lengths)
         talker = RowSampling.stack([r.talker or self.talker_defaults for r in requests], self.device)
         cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
         seen = torch.zeros(len(requests), self.model.cfg.codec_vocab_size, dtype=torch.bool, device=self.device)
@@ -223,8 +218,8 @@ class Engine:
         window boundary only: the codec state of an admitted slot restarts there."""
         free = [i for i, r in enumerate(running) if r is None or r.stopped]
         idle = len(free) == self.rows
-        # Prefill is an eager call of a few ms whatever its size: admit in groups, not one
-        # request per step, unless nothing runs or the queue is nearly empty.
+        # A prefill costs about the same for 1 or 8 prompts: admit in groups, not one request
+        # per step, unless nothing runs or the queue is nearly empty.
         if not queue or (len(free) < min(self.admit_group, len(queue)) and not idle):
             return
         admitted = [(slot, queue.popleft()) for slot in free[:len(queue)]]

@@ -35,11 +35,12 @@ class RowOutput:
     past_hidden: list[torch.Tensor] = field(default_factory=list)     # [H] per talker output
 
 
-def prefill_batch(prompts: list[torch.Tensor], left_pad: bool):
+def prefill_batch(prompts: list[torch.Tensor], left_pad: bool, columns: int | None = None):
     """Pads prompt embeddings [L_i, H] into one batch -> embeds [B, L, H], valid [B, L],
     positions [B, L] (each row's own 0, 1, ...), mask [B, 1, L, L]. Left padding (the official
-    batch) ends every prompt at the last column; right padding starts every prompt at column 0."""
-    longest = max(p.shape[0] for p in prompts)
+    batch) ends every prompt at the last column; right padding starts every prompt at column 0.
+    L is the longest prompt, or `columns` when given (>= the longest)."""
+    longest = max([p.shape[0] for p in prompts] + [columns or 0])
     embeds = prompts[0].new_zeros(len(prompts), longest, prompts[0].shape[1])
     valid = torch.zeros(len(prompts), longest, dtype=torch.bool, device=prompts[0].device)
     for i, p in enumerate(prompts):

@@ -120,7 +120,7 @@ def _two_sort_warp(logits, rows, stable=False):
     kth = torch.sort(logits, dim=-1, descending=True).values.gather(-1, (k - 1)[:, None])
     logits = logits.masked_fill(logits < kth, float("-inf"))
     sorted_logits, order = torch.sort(logits, dim=-1, stable=stable)
-    remove_sorted = (sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1 - rows.top_p) & (rows.top_p < 1)
+    remove_sorted = (sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= rows.top_p_tail) & (rows.top_p_tail > 0)
     remove_sorted[..., -1:] = False
     return logits.masked_fill(remove_sorted.scatter(-1, order, remove_sorted), float("-inf"))
 
@@ -154,9 +154,8 @@ def _random_logits(kind, rows, vocab, g, device="cpu"):
 def _random_settings(rows, g):
     def pick(options):
         return options[int(torch.randint(len(options), (1,), generator=g))]
-    # p: values whose 1 - p is the same float whether p is a float32 or a Python float (HF's)
     return [SamplerSettings(pick([True, True, False]), pick([0.7, 1.0, 1.3]), pick([0, 1, 2, 5, 50, 10**6]),
-                            pick([1.0, 0.75, 0.5, 0.3, 0.2, 0.0])) for _ in range(rows)]
+                            pick([1.0, 0.95, 0.9, 0.8, 0.75, 0.5, 0.2, 0.0])) for _ in range(rows)]
 
 
 @pytest.mark.parametrize("kind", ["continuous", "bf16", "small integers"])
@@ -180,6 +179,16 @@ def test_warp_keeps_what_two_sorts_and_hf_keep(kind, vocab):
                 # HF's sort on CPU is not stable: which of equal logits at the top-p cut stay may
                 # differ, not how many
                 assert torch.equal(ours[row].sort().values, hf.sort().values)
+
+
+def test_top_p_drops_what_hf_drops_at_a_mass_of_exactly_1_minus_p():
+    # five equal logits: the cumulative mass after the first is 0.2 as a float32, which HF drops
+    # for p = 0.8 (1 - 0.8 as a Python float rounds to that float32; 1 - float32(0.8) is below it)
+    logits = torch.zeros(1, 5)
+    rows = RowSampling.stack([SamplerSettings(True, 1.0, 0, 0.8)], "cpu")
+    hf = TopPLogitsWarper(0.8)(torch.zeros(1, 0, dtype=torch.long), logits.clone())
+    assert torch.isinf(hf).sum() == 1
+    assert torch.equal(warp(logits, rows), hf)
 
 
 def test_top_p_cuts_through_equal_logits_by_id():

@@ -68,11 +68,13 @@ class SamplerSettings:
 @dataclass
 class RowSampling:
     """Per-row sampler settings as tensors, so one batch (and one CUDA graph) can mix settings.
-    do_sample [B] bool; temperature, top_p, repetition_penalty [B, 1] fp32; top_k [B] int64."""
+    do_sample [B] bool; temperature, top_p_tail, repetition_penalty [B, 1] fp32; top_k [B] int64.
+    top_p_tail is 1 - top_p, the probability mass top-p may drop, subtracted in double on the host
+    and rounded once: HF compares with the Python float 1 - top_p, not 1 minus a float32 top_p."""
     do_sample: torch.Tensor
     temperature: torch.Tensor
     top_k: torch.Tensor
-    top_p: torch.Tensor
+    top_p_tail: torch.Tensor
     repetition_penalty: torch.Tensor
 
     @classmethod
@@ -91,12 +93,12 @@ class RowSampling:
         return cls(column([s.do_sample for s in settings], torch.bool),
                    column([[s.temperature] for s in settings], torch.float32),
                    column([s.top_k for s in settings], torch.int64),
-                   column([[s.top_p] for s in settings], torch.float32),
+                   column([[1 - s.top_p] for s in settings], torch.float32),
                    column([[s.repetition_penalty] for s in settings], torch.float32))
 
     def assign(self, rows: torch.Tensor, other: "RowSampling") -> None:
         """Copies `other`'s rows into these rows (index tensor)."""
-        for name in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty"):
+        for name in ("do_sample", "temperature", "top_k", "top_p_tail", "repetition_penalty"):
             getattr(self, name)[rows] = getattr(other, name)
 
 
@@ -119,13 +121,13 @@ def apply_top_k(logits: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def apply_top_p(logits: torch.Tensor, p: torch.Tensor, ascending: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """HF TopP: drop the low-probability tail whose total mass is <= 1 - p; keep at least one.
-    p [B, 1]; p >= 1 keeps everything. ascending, ids [B, V]: the logits sorted ascending and
-    their token ids, equal logits in id order (a stable sort, as CUDA's sort is; CPU's default
-    sort, which HF uses, leaves the order of equal logits open)."""
+def apply_top_p(logits: torch.Tensor, tail: torch.Tensor, ascending: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """HF TopP: drop the low-probability tail whose total mass is <= tail (1 - p); keep at least
+    one. tail [B, 1]; tail <= 0 (p >= 1) keeps everything. ascending, ids [B, V]: the logits
+    sorted ascending and their token ids, equal logits in id order (a stable sort, as CUDA's sort
+    is; CPU's default sort, which HF uses, leaves the order of equal logits open)."""
     cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = (cumulative <= (1 - p)) & (p < 1)
+    remove_sorted = (cumulative <= tail) & (tail > 0)
     remove_sorted[..., -1:] = False
     remove = remove_sorted.scatter(-1, ids, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
@@ -141,7 +143,7 @@ def warp(logits: torch.Tensor, rows: RowSampling, top_p: bool = True) -> torch.T
     logits = apply_top_k(logits, kth)
     if not top_p:
         return logits
-    return apply_top_p(logits, rows.top_p, apply_top_k(ascending, kth), ids)
+    return apply_top_p(logits, rows.top_p_tail, apply_top_k(ascending, kth), ids)
 
 
 def choose(logits: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, frame: int | torch.Tensor,

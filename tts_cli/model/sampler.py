@@ -136,7 +136,8 @@ def apply_top_p(logits: torch.Tensor, tail: torch.Tensor, ascending: torch.Tenso
 def warp(logits: torch.Tensor, rows: RowSampling, top_p: bool = True) -> torch.Tensor:
     """Temperature, top-k, top-p: applied only when sampling (HF skips warpers for greedy).
     top_p=False skips top-p when no row uses it. One sort of the row serves both: HF sorts the
-    row again after top-k, which gives the same order with the dropped logits at -inf."""
+    row again after top-k, where the kept logits stand in the same order at the same places as
+    here, and the dropped ones (-inf) carry no mass."""
     logits = logits / rows.temperature
     ascending, ids = torch.sort(logits, dim=-1, stable=True)
     kth = kth_largest(ascending, rows.top_k)

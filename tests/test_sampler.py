@@ -112,7 +112,7 @@ def test_noise_never_reaches_zero_or_one_in_fp32():
 # -- one sort of the row serves top-k and top-p: the same kept sets and draws as before -------------
 
 def _two_sort_warp(logits, rows, stable=False):
-    """The sampler as it was: a sort of the row for top-k, another of the top-k'd row for top-p
+    """Two sorts, as the sampler had them: one of the row for top-k, one of the top-k'd row for top-p
     (HF's steps; stable=True ranks equal logits by id, as CUDA's sort does)."""
     logits = logits / rows.temperature
     vocab = logits.shape[-1]

@@ -55,11 +55,6 @@ def bits_to_unit(bits: torch.Tensor) -> torch.Tensor:
     return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
-def gumbel_draw(logits: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """One draw per row from softmax(logits), given Gumbel noise [B, V] (-inf entries are never drawn)."""
-    return torch.argmax(logits + noise, dim=-1)
-
-
 @dataclass(frozen=True)
 class SamplerSettings:
     """One sampler's settings (the talker's or the code predictor's)."""
@@ -73,11 +68,13 @@ class SamplerSettings:
 @dataclass
 class RowSampling:
     """Per-row sampler settings as tensors, so one batch (and one CUDA graph) can mix settings.
-    do_sample [B] bool; temperature, top_p, repetition_penalty [B, 1] fp32; top_k [B] int64."""
+    do_sample [B] bool; temperature, top_p_tail, repetition_penalty [B, 1] fp32; top_k [B] int64.
+    top_p_tail is 1 - top_p, the probability mass top-p may drop, subtracted in double on the host
+    and rounded once: HF compares with the Python float 1 - top_p, not 1 minus a float32 top_p."""
     do_sample: torch.Tensor
     temperature: torch.Tensor
     top_k: torch.Tensor
-    top_p: torch.Tensor
+    top_p_tail: torch.Tensor
     repetition_penalty: torch.Tensor
 
     @classmethod
@@ -96,12 +93,12 @@ class RowSampling:
         return cls(column([s.do_sample for s in settings], torch.bool),
                    column([[s.temperature] for s in settings], torch.float32),
                    column([s.top_k for s in settings], torch.int64),
-                   column([[s.top_p] for s in settings], torch.float32),
+                   column([[1 - s.top_p] for s in settings], torch.float32),
                    column([[s.repetition_penalty] for s in settings], torch.float32))
 
     def assign(self, rows: torch.Tensor, other: "RowSampling") -> None:
         """Copies `other`'s rows into these rows (index tensor)."""
-        for name in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty"):
+        for name in ("do_sample", "temperature", "top_k", "top_p_tail", "repetition_penalty"):
             getattr(self, name)[rows] = getattr(other, name)
 
 
@@ -111,42 +108,55 @@ def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: 
     return torch.where(seen, penalized, logits)
 
 
-def apply_top_k(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Keep every logit >= the row's k-th largest (ties at the boundary are all kept, as in HF);
-    k [B], where k <= 0 or k >= V keeps everything."""
-    vocab = logits.shape[-1]
-    k = torch.where((k <= 0) | (k > vocab), vocab, k)
-    ranked = torch.sort(logits, dim=-1, descending=True).values
-    kth = ranked.gather(-1, (k - 1)[:, None])
+def kth_largest(ascending: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The row's k-th largest logit [B, 1], from the row sorted ascending; k [B], where k <= 0 or
+    k >= V gives the smallest (top-k then keeps everything)."""
+    vocab = ascending.shape[-1]
+    position = torch.where((k <= 0) | (k > vocab), 0, vocab - k)
+    return ascending.gather(-1, position[:, None])
+
+
+def apply_top_k(logits: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:
+    """Keep every logit >= the row's k-th largest (ties at the boundary are all kept, as in HF)."""
     return logits.masked_fill(logits < kth, float("-inf"))
 
 
-def apply_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """HF TopP: drop the low-probability tail whose total mass is <= 1 - p; keep at least one.
-    p [B, 1]; p >= 1 keeps everything."""
-    sorted_logits, order = torch.sort(logits, descending=False, dim=-1)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove_sorted = (cumulative <= (1 - p)) & (p < 1)
+def apply_top_p(logits: torch.Tensor, tail: torch.Tensor, ascending: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """HF TopP: drop the low-probability tail whose total mass is <= tail (1 - p); keep at least
+    one. tail [B, 1]; tail <= 0 (p >= 1) keeps everything. ascending, ids [B, V]: the logits
+    sorted ascending and their token ids, equal logits in id order (a stable sort, as CUDA's sort
+    is; CPU's default sort, which HF uses, leaves the order of equal logits open)."""
+    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
+    remove_sorted = (cumulative <= tail) & (tail > 0)
     remove_sorted[..., -1:] = False
-    remove = remove_sorted.scatter(-1, order, remove_sorted)
+    remove = remove_sorted.scatter(-1, ids, remove_sorted)
     return logits.masked_fill(remove, float("-inf"))
 
 
 def warp(logits: torch.Tensor, rows: RowSampling, top_p: bool = True) -> torch.Tensor:
     """Temperature, top-k, top-p: applied only when sampling (HF skips warpers for greedy).
-    top_p=False skips the top-p sort when no row uses it."""
-    logits = apply_top_k(logits / rows.temperature, rows.top_k)
-    return apply_top_p(logits, rows.top_p) if top_p else logits
+    top_p=False skips top-p when no row uses it. One sort of the row serves both: HF sorts the
+    row again after top-k, where the kept logits stand in the same order at the same places as
+    here, and the dropped ones (-inf) carry no mass."""
+    logits = logits / rows.temperature
+    ascending, ids = torch.sort(logits, dim=-1, stable=True)
+    kth = kth_largest(ascending, rows.top_k)
+    logits = apply_top_k(logits, kth)
+    if not top_p:
+        return logits
+    return apply_top_p(logits, rows.top_p_tail, apply_top_k(ascending, kth), ids)
 
 
 def choose(logits: torch.Tensor, rows: RowSampling, seeds: torch.Tensor, frame: int | torch.Tensor,
            group: int, top_p: bool = True, noise: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's draw (or argmax when it does not sample). noise: this group's Gumbel noise
-    [B, V] when precomputed (see gumbel_noise), else computed here."""
+    [B, V] when precomputed (see gumbel_noise), else computed here. A draw is the argmax of the
+    warped logits plus the noise (Gumbel-max; -inf logits are never drawn); one argmax serves
+    the drawing rows and the greedy ones."""
     if noise is None:
         noise = gumbel_noise(seeds, frame, range(group, group + 1), logits.shape[-1])[0]
-    drawn = gumbel_draw(warp(logits, rows, top_p), noise)
-    return torch.where(rows.do_sample, drawn, torch.argmax(logits, dim=-1))
+    scores = torch.where(rows.do_sample[:, None], warp(logits, rows, top_p) + noise, logits)
+    return torch.argmax(scores, dim=-1)
 
 
 class TalkerLogitsProcessor:

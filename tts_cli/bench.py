@@ -29,6 +29,7 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
+from tts_cli.engine import DEFAULT_CODEC_WINDOW
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -91,7 +92,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 @torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
-              codec_window: int = 1) -> BenchRow:
+              codec_window: int = DEFAULT_CODEC_WINDOW) -> BenchRow:
     cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -129,7 +130,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
 
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
-              frames: int | None, device: str, speaker: str = "vivian", codec_window: int = 1) -> dict:
+              frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW) -> dict:
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     t0 = time.perf_counter()
     synth = load_synthesizer(spec, device, dtype)

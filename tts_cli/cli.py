@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
+from .engine import DEFAULT_CODEC_WINDOW
 from .errors import TTSError
 from .recipe import load_recipe
 
@@ -402,8 +403,9 @@ def bench(
                                     "per s (at least 8), or N frames. Lengths are forced because random weights "
                                     "never end speech."),
     device: str = typer.Option("cuda", metavar="DEVICE", help="Torch device; bf16 on cuda, fp32 on cpu."),
-    codec_window: int = typer.Option(1, min=1, metavar="K",
-                                     help="Run the codec every K decode steps over the last K frames."),
+    codec_window: int = typer.Option(DEFAULT_CODEC_WINDOW, min=1, metavar="K",
+                                     help="Run the codec every K decode steps over the last K frames (the "
+                                          "engine's default; larger K: faster codec, later first audio)."),
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tts_cli.engine import DEFAULT_CODEC_WINDOW
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
@@ -110,7 +111,7 @@ def use_fused_kernels(model, codec, device: torch.device, wanted: bool | None) -
 class Engine:
     def __init__(self, model, codec, rows: int, context: int, talker_defaults: SamplerSettings,
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
-                 time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int = 1):
+                 time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int = DEFAULT_CODEC_WINDOW):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:

@@ -80,6 +80,12 @@ got = fused(x, torch.arange(20).expand(2, 20), None, [kv.for_rows(slots) for kv 
 mask = torch.ones(20, 20, dtype=torch.bool).tril()[None, None]
 torch.testing.assert_close(got, plain(x, torch.arange(20).expand(2, 20), mask, [kv.for_rows(slots) for kv in a]),
                            rtol=1e-5, atol=1e-5)
+# its next chunk, attending to the cached keys of the first
+x = torch.randn(2, 4, 64, generator=g)
+positions = torch.arange(20, 24).expand(2, 4)
+mask = torch.ones(4, 24, dtype=torch.bool).tril(20)[None, None]
+torch.testing.assert_close(fused(x, positions, None, [kv.for_rows(slots, at=20) for kv in b]),
+                           plain(x, positions, mask, [kv.for_rows(slots, at=20) for kv in a]), rtol=1e-5, atol=1e-5)
 torch.testing.assert_close(b[0].k[slots], a[0].k[slots], rtol=1e-5, atol=1e-5)
 assert not b[0].k[1].any(), "a row outside the prefill was written"
 # the code predictor's pattern: 2 tokens at 0, then one token per call at a shared offset

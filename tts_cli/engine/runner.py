@@ -131,7 +131,7 @@ class Engine:
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p)
-        self.prefill = Prefill(model, self.state, use_graphs)
+        self.prefill = Prefill(model, self.state, self.admit_group, use_graphs)
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
         pin = device.type == "cuda"

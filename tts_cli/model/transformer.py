@@ -85,10 +85,11 @@ class StaticKV:
         self.rows: torch.Tensor | None = None
         self.all_rows = torch.arange(batch, device=device)
 
-    def for_rows(self, rows: torch.Tensor) -> "StaticKV":
-        """The same buffers for a batch whose row i is cache row rows[i] (a prefill of some slots)."""
+    def for_rows(self, rows: torch.Tensor, at: int = 0) -> "StaticKV":
+        """The same buffers for a batch whose row i is cache row rows[i], writing from position
+        `at` on (a prefill of some slots)."""
         view = copy.copy(self)
-        view.rows, view.at = rows, 0
+        view.rows, view.at = rows, at
         return view
 
     def row_index(self) -> torch.Tensor:

@@ -251,3 +251,25 @@ def test_same_requests_twice_give_bit_identical_audio():
     second = synth.synthesize(requests, max_frames=20, min_new_tokens=21)
     for a, b in zip(first, second):
         assert torch.equal(a.codes, b.codes) and np.array_equal(a.audio, b.audio)
+
+
+def test_sampler_kernel_draws_what_the_torch_sampler_draws_at_real_vocab_sizes():
+    from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
+    from tts_kernels.sampler import sample_rows
+    g = torch.Generator("cuda").manual_seed(0)
+    rows = 64
+    settings = [SamplerSettings(do_sample=i % 9 != 0, temperature=[0.9, 0.7, 1.3][i % 3],
+                                top_k=[50, 0, 1, 3, 5000, 7][i % 6], top_p=1.0) for i in range(rows)]
+    sampling = RowSampling.stack(settings, "cuda")
+    seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
+    frames = torch.randint(0, 500, (rows,), device="cuda", generator=g)
+    differ = 0
+    for vocab in (2048, 3072):
+        for group in range(16):
+            logits = torch.randn(rows, vocab, device="cuda", generator=g) * 4
+            logits[:8] = logits[:8].bfloat16().float()                  # bf16-like values: many ties
+            logits[8:12, vocab - 1024:] = float("-inf")                  # suppressed ids
+            expected = choose(logits, sampling, seeds, frames, group, top_p=False)
+            got = sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frames, group)
+            differ += int((got != expected).sum())
+    assert differ == 0, f"{differ} of {2 * 16 * rows} draws differ"

@@ -151,6 +151,36 @@ def test_snake_kernel_equals_torch_in_the_interpreter():
     assert "snake ok" in _interpret(SNAKE_CHECK)
 
 
+SAMPLER_CHECK = """
+import torch
+from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
+from tts_kernels.sampler import sample_rows
+
+g = torch.Generator().manual_seed(0)
+for vocab in (60, 300):   # the real 2048 and 3072 are checked on the GPU (the interpreter's sort is slow)
+    rows = 12
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[:4] = torch.randint(-3, 3, (4, vocab), generator=g).float()      # ties everywhere
+    logits[4, : vocab // 2] = float("-inf")                                  # suppressed ids
+    settings = [SamplerSettings(do_sample=i % 5 != 0, temperature=[1.0, 0.7, 1.3][i % 3],
+                                top_k=[50, 0, 1, 3, vocab + 5, 7][i % 6], top_p=1.0) for i in range(rows)]
+    sampling = RowSampling.stack(settings, "cpu")
+    seeds = torch.randint(0, 2**62, (rows,), generator=g)
+    for frame, group in ((0, 0), (torch.arange(rows) * 3 + 1, 15)):
+        expected = choose(logits, sampling, seeds, frame, group, top_p=False)
+        got = sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, group)
+        assert torch.equal(got, expected), (vocab, group, got, expected)
+print("sampler ok")
+"""
+
+
+@needs_triton
+def test_sampler_kernel_draws_what_the_torch_sampler_draws_in_the_interpreter():
+    """Temperature, top-k with ties, suppressed ids, greedy rows, the counter-based noise for one
+    frame for all rows and for per-row frames."""
+    assert "sampler ok" in _interpret(SAMPLER_CHECK)
+
+
 def test_kernels_are_not_used_off_cuda():
     import tts_kernels
     ok, why = tts_kernels.available("cpu")

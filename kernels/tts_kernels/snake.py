@@ -19,9 +19,9 @@ def _snake(x_ptr, log_alpha_ptr, log_beta_ptr, out_ptr, channels, length, stride
     valid = t < length
     dtype = out_ptr.dtype.element_ty
     x = tl.load(x_ptr + b * stride_b + c * stride_c + t * stride_t, mask=valid, other=0.0).to(tl.float32)
-    # libdevice's exp and sin, like torch's: on the GPU tl.exp and tl.sin are approximations (measured
-    # on the H200: one channel in seven got an alpha one bf16 unit off). The interpreter has no
-    # libdevice; its tl.exp and tl.sin are numpy's.
+    # libdevice's exp, sin and division, like torch's: on the GPU tl.exp, tl.sin and '/' are
+    # approximations, and one wrong per-channel factor changes a whole channel (measured on the
+    # H200: 14% of bf16 results one unit off). The interpreter has no libdevice; it uses numpy's.
     log_alpha = tl.load(log_alpha_ptr + c).to(tl.float32)
     log_beta = tl.load(log_beta_ptr + c).to(tl.float32)
     if LIBDEVICE:
@@ -30,7 +30,11 @@ def _snake(x_ptr, log_alpha_ptr, log_beta_ptr, out_ptr, channels, length, stride
         alpha, beta = tl.exp(log_alpha), tl.exp(log_beta)
     alpha = alpha.to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
     beta = beta.to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
-    inv_beta = (1.0 / (beta + eps).to(dtype, fp_downcast_rounding="rtne").to(tl.float32))
+    beta = (beta + eps).to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
+    if LIBDEVICE:   # '/' on the GPU is an approximate division
+        inv_beta = libdevice.div_rn(1.0, beta)
+    else:
+        inv_beta = 1.0 / beta
     inv_beta = inv_beta.to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
     phase = (x * alpha).to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
     if LIBDEVICE:

@@ -26,7 +26,7 @@ from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import RequestError
-from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
+from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import use_kernels
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,8 @@ class Engine:
         if not use_graphs:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device
-        if use_fused_kernels(model, codec, device, fused_kernels):
+        kernels = use_fused_kernels(model, codec, device, fused_kernels)
+        if kernels:
             model.talker.decoder.cache_rope(context)
             model.code_predictor.decoder.cache_rope(model.cfg.num_code_groups)
         self.rows, self.context = rows, context
@@ -130,7 +131,7 @@ class Engine:
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
-        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p)
+        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, sampler_kernel=kernels)
         self.prefill = Prefill(model, self.state, self.admit_group, use_graphs)
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
@@ -148,6 +149,10 @@ class Engine:
 
     def check(self, request: EngineRequest) -> None:
         """A request whose prompt plus frame cap can never fit a slot is refused, not queued."""
+        for settings in (request.talker, request.cp):
+            if settings is not None and settings.do_sample and settings.top_p < 1 and not self.step.top_p:
+                raise RequestError(f"the request samples with top_p {settings.top_p}, but this engine was "
+                                   f"built without top-p (Engine(top_p=True) applies it)")
         need = request.prompt_embeds.shape[0] + request.max_frames + 1
         if need > self.context:
             raise RequestError(f"prompt ({request.prompt_embeds.shape[0]} positions) plus frame cap "
@@ -171,7 +176,7 @@ class Engine:
         cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
         seen = torch.zeros(len(requests), self.model.cfg.codec_vocab_size, dtype=torch.bool, device=self.device)
         processed = self.process(last_logits, seen, min_new_tokens > 0, talker.repetition_penalty)
-        g0 = choose(processed, talker, seeds, 0, 0)
+        g0 = self.step.draw(processed, talker, seeds, 0, 0)
         self.state.admit(slots, g0=g0, hidden=last_hidden, prompt_lengths=lengths, caps=caps,
                          min_new_tokens=min_new_tokens, seeds=seeds, talker=talker, cp=cp)
 

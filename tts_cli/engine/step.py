@@ -24,12 +24,17 @@ STAGES = ("depth", "codec", "talker")
 
 
 class DecodeStep:
-    def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool):
+    def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool,
+                 sampler_kernel: bool = False):
         self.model, self.codec, self.st = model, codec, state
         cfg = model.cfg
         device = state.g0.device
         self.eos = cfg.codec_eos_id
         self.top_p = top_p
+        # The sampler kernel has no top-p: with top-p the torch sampler draws (same function).
+        self.sampler_kernel = sampler_kernel and not top_p
+        if sampler_kernel and top_p:
+            log.info("engine: torch sampler (top-p is on; the sampler kernel has no top-p)")
         self.process = TalkerLogitsProcessor(cfg.codec_vocab_size, cfg.codec_eos_id, device)
         self.pad_embed = model.talker.text_track(torch.tensor([cfg.tts_pad_id], device=device))
         # intermediates passed between stages (fixed addresses for the graphs)
@@ -46,12 +51,14 @@ class DecodeStep:
         st, cp = self.st, self.model.code_predictor
         self.emit.copy_(st.active & (st.g0 != self.eos) & (st.frame < st.cap))
         self.code0_embed.copy_(self.model.talker.codec_track(st.g0))
-        groups = range(1, self.model.cfg.num_code_groups)
-        noise = gumbel_noise(st.seeds, st.frame, groups, self.model.cfg.code_vocab_size)
+        noise = None
+        if not self.sampler_kernel:   # the 15 codebooks' noise in one batch: a few kernels, not 15 x as many
+            groups = range(1, self.model.cfg.num_code_groups)
+            noise = gumbel_noise(st.seeds, st.frame, groups, self.model.cfg.code_vocab_size)
         residual, _ = cp.predict_frame(
             st.hidden, self.code0_embed,
-            choose=lambda group, logits: choose(logits, st.cp_sampling, st.seeds, st.frame, group, self.top_p,
-                                                noise=noise[group - 1]),
+            choose=lambda group, logits: self.draw(logits, st.cp_sampling, st.seeds, st.frame, group,
+                                                   None if noise is None else noise[group - 1]),
             caches=st.cp_kv)
         # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
         self.codes[:, 0] = torch.where(self.emit, st.g0, 0)
@@ -76,7 +83,7 @@ class DecodeStep:
         next_frame = st.frame + 1
         processed = self.process(logits[:, -1].float(), st.seen, next_frame < st.min_new_tokens,
                                  st.talker_sampling.repetition_penalty)
-        g0 = choose(processed, st.talker_sampling, st.seeds, next_frame, 0, self.top_p)
+        g0 = self.draw(processed, st.talker_sampling, st.seeds, next_frame, 0)
         emit = self.emit
         st.out_codes.copy_(self.codes)
         st.out_emit.copy_(emit)
@@ -86,6 +93,13 @@ class DecodeStep:
         st.hidden.copy_(torch.where(emit[:, None], hidden[:, -1], st.hidden))
         st.position.add_(emit.long())
         st.frame.add_(emit.long())
+
+    def draw(self, logits, rows, seeds, frame, group: int, noise=None):
+        """tts_cli.model.sampler.choose, as one kernel when the sampler kernel is on."""
+        if self.sampler_kernel:
+            from tts_kernels.sampler import sample_rows
+            return sample_rows(logits, rows.temperature, rows.top_k, rows.do_sample, seeds, frame, group)
+        return choose(logits, rows, seeds, frame, group, self.top_p, noise=noise)
 
     def _capture(self) -> None:
         """Warm up on a side stream, then capture each stage. Capturing runs the stages once with

@@ -1,0 +1,81 @@
+"""One draw per row as one Triton kernel: temperature, top-k (ties at the boundary kept), Gumbel
+noise from the counter-based hash of (seed, frame, group, token), argmax; rows that do not sample
+take the argmax of the raw logits. The same function as tts_cli.model.sampler.choose without
+top-p (the engine keeps the torch sampler when a request uses top-p), which takes some 40 small
+kernels per draw: sort, gathers, masks, and five hash rounds over [B, V].
+
+The hash runs in int64 with every product masked to 32 bits, exactly as the torch code does;
+division and logarithms come from libdevice (correctly rounded like torch's; Triton's '/' and
+tl.log are approximations on the GPU), numpy's in the interpreter.
+"""
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+LOW32 = 0xFFFFFFFF
+
+
+@triton.jit
+def _mix32(x):
+    """lowbias32 on int64 values in [0, 2^32), as tts_cli.model.sampler._mix32."""
+    mask = tl.full([], 0xFFFFFFFF, tl.int64)
+    x = x ^ (x >> 16)
+    x = (x * tl.full([], 0x7FEB352D, tl.int64)) & mask
+    x = x ^ (x >> 15)
+    x = (x * tl.full([], 0x846CA68B, tl.int64)) & mask
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr,
+                 frame_ptr, frame_stride, out_ptr, group, vocab, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    row = tl.program_id(0)
+    tokens = tl.arange(0, BLOCK)
+    valid = tokens < vocab
+    raw = tl.load(logits_ptr + row * logits_stride + tokens, mask=valid, other=float("-inf")).to(tl.float32)
+    temperature = tl.load(temperature_ptr + row)
+    if LIBDEVICE:
+        scaled = libdevice.div_rn(raw, temperature)
+    else:
+        scaled = raw / temperature
+    # top-k: the k-th largest from the row sorted in registers (padding lanes, -inf, sort last)
+    k = tl.load(top_k_ptr + row)
+    ranked = tl.sort(scaled, descending=True)
+    kth = tl.sum(tl.where(tokens == k - 1, ranked, 0.0), axis=0)
+    kth = tl.where((k <= 0) | (k > vocab), float("-inf"), kth)
+    warped = tl.where(scaled >= kth, scaled, float("-inf"))
+    mask = tl.full([], 0xFFFFFFFF, tl.int64)
+    seed = tl.load(seeds_ptr + row).to(tl.int64)
+    frame = tl.load(frame_ptr + row * frame_stride).to(tl.int64)
+    key = _mix32(seed & mask)
+    key = _mix32(key ^ ((seed >> 32) & mask))
+    key = _mix32(key ^ (frame & mask))
+    key = _mix32(key ^ (group & mask))
+    bits = _mix32(key ^ tokens.to(tl.int64))
+    unit = ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
+    if LIBDEVICE:
+        noise = -libdevice.log(-libdevice.log(unit))
+    else:
+        noise = -tl.log(-tl.log(unit))
+    sample = tl.load(do_sample_ptr + row).to(tl.int1)
+    scores = tl.where(sample, warped + noise, raw)
+    scores = tl.where(valid, scores, float("-inf"))
+    tl.store(out_ptr + row, tl.argmax(scores, axis=0).to(tl.int64))
+
+
+def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, do_sample: torch.Tensor,
+                seeds: torch.Tensor, frame: int | torch.Tensor, group: int) -> torch.Tensor:
+    """logits [B, V]; temperature [B, 1] fp32; top_k [B]; do_sample [B] bool; seeds [B] int64; frame:
+    an int or [B]. Returns the drawn ids [B] int64."""
+    rows, vocab = logits.shape
+    if not torch.is_tensor(frame):
+        frame = torch.full((1,), frame, dtype=torch.int64, device=logits.device)
+    frame_stride = 0 if frame.numel() == 1 else frame.stride(0)
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    _sample_rows[(rows,)](logits, logits.stride(0), temperature.contiguous(), top_k.contiguous(),
+                          do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, out, group, vocab,
+                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=os.environ.get("TRITON_INTERPRET") != "1")
+    return out

@@ -43,6 +43,8 @@ def _snake(x_ptr, log_alpha_ptr, log_beta_ptr, out_ptr, channels, length, stride
         sin = tl.sin(phase)
     sin = sin.to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
     square = (sin * sin).to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
+    # Compiled for the GPU this rounding of the product is dropped (measured on the H200: the bf16
+    # results equal torch's chain without it), so there x + inv_beta * square is rounded once.
     term = (inv_beta * square).to(dtype, fp_downcast_rounding="rtne").to(tl.float32)
     tl.store(out_ptr + row * length + t, (x + term).to(dtype, fp_downcast_rounding="rtne"), mask=valid)
 

@@ -73,7 +73,7 @@ TARGETS = (
     ("0.6b", "tests/fixtures/tiny-0.6b-customvoice", "tests/fixtures/golden/tiny-0.6b-customvoice"),
 )
 
-WEIGHT_SEED = {"1.7b": 17, "0.6b": 6}
+WEIGHT_SEED = {"1.7b": 17, "0.6b": 6, "1.7b-real": 17}
 SPEECH_TOKENIZER_SEED = 1920
 RESIDUAL_OUT_GAIN = 0.2  # codec residual-unit output convs (see codec_output_gains)
 FINAL_CONV_GAIN = 0.05   # codec final conv
@@ -232,11 +232,24 @@ class Variant:
     cp_heads: int = 4
     cp_kv_heads: int = 2
     cp_head_dim: int = 8
+    codec: tuple[tuple[str, int], ...] = (   # speech-tokenizer decoder widths
+        ("codebook_dim", 16), ("latent_dim", 32), ("decoder_dim", 32), ("hidden_size", 32),
+        ("intermediate_size", 64), ("num_hidden_layers", 2), ("num_attention_heads", 4),
+        ("num_key_value_heads", 4), ("head_dim", 8))
 
 
 VARIANTS = {
     "1.7b": Variant(tts_model_size="1b7", talker_hidden=32),  # small_to_mtp_projection 32 -> 16
     "0.6b": Variant(tts_model_size="0b6", talker_hidden=16),  # talker width == CP width: identity
+    # The real 1.7B CustomVoice shapes (shared/docs/qwen3-tts-spec.md), for speed comparisons with
+    # the official code (tools/side_by_side.py); no golden records are made of it.
+    "1.7b-real": Variant(
+        tts_model_size="1b7", talker_hidden=2048, talker_intermediate=6144, talker_layers=28, talker_heads=16,
+        talker_kv_heads=8, talker_head_dim=128, mrope_section=(24, 20, 20), text_hidden=2048, cp_hidden=1024,
+        cp_intermediate=3072, cp_layers=5, cp_heads=16, cp_kv_heads=8, cp_head_dim=128,
+        codec=(("codebook_dim", 512), ("latent_dim", 1024), ("decoder_dim", 1536), ("hidden_size", 512),
+               ("intermediate_size", 1024), ("num_hidden_layers", 8), ("num_attention_heads", 16),
+               ("num_key_value_heads", 16), ("head_dim", 64))),
 }
 
 
@@ -272,13 +285,16 @@ def model_config(variant: str, ids: dict[str, int]) -> dict:
         talker_config=talker, torch_dtype="bfloat16")
 
 
-def speech_tokenizer_config() -> dict:
-    """speech_tokenizer/config.json: the real decoder structure at tiny widths, and a Mimi encoder
-    (never used for synthesis, but built by the official loader) at the smallest practical size."""
-    decoder = dict(
-        codebook_size=2048, codebook_dim=16, num_quantizers=16, num_semantic_quantizers=1,
-        semantic_codebook_size=4096, latent_dim=32, decoder_dim=32, hidden_size=32, intermediate_size=64,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=8, hidden_act="silu",
+def speech_tokenizer_config(variant: str) -> dict:
+    """speech_tokenizer/config.json: the real decoder structure at the variant's widths, and a Mimi
+    encoder (never used for synthesis, but built by the official loader) at the smallest practical size."""
+    w = dict(VARIANTS[variant].codec)
+    decoder = dict(   # key order as in the published file
+        codebook_size=2048, codebook_dim=w["codebook_dim"], num_quantizers=16, num_semantic_quantizers=1,
+        semantic_codebook_size=4096, latent_dim=w["latent_dim"], decoder_dim=w["decoder_dim"],
+        hidden_size=w["hidden_size"], intermediate_size=w["intermediate_size"],
+        num_hidden_layers=w["num_hidden_layers"], num_attention_heads=w["num_attention_heads"],
+        num_key_value_heads=w["num_key_value_heads"], head_dim=w["head_dim"], hidden_act="silu",
         rms_norm_eps=1e-5, rope_theta=10000, sliding_window=72, max_position_embeddings=8000,
         layer_scale_initial_scale=0.01, upsample_rates=[8, 5, 4, 3], upsampling_ratios=[2, 2],
         attention_bias=False, attention_dropout=0.0)
@@ -390,7 +406,7 @@ def build_checkpoint(out_dir: str | Path, variant: str, corpus: str | Path = DEF
 
     st_dir = out_dir / "speech_tokenizer"
     st_dir.mkdir(exist_ok=True)
-    st_cfg = speech_tokenizer_config()
+    st_cfg = speech_tokenizer_config(variant)
     torch.manual_seed(0)
     codec = Qwen3TTSTokenizerV2Model(
         Qwen3TTSTokenizerV2Config(**{k: v for k, v in st_cfg.items() if k != "model_type"}))

@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tts_cli" / "assets" / "tiny-1.7b-customvoice"

@@ -64,7 +64,6 @@ def run_official(ckpt: Path, texts: list[str], frames: int, device: str, dtype: 
     audio = sum(len(w) for w in wavs) / rate
     if any(len(w) != frames * 1920 for w in wavs):
         raise AssertionError(f"official: lengths {[len(w) for w in wavs]}, expected {frames * 1920} each")
-    del tts
     return audio, wall
 
 

@@ -7,10 +7,8 @@ missing or malformed file raises CheckpointError naming it.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 

@@ -161,8 +161,8 @@ class Engine:
 
     @torch.no_grad()
     def _prefill(self, admitted: list[tuple[int, EngineRequest]]) -> None:
-        """One padded talker call for every newly admitted request; keys and values go to the
-        slots' static caches, the first codebook-0 draw to the slot state."""
+        """The prefill (prefill.py) of every newly admitted request: keys and values to the slots'
+        static caches, the first codebook-0 draw to the slot state."""
         requests = [r for _, r in admitted]
         # Everything the host knows goes over in one pinned, non-blocking copy: a plain
         # torch.tensor(..., device=cuda) would wait for the step that is still running.

@@ -254,7 +254,7 @@ class Decoder(nn.Module):
         """The same layers with each residual add fused into the norm that follows it. Every
         layer's cache has the same `at` and rows (set by the caller for all of them)."""
         from tts_kernels.rms_norm import add_rms_norm, rms_norm
-        if self.rope_tables and self.rope_tables[-1][0].shape[0] > 0:
+        if self.rope_tables:
             cos, sin = (table[positions] for table in self.rope_tables[-1])
         else:
             cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)

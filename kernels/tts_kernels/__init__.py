@@ -2,6 +2,7 @@
 reference it is tested against; `available()` says whether the kernels can run here, and why not.
 """
 import importlib.util
+import os
 
 
 def available(device_type: str) -> tuple[bool, str]:
@@ -11,3 +12,9 @@ def available(device_type: str) -> tuple[bool, str]:
     if importlib.util.find_spec("triton") is None:
         return False, "triton is not installed"
     return True, ""
+
+
+def compiled() -> bool:
+    """False under Triton's interpreter (TRITON_INTERPRET=1), which has no libdevice: kernels that
+    need libdevice's correctly rounded functions on the GPU use numpy's there."""
+    return os.environ.get("TRITON_INTERPRET") != "1"

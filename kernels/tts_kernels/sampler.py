@@ -8,12 +8,12 @@ The hash runs in int64 with every product masked to 32 bits, exactly as the torc
 division and logarithms come from libdevice (correctly rounded like torch's; Triton's '/' and
 tl.log are approximations on the GPU), numpy's in the interpreter.
 """
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from tts_kernels import compiled
 
 LOW32 = 0xFFFFFFFF
 
@@ -77,5 +77,5 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     _sample_rows[(rows,)](logits, logits.stride(0), temperature.contiguous(), top_k.contiguous(),
                           do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, out, group, vocab,
-                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=os.environ.get("TRITON_INTERPRET") != "1")
+                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled())
     return out

@@ -2,12 +2,12 @@
 runs it 29 times per call on its largest activations, where torch's five elementwise kernels
 each read and write the whole tensor. Every intermediate is rounded to the activation dtype as
 torch's ops round it."""
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+
+from tts_kernels import compiled
 
 
 @triton.jit
@@ -56,5 +56,5 @@ def snake(x: torch.Tensor, log_alpha: torch.Tensor, log_beta: torch.Tensor, eps:
     block = min(1024, triton.next_power_of_2(length))
     _snake[(batch * channels, triton.cdiv(length, block))](
         x, log_alpha, log_beta, out, channels, length, x.stride(0), x.stride(1), x.stride(2), eps, BLOCK=block,
-        LIBDEVICE=os.environ.get("TRITON_INTERPRET") != "1")
+        LIBDEVICE=compiled())
     return out

@@ -12,6 +12,7 @@ from tts_cli.engine.runner import Engine, EngineRequest, use_fused_kernels
 from tts_cli.model.codec import CodecState
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import prompt_embeddings
+from tts_cli.model.transformer import use_kernels
 from tts_cli.request import Request
 from tts_cli.synthesizer import Synthesizer, code_predictor_settings, talker_settings
 
@@ -57,47 +58,89 @@ def test_graphed_engine_equals_the_plain_model_in_fp32(greedy, exact_fp32):
         assert np.array_equal(r.codes, plain.codes.numpy()), f"row {i}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open in the engine issue: measured 2026-11-29 on an H200 (bf16-valued weights), talker "
-                          "logits cosine 0.99962 (< 0.9999), code predictor 0.99950; docs/numerics.md")
-def test_bf16_model_follows_fp32_teacher_forced_at_real_shapes(exact_fp32):
-    """bf16 (the engine's dtype) against fp32 on the same random 1.7B-shaped weights, both fed
-    the fp32 model's own greedy codes: talker and code-predictor logits by cosine similarity.
-    The weights are bf16 values in both, as in the real checkpoint (stored in bf16): the
-    difference measured is the activations' rounding, not the weights'."""
+def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(exact_fp32):
+    """The engine's numbers (bf16 weights, fp32 activations, the fused kernels on static caches)
+    against the plain fp32 model on the same random 1.7B-shaped weights, both fed the fp32 model's
+    own greedy codes: talker and code-predictor logits by cosine similarity (the engine issue's
+    thresholds). The weights are bf16 values in both, as in the real checkpoint (stored in bf16):
+    what is measured is the activations' rounding, not the weights'."""
     model16, _ = build_random("1.7b", "cuda", torch.bfloat16)
     model32 = copy.deepcopy(model16).float()
+    use_kernels(model16, True)
     synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
-    synth_cfg = synth.cfg
-    assert synth_cfg.im_start_id == model32.cfg.im_start_id
+    assert synth.cfg.im_start_id == model32.cfg.im_start_id
     prompt = synth.prompt(Request(id="0", text=TEXTS[0], speaker="vivian"))
     greedy = synth.ckpt.sampling.greedy()
     frames = 16
     ref = generate(model32, [RowInput(prompt_embeddings(model32.talker, prompt), 0, frames)],
                    talker_settings(greedy), code_predictor_settings(greedy), min_new_tokens=frames + 1, trace=True)[0]
-    low = generate(model16, [RowInput(prompt_embeddings(model16.talker, prompt), 0, frames,
-                                      teacher_codes=ref.codes.cuda())],
-                   talker_settings(greedy), code_predictor_settings(greedy), min_new_tokens=frames + 1, trace=True)[0]
-    talker = min(_cosine(a, b) for a, b in zip(low.talker_logits, ref.talker_logits))
-    depth = min(_cosine(a, b) for a, b in zip(low.cp_logits, ref.cp_logits))
-    print(f"bf16 vs fp32 teacher-forced: talker logits cosine min {talker:.6f}, code predictor {depth:.6f}")
+    fast = generate(model16, [RowInput(prompt_embeddings(model16.talker, prompt), 0, frames,
+                                       teacher_codes=ref.codes.cuda())],
+                    talker_settings(greedy), code_predictor_settings(greedy), min_new_tokens=frames + 1, trace=True,
+                    static_caches=True)[0]
+    talker = min(_cosine(a, b) for a, b in zip(fast.talker_logits, ref.talker_logits))
+    depth = min(_cosine(a, b) for a, b in zip(fast.cp_logits, ref.cp_logits))
+    agree = np.mean([int(a.argmax() == b.argmax()) for a, b in zip(fast.talker_logits, ref.talker_logits)])
+    print(f"engine (bf16 weights, kernels) vs fp32 teacher-forced: talker logits cosine min {talker:.6f}, "
+          f"code predictor {depth:.6f}, talker argmax agreement {agree:.3f}")
     assert talker >= 0.9999 and depth >= 0.9995
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="open in the engine issue: measured 2026-11-29 on an H200, SNR 27.4 dB (< 35) for the "
-                          "bf16 codec against fp32, random N(0, 0.02) weights (fp32 with TF32: 50.6 dB); docs/numerics.md")
-def test_streamed_bf16_codec_equals_full_fp32_decode(exact_fp32):
-    _, codec32 = build_random("1.7b", "cuda", torch.float32)
-    codec16 = copy.deepcopy(codec32).to(torch.bfloat16)
-    codec16.quantizer.tables = codec32.quantizer.tables.to(torch.bfloat16)
+def test_streamed_tf32_codec_follows_full_fp32_decode():
+    """The codec as the engine runs it (fp32 weights, TF32 matmuls and convolutions, streamed one
+    frame per call) against the exact fp32 full decode: the engine issue's SNR >= 35 dB."""
+    from tts_cli.synthesizer import allow_tf32
+    _, codec = build_random("1.7b", "cuda", torch.float32)
     codes = torch.randint(0, 2048, (4, 100, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    full = codec32.decode(codes)
-    state: CodecState = codec16.new_state(4)
-    streamed = torch.cat([codec16.decode_step(codes[:, t:t + 1], state).float() for t in range(100)], dim=1)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        full = codec.decode(codes)
+        allow_tf32()
+        state: CodecState = codec.new_state(4)
+        streamed = torch.cat([codec.decode_step(codes[:, t:t + 1], state) for t in range(100)], dim=1)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     snr = 10 * torch.log10(full.pow(2).sum() / (streamed - full).pow(2).sum())
-    print(f"streamed bf16 codec vs full fp32 decode: SNR {snr:.1f} dB")
+    print(f"streamed TF32 codec vs full fp32 decode: SNR {snr:.1f} dB")
     assert snr >= 35
+
+
+@pytest.mark.parametrize("shape", [(64, 2048, 4096), (64, 6144, 2048), (16, 1024, 2048), (256, 2048, 4096)])
+def test_projections_read_fp32_inputs_to_16_bits_over_bf16_weights(shape, exact_fp32):
+    """The engine's projections (tts_kernels.linear: residual add + norm + split into bf16 halves,
+    cuBLAS with fp32 output, halves summed by the reader) at real shapes against the exact fp32
+    product of the same bf16 weights: within ~2^-16 relative, where rounding the input to bf16
+    (what a bf16 GEMM does) costs ~2^-9."""
+    import torch.nn.functional as F
+    from tts_kernels.linear import linear, project, split
+    from tts_kernels.swiglu import silu_mul
+    m, k, n = shape
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(m, k, device="cuda", generator=g) * 3
+    delta = torch.randn(m, k, device="cuda", generator=g)
+    w = (torch.randn(2 * n, k, device="cuda", generator=g) * 0.02).bfloat16()
+    bias = (torch.randn(2 * n, device="cuda", generator=g) * 0.1).bfloat16()
+    norm_w = (1 + 0.1 * torch.randn(k, device="cuda", generator=g)).bfloat16()
+    wf, bf = w.float(), bias.float()
+    added = x + delta
+    normed = added * torch.rsqrt(added.pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w.float()
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    residual = x.clone()
+    halves = split(residual, 2, norm_w, 1e-6, delta=torch.cat([delta.bfloat16().float(), delta - delta.bfloat16().float()]))
+    gate_up = project(halves, w, bias)
+    errors = {
+        "residual add": rel(residual, added),
+        "lone linear": rel(linear(x, w[:n], bias[:n]), F.linear(x, wf[:n], bf[:n])),
+        "add + norm + projection": rel(gate_up[:m] + gate_up[m:], F.linear(normed, wf, bf)),
+        "silu * up": rel(silu_mul(gate_up, 2, 1), F.silu(F.linear(normed, wf[:n], bf[:n])) * F.linear(normed, wf[n:], bf[n:])),
+        "bf16 input (for scale)": rel(F.linear(x.bfloat16(), w[:n]).float(), F.linear(x, wf[:n])),
+    }
+    print(shape, {k: f"{v:.1e}" for k, v in errors.items()})
+    assert max(v for k, v in errors.items() if "bf16" not in k) < 3e-5
 
 
 def test_fused_rms_norm_equals_torch_in_bf16():
@@ -151,10 +194,12 @@ def _real_decoder_pair(cfg, layers: int):
 
 
 @pytest.mark.parametrize("which", ["talker", "code_predictor"])
-def test_fused_decoder_layers_follow_torch_in_bf16_at_real_shapes(which):
-    """The engine's fused layers (tts_kernels) against the torch reference, both bf16, in the
-    caching pattern of each stack: a prefill of 30 tokens then single tokens at per-row positions
-    (talker), 2 tokens then one per call at a shared offset (code predictor)."""
+def test_fused_decoder_layers_follow_torch_at_real_shapes(which, exact_fp32):
+    """The engine's fused layers (tts_kernels) against the torch reference, both on bf16 weights
+    with fp32 activations and bf16 caches, in the caching pattern of each stack: a prefill of 30
+    tokens then single tokens at per-row positions (talker), 2 tokens then one per call at a shared
+    offset (code predictor). They differ by the kernels' bf16 queries and probabilities and the
+    16-bit reading of the projections' inputs."""
     from tts_cli.engine.random_model import random_config
     from tts_cli.model.transformer import StaticKV
     cfg = getattr(random_config("1.7b"), which)
@@ -179,13 +224,13 @@ def test_fused_decoder_layers_follow_torch_in_bf16_at_real_shapes(which):
                           for i in range(4)]) if which == "talker" else [(2, 0)] + [(1, i) for i in range(2, 16)]
     worst, largest = 1.0, 0.0
     for tokens, at in steps:
-        x = torch.randn(rows, tokens, cfg.hidden_size, device="cuda", generator=g).bfloat16()
+        x = torch.randn(rows, tokens, cfg.hidden_size, device="cuda", generator=g)
         ref, got = both(x, at)
         # per row, so that one row attending to the wrong keys cannot hide among 63 good ones
         worst = min([worst] + [_cosine(got[r], ref[r]) for r in range(rows)])
         largest = max(largest, (got.float() - ref.float()).abs().max().item())
-    print(f"{which}: fused vs torch bf16, worst row cosine {worst:.6f}, largest difference {largest:.4f}")
-    assert worst >= 0.9999
+    print(f"{which}: fused vs torch, worst row cosine {worst:.7f}, largest difference {largest:.5f}")
+    assert worst >= 0.99999
 
 
 def test_fused_snake_follows_torch_in_bf16():
@@ -207,6 +252,8 @@ def test_fused_snake_follows_torch_in_bf16():
     # rounding more exact than torch. In fp32 the kernel equals torch (interpreter test).
     print(f"snake: {differ:.3%} of bf16 results differ from torch's")
     torch.testing.assert_close(got.float(), expected.float(), rtol=2 ** -6, atol=2 ** -6)
+
+
 @pytest.mark.parametrize("codec_window", [2, 4])
 def test_graphed_codec_window_gives_the_audio_of_window_1(codec_window, exact_fp32):
     """The codec every K steps over K frames (window column index advanced inside the captured

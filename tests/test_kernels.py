@@ -35,16 +35,21 @@ LAYER_KERNELS_CHECK = """
 import torch
 from tts_cli.checkpoint import DecoderConfig
 from tts_cli.model.transformer import Decoder, StaticKV, use_kernels
-from tts_kernels.rms_norm import add_rms_norm
+from tts_kernels.linear import linear, project, split
 from tts_kernels.swiglu import silu_mul
 import torch.nn.functional as F
 
+# the parts kernels with one (fp32) part: residual add + norm, projection, SiLU * up
 g = torch.Generator().manual_seed(0)
-x, d, w = torch.randn(6, 96, generator=g), torch.randn(6, 96, generator=g), 1 + 0.1 * torch.randn(96, generator=g)
-total, normed = add_rms_norm(x, d, w, 1e-6)
-torch.testing.assert_close(total, x + d, rtol=0, atol=0)
-ref = (x + d) * torch.rsqrt((x + d).pow(2).mean(-1, keepdim=True) + 1e-6) * w
+x, w = torch.randn(70, 96, generator=g), 0.1 * torch.randn(2 * 40, 96, generator=g)
+bias, norm_w, delta = torch.randn(80, generator=g), 1 + 0.1 * torch.randn(96, generator=g), torch.randn(70, 96, generator=g)
+updated = x.clone()
+normed = split(updated, 1, norm_w, 1e-6, delta=delta)
+torch.testing.assert_close(updated, x + delta, rtol=0, atol=0)
+ref = (x + delta) * torch.rsqrt((x + delta).pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w
 torch.testing.assert_close(normed, ref, rtol=1e-6, atol=1e-6)
+torch.testing.assert_close(project(normed, w, bias), F.linear(ref, w, bias), rtol=1e-5, atol=1e-5)
+torch.testing.assert_close(linear(x[:, None], w, bias), F.linear(x[:, None], w, bias), rtol=1e-5, atol=1e-5)
 gu = torch.randn(5, 2, 2 * 40, generator=g)
 torch.testing.assert_close(silu_mul(gu), F.silu(gu[..., :40]) * gu[..., 40:], rtol=1e-6, atol=1e-6)
 

@@ -11,7 +11,7 @@ official classes:
     python tools/side_by_side.py --build 1.7b-real --ckpt /tmp/real --batches 1,64 --frames 100 \\
         --device cuda --dtype bfloat16 --json side_by_side.json
 
-`tts` runs its engine there (CUDA graphs, kernels; the codec in fp32 as `tts synth` runs it); on
+`tts` runs its engine there (CUDA graphs, kernels; the codec in fp32 with TF32 as `tts synth` runs it); on
 CPU both run their plain paths. Not a quality comparison: the audio of random weights is noise.
 The built checkpoint has every real shape except the text embedding table, which has the rows of
 make_golden's small tokenizer (1088, not 151936): one lookup per token, no effect on decode speed.
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "kernels"))
 
 from tts_cli.quality.reference import forced_length, import_official  # noqa: E402
 from tts_cli.request import Request  # noqa: E402
-from tts_cli.synthesizer import Synthesizer  # noqa: E402
+from tts_cli.synthesizer import Synthesizer, allow_tf32  # noqa: E402
 
 SENTENCES = ROOT / "tts_cli" / "assets" / "harvard-sentences.txt"
 SAMPLE_RATE = 24000
@@ -68,6 +68,8 @@ def run_official(ckpt: Path, texts: list[str], frames: int, device: str, dtype: 
 
 
 def run_tts(ckpt: Path, texts: list[str], frames: int, device: str, dtype: torch.dtype) -> tuple[float, float]:
+    if device.startswith("cuda"):
+        allow_tf32()   # as `tts synth` runs the codec there (after the official side: it runs in bf16)
     synth = Synthesizer.from_pretrained(ckpt, device=device, dtype=dtype)
     requests = [Request(id=str(i), text=t, speaker="vivian", language="english", seed=i) for i, t in enumerate(texts)]
     synth.synthesize(requests, max_frames=2, min_new_tokens=3)

@@ -33,7 +33,8 @@ from tts_cli.engine import DEFAULT_CODEC_WINDOW
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
-from tts_cli.synthesizer import Synthesizer, code_predictor_settings, load_tokenizer, talker_settings
+from tts_cli.synthesizer import (Synthesizer, allow_tf32, code_predictor_settings, load_tokenizer, numerics,
+                                 talker_settings, weights_dtype)
 
 SENTENCES = Path(__file__).resolve().parent / "assets" / "harvard-sentences.txt"
 CHARS_PER_SECOND = 14.0
@@ -131,7 +132,9 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW) -> dict:
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    dtype = weights_dtype(device)
+    if device.startswith("cuda"):
+        allow_tf32()
     t0 = time.perf_counter()
     synth = load_synthesizer(spec, device, dtype)
     load_s = time.perf_counter() - t0
@@ -141,7 +144,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         count = requests or max(2 * c, 8)
         rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window))
     return {
-        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""),
+        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "torch": torch.__version__, "load_s": round(load_s, 2), "sentences": str(sentences_path),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,

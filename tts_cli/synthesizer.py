@@ -53,6 +53,27 @@ def code_predictor_settings(s: SamplingConfig) -> SamplerSettings:
     return SamplerSettings(s.subtalker_do_sample, s.subtalker_temperature, s.subtalker_top_k, s.subtalker_top_p)
 
 
+def weights_dtype(device: str) -> torch.dtype:
+    """bf16 on CUDA (as the checkpoint stores the talker; activations stay fp32 and the fused
+    kernels hold the fp32 model's numbers within 1e-4, docs/numerics.md), fp32 on CPU."""
+    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+
+
+def numerics(device: str) -> str:
+    """What a run on `device` computes in, for reports."""
+    if not str(device).startswith("cuda"):
+        return "float32"
+    return "bf16 weights, fp32 activations; codec fp32 with TF32"
+
+
+def allow_tf32() -> None:
+    """TF32 tensor cores for the codec's fp32 matmuls (cuDNN convolutions use them by default):
+    50.7 dB SNR against exact fp32 on the H200 (docs/numerics.md). Set by the commands that
+    synthesize on CUDA; tests compare exact fp32 with it off."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+
+
 class Synthesizer:
     def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None):
         """engine: run batches through the slot engine (CUDA graphs, streamed codec) instead of the
@@ -66,8 +87,10 @@ class Synthesizer:
         self._engines: dict[tuple[int, int], Engine] = {}
 
     @classmethod
-    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype=torch.float32,
+    def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
                         engine: bool | None = None) -> "Synthesizer":
+        """dtype of the talker and code predictor weights; default: weights_dtype(device)."""
+        dtype = dtype or weights_dtype(device)
         ckpt = open_checkpoint(model_dir)
         tokenizer = load_tokenizer(ckpt.root)
         model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)

@@ -22,7 +22,7 @@ from tts_cli.model.transformer import StaticKV
 
 
 class SlotState:
-    def __init__(self, cfg: ModelConfig, rows: int, context: int, codec, device, dtype,
+    def __init__(self, cfg: ModelConfig, rows: int, context: int, codec, device, kv_dtype,
                  talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1):
         t, cp = cfg.talker, cfg.code_predictor
 
@@ -31,7 +31,7 @@ class SlotState:
 
         self.rows, self.context = rows, context
         self.g0 = longs()
-        self.hidden = torch.zeros(rows, t.hidden_size, device=device, dtype=dtype)
+        self.hidden = torch.zeros(rows, t.hidden_size, device=device)   # fp32, as every activation
         self.position = longs()          # talker position of the slot's next input
         self.frame = longs()             # frames emitted so far
         self.cap = longs()
@@ -41,9 +41,9 @@ class SlotState:
         self.seen = torch.zeros(rows, cfg.codec_vocab_size, dtype=torch.bool, device=device)
         self.talker_sampling = RowSampling.uniform(talker_defaults, rows, device)
         self.cp_sampling = RowSampling.uniform(cp_defaults, rows, device)
-        self.talker_kv = [StaticKV(rows, t.num_kv_heads, context, t.head_dim, device, dtype)
+        self.talker_kv = [StaticKV(rows, t.num_kv_heads, context, t.head_dim, device, kv_dtype)
                           for _ in range(t.num_layers)]
-        self.cp_kv = [StaticKV(rows, cp.num_kv_heads, cfg.num_code_groups, cp.head_dim, device, dtype)
+        self.cp_kv = [StaticKV(rows, cp.num_kv_heads, cfg.num_code_groups, cp.head_dim, device, kv_dtype)
                       for _ in range(cp.num_layers)]
         self.key_positions = torch.arange(context, device=device)
         self.codec = codec.new_state(rows)

@@ -78,7 +78,9 @@ class DecodeStep:
         x = (residual_embed + self.pad_embed)[:, None]
         for kv in st.talker_kv:
             kv.at = st.position
-        mask = (st.key_positions[None, :] <= st.position[:, None])[:, None, None, :]
+        mask = None   # the fused path needs none
+        if not talker.decoder.uses_kernels(st.talker_kv):
+            mask = (st.key_positions[None, :] <= st.position[:, None])[:, None, None, :]
         hidden, logits = talker(x, st.position[:, None], mask, st.talker_kv)
         next_frame = st.frame + 1
         processed = self.process(logits[:, -1].float(), st.seen, next_frame < st.min_new_tokens,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tts_cli.checkpoint import ModelConfig
-from tts_cli.model.transformer import Decoder, GrowingKV
+from tts_cli.model.transformer import Decoder, GrowingKV, Linear
 
 
 class CodePredictor(nn.Module):
@@ -18,14 +19,36 @@ class CodePredictor(nn.Module):
         talker_hidden, hidden = cfg.talker.hidden_size, cfg.code_predictor.hidden_size
         residual_groups = cfg.num_code_groups - 1
         # 1.7B: the talker is wider than the predictor, so every input is projected; 0.6B: identity.
-        self.input_projection = (nn.Linear(talker_hidden, hidden, bias=True)
+        self.input_projection = (Linear(talker_hidden, hidden, bias=True)
                                  if talker_hidden != hidden else nn.Identity())
         # Embeddings of codebooks 1..15 are talker-wide: they also feed the next talker input.
         self.codec_embeddings = nn.ModuleList(
             nn.Embedding(cfg.code_vocab_size, talker_hidden) for _ in range(residual_groups))
         self.decoder = Decoder(cfg.code_predictor)
         self.heads = nn.ModuleList(
-            nn.Linear(hidden, cfg.code_vocab_size, bias=False) for _ in range(residual_groups))
+            Linear(hidden, cfg.code_vocab_size, bias=False) for _ in range(residual_groups))
+        self.fused = False
+        self.fused_tables: tuple[torch.Tensor, torch.Tensor] | None = None   # prepare_fused
+        self._tables_of: tuple = ()
+
+    @torch.no_grad()
+    def prepare_fused(self) -> None:
+        """Tables for the fused path (use_kernels): each codebook's embeddings already through the
+        input projection, exact (float64 then fp32: one gather per position instead of a lookup,
+        split, GEMM, sum and bias), and all 15 tables in one (one gather per frame embedding)."""
+        weights = [emb.weight for emb in self.codec_embeddings]
+        if self.fused_tables is not None and self._tables_of == self._weights_key():
+            return   # unchanged weights: keep the tables that captured CUDA graphs read
+        self._tables_of = self._weights_key()
+        if isinstance(self.input_projection, nn.Identity):
+            projected = torch.stack(weights).float()
+        else:
+            w, bias = self.input_projection.weight.double(), self.input_projection.bias.double()
+            projected = torch.stack([F.linear(e.double(), w, bias) for e in weights]).float()
+        self.fused_tables = projected, torch.cat(weights)
+
+    def _weights_key(self) -> tuple:
+        return tuple(p.data_ptr() for p in self.parameters())
 
     def predict_frame(self, talker_hidden: torch.Tensor, code0_embed: torch.Tensor,
                       choose: Callable[[int, torch.Tensor], torch.Tensor],
@@ -46,8 +69,10 @@ class CodePredictor(nn.Module):
             s = x.shape[1]
             for cache in caches:
                 cache.at = past
-            positions = torch.arange(past, past + s, device=device).expand(b, s)
-            mask = torch.ones(s, past + s, dtype=torch.bool, device=device).tril(past)[None, None]
+            positions = mask = None   # the fused path derives them from the caches (a few kernels less per position)
+            if not self.decoder.uses_kernels(caches):
+                positions = torch.arange(past, past + s, device=device).expand(b, s)
+                mask = torch.ones(s, past + s, dtype=torch.bool, device=device).tril(past)[None, None]
             hidden = self.decoder(x, positions, mask, caches)
             past += s
             logits = head(hidden[:, -1]).float()
@@ -55,11 +80,16 @@ class CodePredictor(nn.Module):
             codes.append(code)
             all_logits.append(logits)
             if j + 1 < len(self.heads):
-                x = self.input_projection(self.codec_embeddings[j](code))[:, None]
+                x = (self.fused_tables[0][j][code] if self.fused
+                     else self.input_projection(self.codec_embeddings[j](code).float()))[:, None]
         return torch.stack(codes, dim=1), torch.stack(all_logits, dim=1)
 
     def frame_embedding(self, code0_embed: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Sum of the 16 codebook embeddings of a frame ([B, H]), the codec part of the next
-        talker input. Stacked then summed like the official model, for the same rounding."""
-        parts = [code0_embed] + [emb(codes[:, j]) for j, emb in enumerate(self.codec_embeddings)]
+        talker input. Stacked then summed like the official model."""
+        if self.fused:   # the 15 lookups as one gather from the joined tables
+            offsets = torch.arange(codes.shape[1], device=codes.device) * self.cfg.code_vocab_size
+            residual = F.embedding(codes + offsets, self.fused_tables[1]).float()
+            return torch.cat((code0_embed[:, None], residual), dim=1).sum(1)
+        parts = [code0_embed] + [emb(codes[:, j]).float() for j, emb in enumerate(self.codec_embeddings)]
         return torch.stack(parts, dim=1).sum(1)

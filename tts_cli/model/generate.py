@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tts_cli.model.qwen3_tts import Qwen3TTS
-from tts_cli.model.transformer import GrowingKV
+from tts_cli.model.transformer import GrowingKV, StaticKV
 from tts_cli.model.sampler import RowSampling, SamplerSettings, TalkerLogitsProcessor, choose
 
 
@@ -56,9 +56,14 @@ def prefill_batch(prompts: list[torch.Tensor], left_pad: bool, columns: int | No
 
 @torch.no_grad()
 def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSettings,
-             cp_sampler: SamplerSettings, min_new_tokens: int = 2, trace: bool = False) -> list[RowOutput]:
+             cp_sampler: SamplerSettings, min_new_tokens: int = 2, trace: bool = False,
+             static_caches: bool = False) -> list[RowOutput]:
     """min_new_tokens: EOS is blocked for the first min_new_tokens codebook-0 draws (the official
-    model hard-codes 2; max_frames + 1 forces every row to its full length)."""
+    model hard-codes 2; max_frames + 1 forces every row to its full length).
+    static_caches: keys and values kept as the engine keeps them (StaticKV, in the weights' dtype),
+    so that a model switched to its fused kernels (use_kernels) runs them: the engine's numbers
+    without its scheduling. Needs prompts of one length (no padding: the kernels' attention is
+    causal by cache position and reads no mask)."""
     cfg = model.cfg
     talker, cp = model.talker, model.code_predictor
     device = talker.codec_embedding.weight.device
@@ -72,7 +77,10 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
                for _ in rows]
 
     embeds, key_valid, positions, mask = prefill_batch([r.prompt_embeds for r in rows], left_pad=True)
-    caches = [GrowingKV() for _ in talker.decoder.layers]
+    if static_caches:
+        caches, cp_caches = _static_caches(model, rows), _static_caches(model, rows, depth=True)
+    else:
+        caches, cp_caches = [GrowingKV() for _ in talker.decoder.layers], None
     hidden, logits = talker(embeds, positions, mask, caches)
     next_position = key_valid.sum(1)
 
@@ -106,7 +114,7 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
         codes, cp_logits = cp.predict_frame(
             last_hidden, code0_embed,
             choose=lambda group, lg: choose(lg, cp_rows, seeds, frame, group),
-            forced_codes=teacher)
+            forced_codes=teacher, caches=cp_caches)
         for i in torch.nonzero(~done).flatten().tolist():
             frames[i].append(torch.cat((code0[i:i + 1], codes[i])).cpu())
             if trace:
@@ -114,6 +122,8 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
 
         step_embed = cp.frame_embedding(code0_embed, codes) + pad_embed
         key_valid = torch.cat((key_valid, torch.ones(b, 1, dtype=torch.bool, device=device)), dim=1)
+        for cache in caches:
+            cache.at = key_valid.shape[1] - 1   # GrowingKV: its length already; StaticKV: where to write
         hidden, logits = talker(step_embed[:, None], next_position[:, None], key_valid[:, None, None, :], caches)
         next_position = next_position + 1
         frame += 1
@@ -122,6 +132,17 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
         if row_frames:
             out.codes = torch.stack(row_frames)
     return outputs
+
+
+def _static_caches(model: Qwen3TTS, rows: list[RowInput], depth: bool = False) -> list[StaticKV]:
+    lengths = {r.prompt_embeds.shape[0] for r in rows}
+    if len(lengths) > 1:
+        raise ValueError("static caches need prompts of one length")
+    cfg = model.cfg.code_predictor if depth else model.cfg.talker
+    capacity = model.cfg.num_code_groups if depth else lengths.pop() + max(r.max_frames for r in rows) + 1
+    weight = model.talker.codec_embedding.weight
+    return [StaticKV(len(rows), cfg.num_kv_heads, capacity, cfg.head_dim, weight.device, weight.dtype)
+            for _ in range(cfg.num_layers)]
 
 
 def _teacher(rows: list[RowInput], frame: int, group: int, chosen: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_cli.checkpoint import ModelConfig
-from tts_cli.model.transformer import Decoder
+from tts_cli.model.transformer import Decoder, Linear
 
 
 class TextProjection(nn.Module):
@@ -15,8 +15,8 @@ class TextProjection(nn.Module):
 
     def __init__(self, text_hidden: int, hidden: int):
         super().__init__()
-        self.linear_fc1 = nn.Linear(text_hidden, text_hidden, bias=True)
-        self.linear_fc2 = nn.Linear(text_hidden, hidden, bias=True)
+        self.linear_fc1 = Linear(text_hidden, text_hidden, bias=True)
+        self.linear_fc2 = Linear(text_hidden, hidden, bias=True)
 
     def forward(self, x):
         return self.linear_fc2(F.silu(self.linear_fc1(x)))
@@ -31,14 +31,14 @@ class Talker(nn.Module):
         self.text_projection = TextProjection(cfg.text_hidden_size, hidden)
         self.codec_embedding = nn.Embedding(cfg.codec_vocab_size, hidden)
         self.decoder = Decoder(cfg.talker)
-        self.codec_head = nn.Linear(hidden, cfg.codec_vocab_size, bias=False)
+        self.codec_head = Linear(hidden, cfg.codec_vocab_size, bias=False)
 
     def text_track(self, text_ids: torch.Tensor) -> torch.Tensor:
-        """Text-track vectors TP(id) for text token ids."""
-        return self.text_projection(self.text_embedding(text_ids))
+        """Text-track vectors TP(id) for text token ids (fp32, as every activation)."""
+        return self.text_projection(self.text_embedding(text_ids).float())
 
     def codec_track(self, codec_ids: torch.Tensor) -> torch.Tensor:
-        return self.codec_embedding(codec_ids)
+        return self.codec_embedding(codec_ids).float()
 
     def forward(self, embeds, positions, mask, caches: list | None = None):
         """Returns (final normed hidden [B, S, H], codebook-0 logits [B, S, V]); caches updated in place."""

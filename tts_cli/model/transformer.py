@@ -5,11 +5,17 @@ h + down(silu(gate(n2 h)) * up(n2 h)); grouped-query attention, causal, no slidi
 The talker's "multimodal" RoPE always receives three identical position streams, which makes it
 exactly the standard rotate-half RoPE used here.
 
+Numerics: activations are fp32 whatever the weights' dtype. With bf16 weights (as the checkpoint
+stores them) the torch code below widens the weights per call: it is the fp32 model on bf16-valued
+weights, the reference that the fast path is held to (docs/numerics.md).
+
 Fast path (the engine switches it on with `use_kernels`): for new tokens against StaticKV caches,
-each layer runs as nine kernels: add + norm, one q/k/v projection, norm + RoPE + cache write,
-attention, o projection, add + norm, one gate/up projection, silu * up, down projection (Triton
-kernels in tts_kernels, cuBLAS for the projections). The torch code below is the reference it is
-tested against (tests/test_kernels.py, tests/test_gpu.py).
+each layer runs as nine kernels: residual add + norm, one q/k/v projection, q/k norm + RoPE + cache
+write, attention, o projection, residual add + norm, one gate/up projection, SiLU * up, down
+projection (tts_kernels; cuBLAS for the projections). Projections read the bf16 weights once and
+their fp32 input as two bf16 halves (tts_kernels.linear); the KV cache, and the queries and
+probabilities that meet it, are bf16.
+The torch code is the reference it is tested against (tests/test_kernels.py, tests/test_gpu.py).
 """
 from __future__ import annotations
 
@@ -20,6 +26,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_cli.checkpoint import DecoderConfig
+
+
+class Linear(nn.Linear):
+    """nn.Linear for fp32 activations over weights of any dtype. Over narrower (bf16) weights the
+    torch path widens them per call (the reference) and the fused one is tts_kernels.linear."""
+
+    fused = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        if self.fused:
+            from tts_kernels.linear import linear
+            return linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
 
 class RMSNorm(nn.Module):
@@ -34,7 +55,7 @@ class RMSNorm(nn.Module):
             from tts_kernels.rms_norm import rms_norm
             return rms_norm(x, self.weight, self.eps)
         # Statistics in fp32, rounded back to the activation dtype BEFORE the weight multiply,
-        # as the official model does (it matters in bf16).
+        # as the official model does (it matters for bf16 activations).
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * normed.to(x.dtype)
@@ -103,6 +124,7 @@ class StaticKV:
         return self.at[:, None] + offsets
 
     def update(self, k, v):
+        k, v = k.to(self.k.dtype), v.to(self.v.dtype)
         if isinstance(self.at, int):
             rows = slice(None) if self.rows is None else self.rows
             end = self.at + k.shape[2]
@@ -122,15 +144,15 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         hd = cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_heads * hd, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_proj = Linear(cfg.hidden_size, cfg.num_heads * hd, bias=cfg.attention_bias)
+        self.k_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.v_proj = Linear(cfg.hidden_size, cfg.num_kv_heads * hd, bias=cfg.attention_bias)
+        self.o_proj = Linear(cfg.num_heads * hd, cfg.hidden_size, bias=cfg.attention_bias)
         self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.qkv = None   # (weight, bias) of q, k, v as one projection, once merged
 
-    def merge_projections(self) -> None:
+    def prepare_fused(self) -> None:
         """q, k and v become row blocks of one weight (and bias): one GEMM on the fused path, the
         same numbers (views, no copy) on the plain one."""
         self.qkv = merge_linears([self.q_proj, self.k_proj, self.v_proj], self.qkv)
@@ -147,6 +169,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v)
+            k, v = k.to(q.dtype), v.to(q.dtype)   # the engine keeps bf16 caches under fp32 activations
         # Grouped-query attention without copying keys: the query heads that share a kv head
         # (consecutive heads, as in repeat_interleave) are stacked along the query axis.
         # (SDPA here was no faster on the H200 and its fp32 GPU kernels broke exact equality
@@ -157,16 +180,6 @@ class Attention(nn.Module):
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = (probs @ v).view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
-
-    def forward_kernels(self, x, cos, sin, cache: StaticKV, positions: torch.Tensor, rows: torch.Tensor):
-        """The fused path (see the module doc): positions [B, S] where the new tokens go in the
-        cache (attention is causal by cache position), rows [B] their cache rows."""
-        from tts_kernels.attention import cached_attention, rope_and_store
-        cfg = self.cfg
-        q = rope_and_store(F.linear(x, *self.qkv), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                           self.q_norm.weight, self.k_norm.weight, cfg.rms_norm_eps, cos, sin,
-                           cache.k, cache.v, rows, positions)
-        return self.o_proj(cached_attention(q, cache.k, cache.v, rows, positions, cfg.head_dim ** -0.5))
 
 
 def merge_linears(linears: list[nn.Linear], merged: tuple | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -190,13 +203,13 @@ def merge_linears(linears: list[nn.Linear], merged: tuple | None) -> tuple[torch
 class SwiGLU(nn.Module):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.gate_proj = nn.Linear(dim, hidden, bias=False)
-        self.up_proj = nn.Linear(dim, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, dim, bias=False)
+        self.gate_proj = Linear(dim, hidden, bias=False)
+        self.up_proj = Linear(dim, hidden, bias=False)
+        self.down_proj = Linear(hidden, dim, bias=False)
         self.fused = False
         self.gate_up = None   # (weight, None) of gate and up as one projection, once merged
 
-    def merge_projections(self) -> None:
+    def prepare_fused(self) -> None:
         self.gate_up = merge_linears([self.gate_proj, self.up_proj], self.gate_up)
 
     def forward(self, x):
@@ -231,49 +244,66 @@ class Decoder(nn.Module):
         self.rope_tables: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def cache_rope(self, positions: int) -> None:
-        """Precomputes cos/sin of positions [0, positions) for the fused path, which then gathers
+        """Precomputes cos/sin of positions [0, positions) for the fused path, whose kernels read
         table rows instead of recomputing them (~8 kernels) per call. Tables only grow, and
         replaced ones stay alive: CUDA graphs captured earlier still read them."""
         if self.rope_tables and self.rope_tables[-1][0].shape[0] >= positions:
             return
-        weight = self.norm.weight
-        self.rope_tables.append(rope_cos_sin(torch.arange(positions, device=weight.device), self.cfg.head_dim,
-                                             self.cfg.rope_theta, weight.dtype))
+        self.rope_tables.append(rope_cos_sin(torch.arange(positions, device=self.norm.weight.device),
+                                             self.cfg.head_dim, self.cfg.rope_theta, torch.float32))
+
+    def uses_kernels(self, caches: list | None) -> bool:
+        """Whether a call with these caches takes the fused path."""
+        return self.fused and bool(caches) and isinstance(caches[0], StaticKV)
 
     def forward(self, x, positions, mask, caches: list | None = None):
         """x [B, S, D], positions [B, S] (RoPE position of each row's token), mask as in Attention;
-        caches: one GrowingKV or StaticKV per layer, updated in place."""
-        if self.fused and caches and isinstance(caches[0], StaticKV):
-            return self._forward_kernels(x, positions, caches)
+        caches: one GrowingKV or StaticKV per layer, updated in place. Returns fp32. The fused path
+        (StaticKV caches) ignores positions and mask: it derives both from the caches' `at`."""
+        x = x.float()
+        if self.uses_kernels(caches):
+            return self._forward_kernels(x, caches)
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, caches[i] if caches else None)
         return self.norm(x)
 
-    def _forward_kernels(self, x, positions, caches):
-        """The same layers with each residual add fused into the norm that follows it. Every
-        layer's cache has the same `at` and rows (set by the caller for all of them)."""
-        from tts_kernels.rms_norm import add_rms_norm, rms_norm
-        if self.rope_tables:
-            cos, sin = (table[positions] for table in self.rope_tables[-1])
-        else:
-            cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        cache_positions, rows = caches[0].positions(x.shape[1]).contiguous(), caches[0].row_index().contiguous()
-        eps = self.cfg.rms_norm_eps
-        norms_after = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
-        normed = rms_norm(x, self.layers[0].input_layernorm.weight, eps)
-        for layer, cache, next_norm in zip(self.layers, caches, norms_after):
-            attn = layer.self_attn.forward_kernels(normed, cos, sin, cache, cache_positions, rows)
-            x, normed = add_rms_norm(x, attn, layer.post_attention_layernorm.weight, eps)
-            x, normed = add_rms_norm(x, layer.mlp(normed), next_norm.weight, eps)
-        return normed
+    def _forward_kernels(self, x, caches):
+        """The same layers as nine kernels each (module doc). Every layer's cache has the same `at`
+        and rows (set by the caller for all of them). Positions and mask are implied: the new tokens
+        of a row go to cache positions at, at + 1, ... and RoPE uses those; attention is causal by
+        cache position."""
+        from tts_kernels.attention import cached_attention, rope_and_store
+        from tts_kernels.linear import parts_for, project, split
+        from tts_kernels.swiglu import silu_mul
+        cfg = self.cfg
+        cache = caches[0]
+        self.cache_rope(cache.k.shape[2])   # a no-op in the engine, which sized the tables first
+        cos, sin = self.rope_tables[-1]
+        rows, start = cache.row_index().contiguous(), cache.at
+        eps = cfg.rms_norm_eps
+        parts = parts_for(self.norm.weight)
+        b, s, width = x.shape
+        x = x.reshape(b * s, width).clone()   # the residual stream, updated in place by split
+        delta = None                          # the last projection's output, not yet added to x
+        for layer, cache in zip(self.layers, caches):
+            attn, mlp = layer.self_attn, layer.mlp
+            qkv = project(split(x, parts, layer.input_layernorm.weight, eps, delta=delta), *attn.qkv)
+            q = rope_and_store(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
+                               attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s, parts)
+            heads = cached_attention(q, cache.k, cache.v, rows, start, cfg.head_dim ** -0.5, parts)
+            delta = project(heads, attn.o_proj.weight, attn.o_proj.bias)
+            gate_up = project(split(x, parts, layer.post_attention_layernorm.weight, eps, delta=delta), mlp.gate_up[0])
+            delta = project(silu_mul(gate_up, parts, parts), mlp.down_proj.weight)
+        return split(x, 1, self.norm.weight, eps, delta=delta).view(b, s, width)
 
 
 def use_kernels(root: nn.Module, on: bool) -> None:
     """Switches every module under `root` that has a fused path (RMSNorm, SwiGLU, SnakeBeta,
-    Decoder) to it, or back to the torch reference; merges projections on the way in."""
+    Decoder, Linear, CodePredictor) to it, or back to the torch reference; on the way in, lets each
+    prepare what its fused path reads (merged projections, tables)."""
     for module in root.modules():
         if hasattr(module, "fused"):
             module.fused = on
-        if on and isinstance(module, (Attention, SwiGLU)):
-            module.merge_projections()
+        if on and hasattr(module, "prepare_fused"):
+            module.prepare_fused()

@@ -50,15 +50,15 @@ class SynthesizerActor:
 
     def __init__(self, model_dir: str, device: str, defaults: RowDefaults, greedy: bool, max_frames: int | None,
                  segment_chars: int, segments_per_call: int):
-        import torch
-
         from ..job import JobSettings, LocalExecutor
-        from ..synthesizer import Synthesizer
+        from ..synthesizer import Synthesizer, allow_tf32
 
+        if device.startswith("cuda"):
+            allow_tf32()
         self.defaults = defaults
         self.settings = JobSettings(output_format="parquet", greedy=greedy, max_frames=max_frames,
                                     segment_chars=segment_chars, batch_size=segments_per_call, model=model_dir)
-        self.executor = LocalExecutor(Synthesizer.from_pretrained(model_dir, device=device, dtype=torch.float32),
+        self.executor = LocalExecutor(Synthesizer.from_pretrained(model_dir, device=device),
                                       self.settings)
 
     def __call__(self, batch):

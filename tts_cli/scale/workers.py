@@ -109,12 +109,14 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
     import torch
 
     from ..job import RowLimit, synthesize_batch
-    from ..synthesizer import Synthesizer
+    from ..synthesizer import Synthesizer, allow_tf32
 
     if device == "cpu":
         torch.set_num_threads(cpu_threads)
+    else:
+        allow_tf32()
     try:
-        synth = Synthesizer.from_pretrained(model_dir, device=device, dtype=torch.float32)
+        synth = Synthesizer.from_pretrained(model_dir, device=device)
     except Exception as e:  # reported to the parent, which stops the run with it
         results.put(("failed", device, f"{type(e).__name__}: {e}"))
         return

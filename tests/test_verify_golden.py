@@ -1,7 +1,9 @@
-"""`tts verify-golden`: passes on the bundled model, fails with a readable table on a perturbed record."""
+"""`tts verify-golden`: passes on the bundled model, fails with a readable table on a perturbed record,
+in float32 and in bfloat16 (the engine's numerics; on CPU the plain path with bf16 weights)."""
 import shutil
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -43,12 +45,59 @@ def test_a_perturbed_record_fails_with_a_readable_table(tmp_path):
     assert "2 fail" in result.output.splitlines()[-1]
 
 
-def test_refusals_name_the_reason(tmp_path):
+def test_bfloat16_passes_on_the_bundled_model_with_the_engine_thresholds():
     result = _invoke("--dtype", "bfloat16")
-    assert result.exit_code == 2 and "bfloat16 needs its own thresholds" in result.output
+    assert result.exit_code == 0, result.output
+    title = " ".join(result.output.split("┏")[0].split())   # the title may wrap
+    assert title.endswith("(cpu, bfloat16: bf16 weights, fp32 activations, plain torch path; codec fp32)")
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") == 5}
+    assert ">= 0.9999 cosine" in rows["p0 prompt embeddings"]
+    assert ">= 0.9999 cosine" in rows["p0 talker logits (teacher-forced, 21 steps)"]
+    assert ">= 0.9995 cosine" in rows["p0 code-predictor logits (teacher-forced, 4 frames)"]
+    assert ">= 0.9 fraction" in rows["talker logits argmax agreement (3 prompts, 63 steps)"]
+    assert ">= 0.9 fraction" in rows["code-predictor logits argmax agreement (3 prompts, 12 frames x 15 heads)"]
+    assert ">= 35 dB" in rows["p0 waveform"] and ">= 35 dB" in rows["codec waveform (90 frames)"]
+    assert ">= 35 dB" in rows["codec streamed in chunks of 1/2/3/5/8/13 frames vs full decode"]
+    greedy = rows["p0 greedy codes (20 frames x 16): frames before the first difference"]
+    assert "of 20" in greedy and "information" in greedy and "info" in greedy.split("│")[4]
+    assert "equal" in rows["seeded sampling, 3 rows x 20 frames, two runs"]
+    assert not any("official EOS rule" in name for name in rows)   # dropped in bf16 (docs/parity.md)
+    assert "FAIL" not in result.output
+    assert result.output.rstrip().endswith("23 checks pass, 0 fail, 1 not available, 4 for information")
+
+
+def test_bfloat16_fails_on_a_perturbed_record_with_a_readable_table(tmp_path):
+    shutil.copytree(GOLDEN_06B, tmp_path, dirs_exist_ok=True)
+    records = load_file(str(tmp_path / "records.safetensors"))
+    embeds = records["p1.prefill_embeds"]
+    noise = torch.randn(embeds.shape, generator=torch.Generator().manual_seed(0))
+    records["p1.prefill_embeds"] = embeds + 0.03 * noise * embeds.norm(dim=1, keepdim=True) / embeds.shape[1] ** 0.5
+    records["p0.cp_logits"] = -records["p0.cp_logits"]
+    records["codec.wav"] = records["codec.wav"].flip(0)
+    save_file(records, str(tmp_path / "records.safetensors"))
+    result = _invoke("--model", TINY_06B, "--golden", tmp_path, "--dtype", "bfloat16")
+    assert result.exit_code == 1, result.output
+    failing = [line for line in result.output.splitlines() if "FAIL" in line]
+    assert len(failing) == 4, result.output
+    assert "p0 code-predictor logits (teacher-forced, 4 frames)" in failing[0] and "-0.99999" in failing[0]
+    assert ">= 0.9995 cosine" in failing[0]
+    assert "p1 prompt embeddings" in failing[1] and "0.9988789" in failing[1] and ">= 0.9999 cosine" in failing[1]
+    assert "code-predictor logits argmax agreement (2 prompts, 8 frames x 15 heads)" in failing[2]
+    assert "0.500" in failing[2] and ">= 0.9 fraction" in failing[2]   # p0's all flipped, p1's all agree
+    assert "codec waveform (90 frames)" in failing[3] and " dB" in failing[3] and ">= 35 dB" in failing[3]
+    assert result.output.splitlines()[-1] == "13 checks pass, 4 fail, 1 not available, 3 for information"
+
+
+def test_refusals_name_the_reason(tmp_path):
+    result = _invoke("--dtype", "float16")
+    assert result.exit_code == 2 and "thresholds for float32" in result.output
     result = _invoke("--model", TINY_06B)
     assert result.exit_code == 2 and "--golden DIR is needed" in result.output
     result = _invoke("--model", TINY_06B, "--golden", tmp_path)
     assert result.exit_code == 2 and "lacks records.safetensors, records.json" in result.output
     result = _invoke("--record", "--model", TINY_06B)
     assert result.exit_code == 2 and "--record needs --model DIR" in result.output
+    result = _invoke("--record", "--model", TINY_06B, "--out", tmp_path, "--dtype", "bfloat16")
+    assert result.exit_code == 2 and "float32 only" in result.output
+    result = _invoke("--frames", "8")
+    assert result.exit_code == 2 and "go with --record" in result.output

@@ -4,6 +4,7 @@
 Run (needs the reference environment: torch, transformers 5, qwen-tts-hf installed --no-deps):
 
     /work/refenv/bin/python tools/make_golden.py            # both checkpoints, ~30 s on 2 CPU cores
+    python tools/make_golden.py --build 1.7b-real --ckpt DIR  # one random checkpoint only, no records
 
 It writes, deterministically (a re-run rewrites identical bytes):
 
@@ -65,7 +66,8 @@ from tts_cli.quality.reference import (  # noqa: E402
     FORCED_FRAMES, QWEN_SPECIAL_TOKENS, import_official, record, stub_missing_audio_modules, write_golden, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_CORPUS = REPO_ROOT.parent / "shared" / "data" / "harvard-lists-01-36.txt"
+# The bundled copy of shared/data/harvard-lists-01-36.txt (byte-identical): present on any checkout.
+DEFAULT_CORPUS = REPO_ROOT / "tts_cli" / "assets" / "harvard-sentences.txt"
 
 # (variant, checkpoint dir, golden dir), relative to the repository root.
 TARGETS = (
@@ -242,7 +244,8 @@ VARIANTS = {
     "1.7b": Variant(tts_model_size="1b7", talker_hidden=32),  # small_to_mtp_projection 32 -> 16
     "0.6b": Variant(tts_model_size="0b6", talker_hidden=16),  # talker width == CP width: identity
     # The real 1.7B CustomVoice shapes (shared/docs/qwen3-tts-spec.md), for speed comparisons with
-    # the official code (tools/side_by_side.py); no golden records are made of it.
+    # the official code (tools/side_by_side.py) and for `tts verify-golden --dtype bfloat16` on the GPU
+    # (tools/verify_golden_gpu.sh records golden records of it there; none are stored here).
     "1.7b-real": Variant(
         tts_model_size="1b7", talker_hidden=2048, talker_intermediate=6144, talker_layers=28, talker_heads=16,
         talker_kv_heads=8, talker_head_dim=128, mrope_section=(24, 20, 20), text_hidden=2048, cp_hidden=1024,
@@ -434,11 +437,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="tokenizer training text")
     ap.add_argument("--frames", type=int, default=FORCED_FRAMES, help="forced frames per prompt")
     ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"], help="talker attention")
+    ap.add_argument("--build", metavar="VARIANT", choices=sorted(VARIANTS),
+                    help="only write a random checkpoint of this variant (e.g. 1.7b-real) into --ckpt, no records "
+                         "(record them with `tts verify-golden --record`)")
+    ap.add_argument("--ckpt", type=Path, help="with --build: the checkpoint folder")
     a = ap.parse_args(argv)
 
     t0 = time.time()
     stubbed = stub_missing_audio_modules()
     print(f"stubbed audio modules: {stubbed}", flush=True)
+    if a.build:
+        if a.ckpt is None:
+            ap.error("--build needs --ckpt DIR")
+        build_checkpoint(a.ckpt, a.build, a.corpus)
+        print(f"{a.build}: {a.ckpt} ({_dir_size(a.ckpt) / 1e6:.1f} MB) in {time.time() - t0:.1f} s")
+        return 0
     for variant, ckpt_rel, golden_rel in TARGETS:
         if a.only and variant != a.only:
             continue

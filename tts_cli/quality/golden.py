@@ -1,14 +1,22 @@
 """Our model against golden records of the official implementation (tools/make_golden.py).
 
-Each check compares one quantity with a stated threshold: relative L2 error for embeddings,
-logits, hidden states and waveforms (fp32), exact equality for token ids and greedy codes. Beside
-the records: the streamed codec against its full decode, and seeded sampling run twice. The same
-checks serve the tests and `tts verify-golden`. The thresholds hold for fp32 only; bf16 needs its
-own (the engine issue defines them).
+Each check compares one quantity with a stated threshold, in one of two modes (`Numerics`):
+
+- float32 (FP32): our model in fp32 against the fp32 records: relative L2 error <= 1e-4 for
+  embeddings, logits, hidden states and waveforms, exact equality for token ids and greedy codes.
+- bfloat16 (BF16): the engine's numerics (bf16 weights, fp32 activations; bf16 KV caches, and on
+  CUDA the fused kernels and the codec with TF32) against the same fp32 records, with the engine
+  issue's thresholds: cosine for embeddings and logits (min over steps / frames), argmax
+  agreement for logits, SNR for waveforms; greedy free-running codes are reported, not checked
+  (see BF16_NOTES).
+
+Beside the records, in both modes: the streamed codec against its full decode, and seeded sampling
+run twice (exact codes). The same checks serve the tests and `tts verify-golden`.
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,24 +32,66 @@ STREAM_REL_L2_MAX = 1e-5   # streamed vs full codec decode, same model: only sum
 STREAM_CHUNKS = (1, 2, 3, 5, 8, 13)  # frames per decode step, cycled: covers 1-frame and multi-frame steps
 
 
+@dataclass(frozen=True)
+class Kind:
+    """How a check's value meets its threshold, and how the table shows both."""
+    name: str
+    rule: str               # "<=", ">=", "equal" (value 0: equal) or "info" (neither passes nor fails)
+    value_format: str
+    threshold_format: str
+
+    def passes(self, value: float, threshold: float) -> bool:
+        return {"<=": value <= threshold, ">=": value >= threshold, "equal": value == 0}.get(self.rule, False)
+
+
+REL_L2 = Kind("relative L2", "<=", "{:.2e}", "<= {:.0e} rel. L2")
+COSINE = Kind("cosine", ">=", "{:.7f}", ">= {:g} cosine")
+SNR_DB = Kind("SNR", ">=", "{:.1f} dB", ">= {:g} dB")
+FRACTION = Kind("fraction", ">=", "{:.3f}", ">= {:g} fraction")
+EXACT = Kind("exact", "equal", "", "equal")
+INFO = Kind("information", "info", "{:.0f}", "information")
+
+
 @dataclass
 class Check:
     name: str
-    value: float | None   # relative L2 error, or 0/1 mismatch for exact checks; None: not available
+    value: float | None   # in the kind's unit; exact checks: 0 equal, 1 differs; None: not available
     threshold: float
-    exact: bool = False
+    kind: Kind = REL_L2
     note: str = ""        # why a check is not available
+    of: int | None = None  # INFO: the value's total ("7 of 20")
+
+    @property
+    def exact(self) -> bool:
+        return self.kind is EXACT
+
+    @property
+    def informative(self) -> bool:
+        """Reported for information: no threshold, neither passes nor fails."""
+        return self.kind is INFO and self.value is not None
 
     @property
     def passed(self) -> bool:
         if self.value is None:
             return False
-        return self.value == 0 if self.exact else self.value <= self.threshold
+        return self.kind.passes(self.value, self.threshold)
 
     @property
     def failed(self) -> bool:
-        """Available and outside its threshold (a check that is not available neither passes nor fails)."""
-        return self.value is not None and not self.passed
+        """Available and outside its threshold (a check that is not available, or one reported for
+        information, neither passes nor fails)."""
+        return self.value is not None and self.kind is not INFO and not self.passed
+
+    def value_text(self) -> str:
+        if self.value is None:
+            return "-"
+        if self.kind is EXACT:
+            return "equal" if self.value == 0 else "differs"
+        text = self.kind.value_format.format(self.value)   # inf prints as "inf"
+        return text if self.of is None else f"{text} of {self.of}"
+
+    def threshold_text(self) -> str:
+        return self.kind.threshold_format.format(self.threshold)
 
 
 def rel_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
@@ -49,6 +99,74 @@ def rel_l2(ours: torch.Tensor, ref: torch.Tensor) -> float:
         return float("inf")
     ours, ref = ours.detach().cpu().double(), ref.detach().cpu().double()
     return float((ours - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def min_cosine(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """Smallest cosine similarity over the leading axis (steps, frames, positions), each entry
+    flattened (a code-predictor frame: its [15, V] logits)."""
+    if ours.shape != ref.shape or ours.shape[0] == 0:
+        return float("-inf")
+    ours, ref = ours.detach().cpu().double().flatten(1), ref.detach().cpu().double().flatten(1)
+    return float(torch.nn.functional.cosine_similarity(ours, ref, dim=1, eps=1e-30).min())
+
+
+def snr_db(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    """10 log10(signal energy / error energy) of `ours` against `ref`; inf when equal."""
+    if ours.shape != ref.shape:
+        return float("-inf")
+    ours, ref = ours.detach().cpu().double(), ref.detach().cpu().double()
+    noise = float((ours - ref).pow(2).sum())
+    return float("inf") if noise == 0 else 10 * math.log10(float(ref.pow(2).sum()) / noise)
+
+
+def argmax_matches(ours: torch.Tensor, ref: torch.Tensor) -> list[bool]:
+    """Per logit row (over the last axis): is its argmax the record's? (all False on a shape mismatch)"""
+    if ours.shape != ref.shape:
+        return [False] * max(1, ref.shape[:-1].numel())
+    return (ours.detach().cpu().argmax(-1) == ref.detach().cpu().argmax(-1)).flatten().tolist()
+
+
+def _fraction(matches: list[list[bool]]) -> float:
+    flat = [m for row in matches for m in row]
+    return sum(flat) / len(flat) if flat else 0.0
+
+
+def frames_until_difference(ours: torch.Tensor, ref: torch.Tensor) -> int:
+    """Leading frames of `ours` equal to `ref`'s (all of them: equal, as far as the shorter goes)."""
+    n = min(ours.shape[0], ref.shape[0])
+    same = (ours[:n].cpu() == ref[:n].cpu()).all(dim=-1).tolist()
+    return same.index(False) if False in same else n
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """A checking mode: the metric (kind) and threshold of each compared quantity."""
+    name: str
+    close: Kind                 # embeddings, logits, hidden states: REL_L2 or COSINE
+    embeddings_bound: float     # the threshold of each, in its kind's unit
+    talker_bound: float
+    cp_bound: float
+    wave: Kind                  # waveforms: REL_L2 or SNR_DB
+    wave_bound: float
+    stream_bound: float
+    argmax_min: float | None    # logits argmax agreement (None: not checked)
+    exact_greedy: bool          # free-running greedy codes: exact checks, else information
+    static_caches: bool         # generate as the engine keeps its caches (so fused kernels run)
+
+    def metric(self, kind: Kind):
+        return {REL_L2: rel_l2, COSINE: min_cosine, SNR_DB: snr_db}[kind]
+
+
+FP32 = Numerics("float32", REL_L2, REL_L2_MAX, REL_L2_MAX, REL_L2_MAX, REL_L2, REL_L2_MAX, STREAM_REL_L2_MAX,
+                argmax_min=None, exact_greedy=True, static_caches=False)
+# The engine issue's thresholds, and argmax agreement >= 0.9 over all prompts' steps: on the
+# random checkpoints' logits (~N(0, 1) over 3072 or 2048 ids) errors that just meet the cosine
+# bound, spread like noise, change the argmax in ~2% of the talker's steps (cosine 0.9999) and ~5%
+# of the code predictor's (0.9995); 0.9 is then missed by chance well under 1% of the time over a
+# record's 34-120 steps, and still fails errors that sit on the top logits (docs/parity.md).
+BF16 = Numerics("bfloat16", COSINE, 0.9999, 0.9999, 0.9995, SNR_DB, 35.0, 35.0,
+                argmax_min=0.9, exact_greedy=False, static_caches=True)
+NUMERICS = {n.name: n for n in (FP32, BF16)}
 
 
 def load_records(golden_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -59,7 +177,24 @@ def load_records(golden_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]
 
 
 def _exact(name: str, equal: bool) -> Check:
-    return Check(name, 0.0 if equal else 1.0, 0.0, exact=True)
+    return Check(name, 0.0 if equal else 1.0, 0.0, EXACT)
+
+
+def _close(numerics: Numerics, name: str, ours: torch.Tensor, ref: torch.Tensor, threshold: float) -> Check:
+    return Check(name, numerics.metric(numerics.close)(ours, ref), threshold, numerics.close)
+
+
+def _wave(numerics: Numerics, name: str, ours: torch.Tensor, ref: torch.Tensor, threshold: float) -> Check:
+    return Check(name, numerics.metric(numerics.wave)(ours, ref), threshold, numerics.wave)
+
+
+def _greedy(numerics: Numerics, name: str, ours: list[torch.Tensor], refs: list[torch.Tensor]) -> Check:
+    """Exact codes (fp32), or for information the frames before the first difference (the fewest
+    over rows) out of the record's frames (bf16)."""
+    if numerics.exact_greedy:
+        return _exact(name, all(torch.equal(o, r) for o, r in zip(ours, refs)))
+    return Check(f"{name}: frames before the first difference", min(map(frames_until_difference, ours, refs)),
+                 0.0, INFO, of=min(r.shape[0] for r in refs))
 
 
 def prompt_requests(meta: dict) -> list[Request]:
@@ -67,14 +202,18 @@ def prompt_requests(meta: dict) -> list[Request]:
                     instruct=p["instruct"], seed=0) for p in meta["prompts"]]
 
 
-def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict) -> list[Check]:
-    """All checks of one golden record set; the synthesizer must run in fp32 for the thresholds."""
+def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, numerics: Numerics = FP32) -> list[Check]:
+    """All checks of one golden record set. FP32: the synthesizer must run in fp32. BF16: it runs
+    with bf16 weights (on CUDA with the fused kernels switched on: runner.use_fused_kernels)."""
+    n = numerics
     device = next(synth.model.parameters()).device
     records = {name: tensor.to(device) for name, tensor in records.items()}
     greedy = synth.ckpt.sampling.greedy()
     talker_s, cp_s = talker_settings(greedy), code_predictor_settings(greedy)
+    run = dict(static_caches=n.static_caches)   # one prompt per generate call: static caches need that
     checks: list[Check] = []
     requests = prompt_requests(meta)
+    agree_talker, agree_cp = [], []   # per prompt: does each step's (frame and head's) argmax match
     for i, request in enumerate(requests):
         p = f"p{i}"
         ref_codes = records[f"{p}.greedy_codes"]
@@ -82,45 +221,58 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict) ->
         checks.append(_exact(f"{p} text token ids",
                              synth.tokenize(assistant_text(request.text)) == records[f"{p}.input_ids"].tolist()))
         embeds = prompt_embeddings(synth.model.talker, synth.prompt(request))
-        checks.append(Check(f"{p} prompt embeddings", rel_l2(embeds, records[f"{p}.prefill_embeds"]), REL_L2_MAX))
+        checks.append(_close(n, f"{p} prompt embeddings", embeds, records[f"{p}.prefill_embeds"], n.embeddings_bound))
 
         # Teacher-forced: feed the official codes, compare every logit along the way.
         forced = generate(synth.model, [RowInput(embeds, 0, frames, teacher_codes=ref_codes)], talker_s, cp_s,
-                          min_new_tokens=frames + 1, trace=True)[0]
-        checks.append(Check(f"{p} talker logits (teacher-forced, {frames + 1} steps)",
-                            rel_l2(torch.stack(forced.talker_logits), records[f"{p}.talker_logits"]), REL_L2_MAX))
-        checks.append(Check(f"{p} talker hidden states",
-                            rel_l2(torch.stack(forced.past_hidden), records[f"{p}.past_hidden"]), REL_L2_MAX))
+                          min_new_tokens=frames + 1, trace=True, **run)[0]
+        talker_logits, ref_talker = torch.stack(forced.talker_logits), records[f"{p}.talker_logits"]
+        checks.append(_close(n, f"{p} talker logits (teacher-forced, {frames + 1} steps)",
+                             talker_logits, ref_talker, n.talker_bound))
+        agree_talker.append(argmax_matches(talker_logits, ref_talker))
+        checks.append(_close(n, f"{p} talker hidden states", torch.stack(forced.past_hidden),
+                             records[f"{p}.past_hidden"], n.talker_bound))
         ref_cp = records[f"{p}.cp_logits"]
-        checks.append(Check(f"{p} code-predictor logits (teacher-forced, {ref_cp.shape[0]} frames)",
-                            rel_l2(torch.stack(forced.cp_logits[:ref_cp.shape[0]]), ref_cp), REL_L2_MAX))
+        cp_logits = torch.stack(forced.cp_logits[:ref_cp.shape[0]])
+        checks.append(_close(n, f"{p} code-predictor logits (teacher-forced, {ref_cp.shape[0]} frames)",
+                             cp_logits, ref_cp, n.cp_bound))
+        agree_cp.append(argmax_matches(cp_logits, ref_cp))
 
         # Free-running greedy, length forced as in the records, then the official EOS rule.
-        free = generate(synth.model, [RowInput(embeds, 0, frames)], talker_s, cp_s, min_new_tokens=frames + 1)[0]
-        checks.append(_exact(f"{p} greedy codes ({frames} frames x 16)", torch.equal(free.codes, ref_codes)))
-        natural_ref = records[f"{p}.greedy_codes_natural"]
-        natural_cap = meta["prompts"][i]["natural_max_new_tokens"] - 1
-        natural = generate(synth.model, [RowInput(embeds, 0, natural_cap)], talker_s, cp_s)[0]
-        stop = "EOS" if natural_ref.shape[0] < natural_cap else "cap"
-        checks.append(_exact(f"{p} greedy codes, official EOS rule ({natural_ref.shape[0]} frames, {stop})",
-                             torch.equal(natural.codes, natural_ref)))
+        free = generate(synth.model, [RowInput(embeds, 0, frames)], talker_s, cp_s, min_new_tokens=frames + 1,
+                        **run)[0]
+        checks.append(_greedy(n, f"{p} greedy codes ({frames} frames x 16)", [free.codes], [ref_codes.cpu()]))
+        if n.exact_greedy:   # bf16: the same greedy loop as the forced run up to EOS, so its frames would say no more
+            natural_ref = records[f"{p}.greedy_codes_natural"]
+            natural_cap = meta["prompts"][i]["natural_max_new_tokens"] - 1
+            natural = generate(synth.model, [RowInput(embeds, 0, natural_cap)], talker_s, cp_s, **run)[0]
+            stop = "EOS" if natural_ref.shape[0] < natural_cap else "cap"
+            checks.append(_exact(f"{p} greedy codes, official EOS rule ({natural_ref.shape[0]} frames, {stop})",
+                                 torch.equal(natural.codes, natural_ref)))
         wav = torch.from_numpy(synth.decode([ref_codes])[0])
-        checks.append(Check(f"{p} waveform", rel_l2(wav, records[f"{p}.wav"]), REL_L2_MAX))
+        checks.append(_wave(n, f"{p} waveform", wav, records[f"{p}.wav"], n.wave_bound))
 
+    if n.argmax_min is not None:   # over all prompts: a fraction of 20-60 steps moves in steps of 2-5%
+        heads = synth.model.cfg.num_code_groups - 1
+        talker_steps, cp_frames = sum(map(len, agree_talker)), sum(map(len, agree_cp)) // heads
+        checks.append(Check(f"talker logits argmax agreement ({len(requests)} prompts, {talker_steps} steps)",
+                            _fraction(agree_talker), n.argmax_min, FRACTION))
+        checks.append(Check(f"code-predictor logits argmax agreement ({len(requests)} prompts, {cp_frames} frames "
+                            f"x {heads} heads)", _fraction(agree_cp), n.argmax_min, FRACTION))
     batch = synth.synthesize(requests, greedy=True, max_frames=frames, min_new_tokens=frames + 1)
-    checks.append(_exact(f"batch of {len(requests)}: greedy codes",
-                         all(torch.equal(r.codes, records[f"batch.greedy_codes.{i}"]) for i, r in enumerate(batch))))
+    checks.append(_greedy(n, f"batch of {len(requests)}: greedy codes", [r.codes for r in batch],
+                          [records[f"batch.greedy_codes.{i}"].cpu() for i in range(len(batch))]))
     codec_wav = torch.from_numpy(synth.decode([records["codec.codes"]])[0])
-    checks.append(Check(f"codec waveform ({records['codec.codes'].shape[0]} frames)",
-                        rel_l2(codec_wav, records["codec.wav"]), REL_L2_MAX))
-    checks.append(streamed_codec_check(synth, records["codec.codes"]))
+    checks.append(_wave(n, f"codec waveform ({records['codec.codes'].shape[0]} frames)", codec_wav,
+                        records["codec.wav"], n.wave_bound))
+    checks.append(streamed_codec_check(synth, records["codec.codes"], n))
     checks.append(seeded_determinism_check(synth, requests, frames))
-    checks.append(Check("depth kernel vs loop codes", None, 0.0, exact=True,
+    checks.append(Check("depth kernel vs loop codes", None, 0.0, EXACT,
                         note="not available: no depth kernel in this build (engine issue)"))
     return checks
 
 
-def streamed_codec_check(synth: Synthesizer, codes: torch.Tensor) -> Check:
+def streamed_codec_check(synth: Synthesizer, codes: torch.Tensor, numerics: Numerics = FP32) -> Check:
     """The codec fed a few frames at a time (per-row state) against one full decode of the same codes."""
     codes = codes.unsqueeze(0)
     with torch.no_grad():
@@ -130,8 +282,8 @@ def streamed_codec_check(synth: Synthesizer, codes: torch.Tensor) -> Check:
             size = STREAM_CHUNKS[step % len(STREAM_CHUNKS)]
             pieces.append(synth.codec.decode_step(codes[:, start:start + size], state))
             start, step = start + size, step + 1
-    return Check(f"codec streamed in chunks of {'/'.join(map(str, STREAM_CHUNKS))} frames vs full decode",
-                 rel_l2(torch.cat(pieces, dim=1), full), STREAM_REL_L2_MAX)
+    return _wave(numerics, f"codec streamed in chunks of {'/'.join(map(str, STREAM_CHUNKS))} frames vs full decode",
+                 torch.cat(pieces, dim=1), full, numerics.stream_bound)
 
 
 def seeded_determinism_check(synth: Synthesizer, requests: list[Request], frames: int) -> Check:

@@ -7,7 +7,8 @@ packages it imports but never uses on the CustomVoice path, and a RoPE-init fix 
 
 Records (`record`): the checkpoint is loaded through the official path
 `qwen_tts.Qwen3TTSModel.from_pretrained(dir, dtype=torch.float32, attn_implementation="eager")`
-on CPU, and `generate_custom_voice` runs greedy (do_sample=False, subtalker_dosample=False; the
+on CPU (or, for checkpoints too large for that, on a CUDA device with TF32 off: still fp32, other
+reduction orders), and `generate_custom_voice` runs greedy (do_sample=False, subtalker_dosample=False; the
 other settings, e.g. repetition_penalty 1.05, come from generation_config.json as in real use).
 Hooks on the talker record the exact prefill embeddings, the raw codec_head and code-predictor
 lm_head logits, the talker's final hidden states; the waveform is the wrapper's output. Each row
@@ -88,8 +89,8 @@ def stub_missing_audio_modules(names: tuple[str, ...] = AUDIO_MODULES) -> list[s
 
     transformers probes (and caches) librosa/soundfile/torchaudio availability; the probes run
     first, so that they see the real environment and not a stub."""
-    import transformers.audio_utils  # noqa: F401
-    import transformers.processing_utils  # noqa: F401
+    for module in ("transformers.audio_utils", "transformers.processing_utils"):
+        importlib.import_module(module)
     from transformers.utils import import_utils
     for probe in ("is_librosa_available", "is_soundfile_available", "is_torchaudio_available"):
         if hasattr(import_utils, probe):
@@ -222,11 +223,12 @@ PROMPTS = {
 }
 
 
-def load_official(ckpt_dir: str | Path, attn_implementation: str = "eager"):
-    """The official wrapper, loaded through its normal path on CPU in fp32."""
+def load_official(ckpt_dir: str | Path, attn_implementation: str = "eager", device: str = "cpu"):
+    """The official wrapper, loaded through its normal path in fp32 (on CPU, or on `device`)."""
     qwen_tts = import_official()
+    placement = {} if device == "cpu" else {"device_map": device}
     return qwen_tts.Qwen3TTSModel.from_pretrained(str(ckpt_dir), dtype=torch.float32,
-                                                  attn_implementation=attn_implementation)
+                                                  attn_implementation=attn_implementation, **placement)
 
 
 def check_loaded_weights(tts, ckpt_dir: str | Path) -> None:
@@ -240,7 +242,7 @@ def check_loaded_weights(tts, ckpt_dir: str | Path) -> None:
         if set(saved) != set(loaded):
             raise AssertionError(f"{path}: key mismatch, file-only {sorted(set(saved) - set(loaded))[:5]}, "
                                  f"model-only {sorted(set(loaded) - set(saved))[:5]}")
-        bad = [k for k in saved if not torch.equal(saved[k].float(), loaded[k].float())]
+        bad = [k for k in saved if not torch.equal(saved[k].float(), loaded[k].float().cpu())]
         if bad:
             raise AssertionError(f"{path}: the official loader changed {len(bad)} tensors, e.g. {bad[:5]}")
 
@@ -406,25 +408,34 @@ NATURAL_MAX_NEW_TOKENS = 161
 
 def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, frames: int = FORCED_FRAMES,
            attn_implementation: str = "eager",
-           weights_note: str = "as stored in the checkpoint") -> tuple[dict[str, torch.Tensor], dict]:
+           weights_note: str = "as stored in the checkpoint", device: str = "cpu",
+           natural_max_new_tokens: int = NATURAL_MAX_NEW_TOKENS,
+           prompt_count: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """Run the official implementation on ckpt_dir and return (tensors, meta) as described in the
-    module docstring. prompts default to PROMPTS[config tts_model_size]."""
+    module docstring. prompts default to PROMPTS[config tts_model_size], their first prompt_count
+    when given. device: "cpu" (the fixtures), or a CUDA device for checkpoints at real sizes
+    (fp32 with TF32 off; the flags are restored afterwards). natural_max_new_tokens caps the
+    unforced run (frames + 1: no longer than the forced one)."""
     ckpt_dir = Path(ckpt_dir)
     threads = torch.get_num_threads()
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.set_num_threads(1)  # one fixed reduction order
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False   # fp32 on CUDA too
     try:
-        return _record(ckpt_dir, prompts, frames, attn_implementation, weights_note)
+        return _record(ckpt_dir, prompts, frames, attn_implementation, weights_note, device,
+                       natural_max_new_tokens, prompt_count)
     finally:
         torch.set_num_threads(threads)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
-def _record(ckpt_dir: Path, prompts, frames: int, attn: str,
-            weights_note: str) -> tuple[dict[str, torch.Tensor], dict]:
-    tts = load_official(ckpt_dir, attn)
+def _record(ckpt_dir: Path, prompts, frames: int, attn: str, weights_note: str, device: str,
+            natural_max_new_tokens: int, prompt_count: int | None) -> tuple[dict[str, torch.Tensor], dict]:
+    tts = load_official(ckpt_dir, attn, device)
     check_loaded_weights(tts, ckpt_dir)
     model, cfg = tts.model, tts.model.config
     talker_cfg = cfg.talker_config
-    prompts = tuple(prompts or PROMPTS[cfg.tts_model_size])
+    prompts = tuple(prompts or PROMPTS[cfg.tts_model_size])[:prompt_count]
     tokenizer = tts.processor.tokenizer
     special = {t: tokenizer.convert_tokens_to_ids(t) for t, _ in QWEN_SPECIAL_TOKENS}
     special.update(assistant=tokenizer.convert_tokens_to_ids("assistant"), newline=tokenizer.convert_tokens_to_ids("Ċ"))
@@ -449,7 +460,7 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str,
         tensors[f"p{i}.input_ids"] = input_ids
         if instruct_ids is not None:
             tensors[f"p{i}.instruct_ids"] = instruct_ids[0].cpu()
-        traced = trace.tensors(frames)
+        traced = {k: v.cpu() for k, v in trace.tensors(frames).items()}
         for k, v in traced.items():
             tensors[f"p{i}.{k}"] = v[:CP_LOGIT_FRAMES] if k == "cp_logits" else v
         tensors[f"p{i}.greedy_codes"] = codes
@@ -458,7 +469,7 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str,
         checks = {k: min(checks[k], margins[k]) for k in checks}
 
         with captured_generate(tts) as natural:
-            tts.generate_custom_voice(**call, **dict(settings, max_new_tokens=NATURAL_MAX_NEW_TOKENS))
+            tts.generate_custom_voice(**call, **dict(settings, max_new_tokens=natural_max_new_tokens))
         natural_codes = natural["codes"][0].cpu()
         tensors[f"p{i}.greedy_codes_natural"] = natural_codes
         n = natural_codes.shape[0]
@@ -474,8 +485,8 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str,
             speaker_codec_id=talker_cfg.spk_id[p.speaker], language_codec_id=language_id,
             prefill_length=int(traced["prefill_embeds"].shape[0]), input_ids_length=int(input_ids.shape[0]),
             forced_frames=frames, max_new_tokens=frames + 1, min_new_tokens=frames + 1,
-            natural_frames=n, natural_min_new_tokens=2, natural_max_new_tokens=NATURAL_MAX_NEW_TOKENS,
-            natural_stopped_by_eos=n < NATURAL_MAX_NEW_TOKENS - 1,
+            natural_frames=n, natural_min_new_tokens=2, natural_max_new_tokens=natural_max_new_tokens,
+            natural_stopped_by_eos=n < natural_max_new_tokens - 1,
             natural_equals_forced_prefix=bool(torch.equal(natural_codes[:frames], codes[:n])),
         ))
 
@@ -510,7 +521,8 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str,
         checkpoint=_display_path(ckpt_dir),
         tts_model_size=cfg.tts_model_size,
         load=dict(call="qwen_tts.Qwen3TTSModel.from_pretrained(dir, dtype=torch.float32, "
-                       f"attn_implementation={attn!r})", device="cpu", dtype="float32"),
+                       f"attn_implementation={attn!r})", device=device, dtype="float32",
+                  **({} if device == "cpu" else {"tf32": False})),
         attn_implementation=dict(talker=talker_cfg._attn_implementation,
                                  code_predictor=talker_cfg.code_predictor_config._attn_implementation,
                                  codec=codec_cfg.decoder_config._attn_implementation),

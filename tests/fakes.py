@@ -21,6 +21,7 @@ class FakeSynthesizer:
 
     def __init__(self):
         self.batches = []
+        self.max_rows = []   # the engine-slot cap of each call
 
     def validate(self, request):
         if request.speaker not in self.speakers:
@@ -28,8 +29,9 @@ class FakeSynthesizer:
         if request.language not in self.languages:
             raise RequestError(f"unknown language {request.language!r}; valid: {', '.join(self.languages)}")
 
-    def synthesize(self, requests, greedy=False, max_frames=None):
+    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None):
         self.batches.append([r.id for r in requests])
+        self.max_rows.append(max_rows)
         if any("oom-always" in r.text for r in requests) or (
                 len(requests) > 1 and any("oom-shared" in r.text for r in requests)):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")

@@ -144,13 +144,16 @@ def test_a_request_that_cannot_fit_a_slot_is_refused(synth):
 
 def test_synthesizer_through_the_engine_equals_the_plain_path(synth):
     # What `tts synth` does on a GPU (there with CUDA graphs), here eagerly on CPU.
-    through_engine = Synthesizer.from_pretrained(TINY, engine=True)
+    # Its engine keeps engine_rows slots whatever a call holds (3 requests into 4 slots here), fewer
+    # only when the caller caps them (the out-of-memory fallback: max_rows).
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=4)
     assert through_engine.uses_engine and not synth.uses_engine
     requests = [Request(id=str(i), text=t, speaker=s, language=lang, seed=3 + i)
                 for i, (t, s, lang) in enumerate(TEXTS[:3])]
-    for greedy in (True, False):
-        fast = through_engine.synthesize(requests, greedy=greedy, max_frames=18, min_new_tokens=19)
+    for greedy, max_rows in ((True, None), (False, None), (False, 2)):
+        fast = through_engine.synthesize(requests, greedy=greedy, max_frames=18, min_new_tokens=19, max_rows=max_rows)
         plain = synth.synthesize(requests, greedy=greedy, max_frames=18, min_new_tokens=19)
         for a, b in zip(fast, plain):
             assert a.id == b.id and torch.equal(a.codes, b.codes) and a.hit_cap == b.hit_cap
             assert np.linalg.norm(a.audio - b.audio) / np.linalg.norm(b.audio) < 1e-5
+    assert sorted(rows for rows, _ in through_engine._engines) == [2, 4]

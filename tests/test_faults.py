@@ -63,4 +63,5 @@ def test_out_of_memory_through_the_cli_fails_only_the_row_at_fault(monkeypatch, 
     assert all((out / f"{row_id}.wav").is_file() for row_id in "abcdf")
     # 4 rows fail, then 2 at a time: a+b pass, c+d fail, then c and d alone, then e twice and f.
     assert fake.batches == [["a", "b", "c", "d"], ["a", "b"], ["c", "d"], ["c"], ["d"], ["e"], ["e"], ["f"]]
+    assert fake.max_rows == [4, 2, 2, 1, 1, 1, 1, 1]   # the engine's slots shrink with the calls
     assert "rows per call went down to 1" in " ".join(report["notes"])

@@ -39,8 +39,8 @@ def _needs_espeak_and_asr():
 class EspeakSynthesizer(FakeSynthesizer):
     """Real speech: espeak-ng (en-us, 140 words/min), resampled to 24 kHz; "boom" still fails its row."""
 
-    def synthesize(self, requests, greedy=False, max_frames=None):
-        super().synthesize(requests, greedy, max_frames)   # the fake's failures
+    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None):
+        super().synthesize(requests, greedy, max_frames, max_rows)   # the fake's failures
         results = []
         for r in requests:
             wav = subprocess.run(["espeak-ng", "-v", "en-us", "-s", "140", "--stdout", r.text],

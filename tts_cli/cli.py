@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
-from .engine import DEFAULT_CODEC_WINDOW
+from .engine import DEFAULT_CODEC_WINDOW, DEFAULT_ENGINE_ROWS
 from .errors import TTSError
 from .recipe import load_recipe
 
@@ -129,9 +129,16 @@ def synth(
         None, "--max-frames", metavar="N", min=1, show_default=False,
         help="Stop each segment after N codec frames (12.5 frames per audio second) and flag its row "
              "hit_cap. Default: 50 + 15 frames per text token, within the checkpoint's max_new_tokens."),
-    batch_size: int = typer.Option(
-        8, "--batch-size", metavar="ROWS", min=1,
-        help="Segments synthesized together in one call (fewer after a CUDA out-of-memory)."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", metavar="N", min=1, show_default=False,
+        help="Segments per synthesize call (fewer after a CUDA out-of-memory). Default: 8 on cpu (one "
+             "lockstep batch); on cuda 4 x --rows, queued into the engine's slots and refilled as "
+             "segments end."),
+    rows: int = typer.Option(
+        DEFAULT_ENGINE_ROWS, "--rows", metavar="N", min=1,
+        help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
+             "a seeded row's audio does not depend on its batch mates (for one --rows setting). Fewer "
+             "only when CUDA out-of-memory halvings bring the segments per call below it."),
     device: str = typer.Option(
         "cpu", "--device", metavar="DEVICE",
         help="Torch device: cpu runs the plain model in fp32; cuda[:N] runs the slot engine (CUDA graphs, fused "
@@ -192,7 +199,8 @@ def synth(
     run into DIR, a worker died), with one red line saying why; 130 interrupted (rerun to resume).
     """
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
-                   max_frames=max_frames, batch_size=batch_size, device=device, output_format=output_format,
+                   max_frames=max_frames, batch_size=batch_size, rows=rows, device=device,
+                   output_format=output_format,
                    max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
                    redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers)
     try:
@@ -221,8 +229,8 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 
 
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
-              seed: int, greedy: bool, max_frames: Optional[int], batch_size: int, device: str,
-              output_format: str = "wav", max_text_chars: int = 10_000, segment_chars: int = 300,
+              seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
+              rows: int = DEFAULT_ENGINE_ROWS, output_format: str = "wav", max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
               wer: bool = False, asr_model: Optional[Path] = None, asr_workers: int = 1) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
@@ -266,9 +274,11 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     if choice.bundled:
         say(f"warning: using the bundled tiny model ({choice.dir}): random weights: its audio is noise; "
             "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz CustomVoice checkpoint", "yellow")
+    on_cuda = bool(devices) or device.startswith("cuda")
+    batch_size = batch_size or (4 * rows if on_cuda else 8)
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
-                           segment_chars=segment_chars, batch_size=batch_size, model=str(choice.dir.resolve()),
-                           redo_changed=redo_changed)
+                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows,
+                           model=str(choice.dir.resolve()), redo_changed=redo_changed)
     load_seconds = 0.0
 
     def start_executor():

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 import torch
 
+from .engine import DEFAULT_ENGINE_ROWS
 from .errors import RequestError, TTSError
 from .manifest import ManifestRow
 from .output.formats import make_sink, output_exists
@@ -41,13 +42,14 @@ class JobSettings:
     greedy: bool = False
     max_frames: int | None = None
     segment_chars: int = DEFAULT_SEGMENT_CHARS
-    batch_size: int = 8
+    batch_size: int = 8           # segments per synthesize call
+    engine_rows: int = DEFAULT_ENGINE_ROWS   # the engine's slots (CUDA); calls queue their segments into them
     model: str = ""               # the checkpoint folder, part of each row's key
     redo_changed: bool = False
 
     def audio_settings(self) -> dict:
-        """The settings that shape a row's output, hashed into its ledger key (batch size and
-        device are not among them: a row's audio does not depend on its batch)."""
+        """The settings that shape a row's output, hashed into its ledger key (batch size, engine
+        rows and device are not among them: a row's audio does not depend on its batch)."""
         return {"model": self.model, "greedy": self.greedy, "max_frames": self.max_frames,
                 "segment_chars": self.segment_chars, "format": self.output_format}
 
@@ -81,7 +83,8 @@ class Executor(Protocol):
 
 @dataclass
 class RowLimit:
-    """The most rows one synthesize call gets; halved at each out-of-memory, for the rest of the run."""
+    """The most rows one synthesize call gets (and the most engine slots it may use); halved at
+    each out-of-memory, for the rest of the run."""
     rows: int
     shrinks: int = 0
 
@@ -115,7 +118,7 @@ def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: i
     while pending:
         chunk = pending[:limit.rows]
         try:
-            chunk_outcomes = _isolating_request_errors(synth, chunk, greedy, max_frames)
+            chunk_outcomes = _isolating_request_errors(synth, chunk, greedy, max_frames, limit.rows)
         except torch.cuda.OutOfMemoryError as e:
             release_cached_memory()
             if len(chunk) > 1:
@@ -136,16 +139,17 @@ def release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _isolating_request_errors(synth, requests: list[Request], greedy: bool, max_frames: int | None) -> list[Outcome]:
+def _isolating_request_errors(synth, requests: list[Request], greedy: bool, max_frames: int | None,
+                              max_rows: int) -> list[Outcome]:
     """When a batch fails with a TTSError, its rows are retried one by one so that only the row at
     fault fails. Out-of-memory passes through to synthesize_batch."""
     try:
-        results = synth.synthesize(requests, greedy=greedy, max_frames=max_frames)
+        results = synth.synthesize(requests, greedy=greedy, max_frames=max_frames, max_rows=max_rows)
     except TTSError as e:
         if len(requests) == 1:
             return [e]
         return [outcome for request in requests
-                for outcome in _isolating_request_errors(synth, [request], greedy, max_frames)]
+                for outcome in _isolating_request_errors(synth, [request], greedy, max_frames, max_rows)]
     if len(results) != len(requests):
         raise RuntimeError(f"synthesize returned {len(results)} results for {len(requests)} requests")
     return [Segment(np.asarray(r.audio, dtype=np.float32), r.frames, bool(r.hit_cap)) for r in results]

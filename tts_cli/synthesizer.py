@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
+from tts_cli.engine import DEFAULT_ENGINE_ROWS
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.errors import CheckpointError, RequestError
 from tts_cli.model.codec import load_codec
@@ -75,27 +76,29 @@ def allow_tf32() -> None:
 
 
 class Synthesizer:
-    def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None):
+    def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None,
+                 engine_rows: int = DEFAULT_ENGINE_ROWS):
         """engine: run batches through the slot engine (CUDA graphs, streamed codec) instead of the
-        plain loop; None: on CUDA devices only."""
+        plain loop; None: on CUDA devices only. engine_rows: the engine's slots."""
         self.ckpt, self.model, self.tokenizer, self.codec = ckpt, model, tokenizer, codec
         self.cfg = ckpt.config
         self._warned_instruct = False
         device = model.talker.codec_embedding.weight.device
         self.uses_engine = engine if engine is not None else device.type == "cuda"
+        self.engine_rows = engine_rows
         log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
         self._engines: dict[tuple[int, int], Engine] = {}
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                        engine: bool | None = None) -> "Synthesizer":
+                        engine: bool | None = None, engine_rows: int = DEFAULT_ENGINE_ROWS) -> "Synthesizer":
         """dtype of the talker and code predictor weights; default: weights_dtype(device)."""
         dtype = dtype or weights_dtype(device)
         ckpt = open_checkpoint(model_dir)
         tokenizer = load_tokenizer(ckpt.root)
         model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)
         codec = load_codec(ckpt.speech_tokenizer_dir, device=device, dtype=torch.float32)
-        return cls(ckpt, model, tokenizer, codec, engine=engine)
+        return cls(ckpt, model, tokenizer, codec, engine=engine, engine_rows=engine_rows)
 
     @property
     def speakers(self) -> list[str]:
@@ -142,8 +145,10 @@ class Synthesizer:
 
     @torch.no_grad()
     def synthesize(self, requests: list[Request], greedy: bool = False, max_frames: int | None = None,
-                   min_new_tokens: int = 2) -> list[Result]:
-        """All requests as one lockstep batch. Raises RequestError for an invalid request."""
+                   min_new_tokens: int = 2, max_rows: int | None = None) -> list[Result]:
+        """All requests of one call: on the plain path as one lockstep batch; through the engine,
+        queued into its engine_rows slots (at most max_rows: the out-of-memory fallback). Raises
+        RequestError for an invalid request."""
         for r in requests:
             self.validate(r)
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
@@ -153,7 +158,8 @@ class Synthesizer:
             rows.append(RowInput(prompt_embeddings(self.model.talker, prompt), r.seed,
                                  self.frame_cap(prompt, max_frames)))
         if self.uses_engine:
-            return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens)
+            slots = min(self.engine_rows, max_rows or self.engine_rows)
+            return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens, slots)
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
                         min_new_tokens=min_new_tokens)
         audio = self.decode([o.codes for o in outs])
@@ -161,18 +167,18 @@ class Synthesizer:
                 for r, o, a in zip(requests, outs, audio)]
 
     def _synthesize_with_engine(self, requests: list[Request], rows: list[RowInput], sampling: SamplingConfig,
-                                min_new_tokens: int) -> list[Result]:
+                                min_new_tokens: int, slots: int) -> list[Result]:
         talker, cp = talker_settings(sampling), code_predictor_settings(sampling)
         engine_requests = [EngineRequest(key=i, prompt_embeds=row.prompt_embeds, seed=row.seed,
                                          max_frames=row.max_frames, min_new_tokens=min_new_tokens,
                                          talker=talker, cp=cp) for i, row in enumerate(rows)]
         context = max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows)
-        results = self._engine(len(rows), context).run(engine_requests)
+        results = self._engine(slots, context).run(engine_requests)
         return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=res.pcm, hit_cap=res.hit_cap)
                 for r, res in zip(requests, results)]
 
     def _engine(self, rows: int, context: int) -> Engine:
-        """One engine (and its CUDA graphs) per batch size and context bucket, kept for reuse."""
+        """One engine (and its CUDA graphs) per slot count and context bucket, kept for reuse."""
         key = (rows, ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP))
         if key not in self._engines:
             s = self.ckpt.sampling

@@ -4,3 +4,8 @@ defaults here without loading the engine."""
 # Measured on the H200 (random 1.7B, bf16, docs/bench.md): K = 4 gave c64 362.8 audio-s/s against
 # 247.7 at K = 1 and 376.1 at K = 8, for 3 more steps of first-audio latency (K = 8: 7 more).
 DEFAULT_CODEC_WINDOW = 4
+# The engine's slots in `tts synth`: every call runs this many rows whatever it holds, so that a
+# seeded row's audio does not depend on what else is synthesized with it (batch invariance holds
+# for one rows setting). 64: the batch the engine issue fixes; more rows raise throughput (c128,
+# c256 in docs/bench.md) at the cost of first-audio latency and memory.
+DEFAULT_ENGINE_ROWS = 64

@@ -52,7 +52,11 @@ class FakeSynthesizer:
 def use_fake_synthesizer(monkeypatch, tmp_path) -> FakeSynthesizer:
     """`tts synth --model tmp_path/model` then runs on a FakeSynthesizer."""
     synth = FakeSynthesizer()
-    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device: synth)
+    def load(model_dir, device, engine_rows=None):
+        synth.loaded_with = {"device": device, "engine_rows": engine_rows}
+        return synth
+
+    monkeypatch.setattr(cli, "load_synthesizer", load)
     monkeypatch.delenv("TTS_MODEL", raising=False)
     (tmp_path / "model").mkdir(exist_ok=True)
     return synth

@@ -63,13 +63,13 @@ def resolve_model(option: Optional[Path]) -> ModelChoice:
     return choice
 
 
-def load_synthesizer(model_dir: Path, device: str):
+def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS):
     """Imported here, not at the top: torch and the model load only for commands that synthesize."""
     from .synthesizer import Synthesizer, allow_tf32
 
     if device.startswith("cuda"):
         allow_tf32()
-    return Synthesizer.from_pretrained(model_dir, device=device)
+    return Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows)
 
 
 def check_device(device: str) -> None:
@@ -257,7 +257,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     # Names over the whole manifest, so that a row's file name does not depend on the shard.
     names = dict(zip((row.index for row in manifest.rows),
                      output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
-    rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
+    shard_rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
     if devices:
         check_devices(devices)
     else:
@@ -268,7 +268,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         raise TTSError(f"cannot create output folder {out}: {e}") from e
 
     report_row_error = row_error_printer()
-    for row in rows:
+    for row in shard_rows:
         if row.problem:
             report_row_error(f"row {row.number} ({row.request.id!r}): {row.problem}", "yellow")
     if choice.bundled:
@@ -285,7 +285,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         nonlocal load_seconds
         load_start = perf_counter()
         executor = (WorkerPool(choice.dir, devices, settings) if devices
-                    else LocalExecutor(load_synthesizer(choice.dir, device), settings))
+                    else LocalExecutor(load_synthesizer(choice.dir, device, rows), settings))
         load_seconds = perf_counter() - load_start
         return executor
 
@@ -316,7 +316,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     wer_section = wer_rows = None
     try:
         try:
-            result = run_job(rows, names, out, settings, start_executor, on_start=on_start,
+            result = run_job(shard_rows, names, out, settings, start_executor, on_start=on_start,
                              on_rows_done=on_rows_done, on_output=synth_wer and synth_wer.feed)
         finally:
             progress.stop()

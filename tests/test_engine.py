@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.engine.slots import talker_kv_bytes
 from tts_cli.errors import RequestError
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import prompt_embeddings
@@ -156,4 +157,16 @@ def test_synthesizer_through_the_engine_equals_the_plain_path(synth):
         for a, b in zip(fast, plain):
             assert a.id == b.id and torch.equal(a.codes, b.codes) and a.hit_cap == b.hit_cap
             assert np.linalg.norm(a.audio - b.audio) / np.linalg.norm(b.audio) < 1e-5
-    assert sorted(rows for rows, _ in through_engine._engines) == [2, 4]
+    assert through_engine._engine_now.rows == 2   # rebuilt for the capped call
+
+
+def test_synthesizer_refuses_a_request_its_kv_budget_cannot_hold(synth):
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
+    through_engine.kv_budget_bytes = 64 * talker_kv_bytes(through_engine.cfg, 2, 1, torch.float32)
+    short = Request(id="short", text="Hi.", speaker="vivian", seed=1)
+    long = Request(id="long", text="Hi.", speaker="vivian", seed=2)
+    assert len(through_engine.synthesize([short], max_frames=10, min_new_tokens=11)[0].codes) == 10
+    assert through_engine._engine_now.context == 64   # the call's 256-position bucket, cut to the budget
+    with pytest.raises(RequestError, match=r"long: its prompt and frame cap need \d+ talker positions; within "
+                                           r"the GPU memory budget 2 slots hold 64 each"):
+        through_engine.synthesize([long], max_frames=100)

@@ -10,8 +10,10 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
 from tts_cli.engine import DEFAULT_ENGINE_ROWS
+from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest
-from tts_cli.errors import CheckpointError, RequestError
+from tts_cli.engine.slots import talker_kv_bytes
+from tts_cli.errors import CheckpointError, RequestError, TTSError
 from tts_cli.model.codec import load_codec
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import (Prompt, assistant_text, build_prompt, check_speaker, instruct_text,
@@ -26,8 +28,11 @@ log = logging.getLogger(__name__)
 # in English and Chinese), so only a runaway row hits it; it is flagged when it does.
 CAP_BASE_FRAMES = 50
 CAP_FRAMES_PER_TOKEN = 15
-# Engines are kept per talker context rounded up to this many positions (fewer graph captures).
+# An engine's talker context is the call's rounded up to this many positions (fewer rebuilds).
 ENGINE_CONTEXT_STEP = 256
+# The talker KV cache may take this share of the GPU memory free when an engine is built; the rest
+# is for CUDA graphs, activations and the codec's state.
+KV_MEMORY_FRACTION = 0.5
 
 
 def load_tokenizer(root: Path):
@@ -87,7 +92,8 @@ class Synthesizer:
         self.uses_engine = engine if engine is not None else device.type == "cuda"
         self.engine_rows = engine_rows
         log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
-        self._engines: dict[tuple[int, int], Engine] = {}
+        self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
+        self._engine_now: Engine | None = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -172,20 +178,50 @@ class Synthesizer:
         engine_requests = [EngineRequest(key=i, prompt_embeds=row.prompt_embeds, seed=row.seed,
                                          max_frames=row.max_frames, min_new_tokens=min_new_tokens,
                                          talker=talker, cp=cp) for i, row in enumerate(rows)]
-        context = max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows)
-        results = self._engine(slots, context).run(engine_requests)
+        needs = [row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows]
+        engine = self._engine(slots, max(needs))
+        for request, need in zip(requests, needs):
+            if need > engine.context:
+                raise RequestError(f"{request.id}: its prompt and frame cap need {need} talker positions; within the "
+                                   f"GPU memory budget {slots} slots hold {engine.context} each (fewer --rows, "
+                                   f"a lower --max-frames or --segment-chars make room)")
+        results = engine.run(engine_requests)
         return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=res.pcm, hit_cap=res.hit_cap)
                 for r, res in zip(requests, results)]
 
     def _engine(self, rows: int, context: int) -> Engine:
-        """One engine (and its CUDA graphs) per slot count and context bucket, kept for reuse."""
-        key = (rows, ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP))
-        if key not in self._engines:
-            s = self.ckpt.sampling
-            self._engines[key] = Engine(self.model, self.codec, rows=key[0], context=key[1],
-                                        talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
-                                        top_p=s.top_p < 1 or s.subtalker_top_p < 1)
-        return self._engines[key]
+        """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released
+        first, for another slot count or a longer context. Its context: the call's rounded up, at
+        most what the KV budget holds (requests needing more are refused, each with its reason)."""
+        engine = self._engine_now
+        if engine is not None and engine.rows == rows and engine.context >= context:
+            return engine
+        self._engine_now = engine = None
+        context = ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP)
+        most = self._most_context(rows)
+        if most is not None:
+            context = min(context, most)
+        s = self.ckpt.sampling
+        self._engine_now = Engine(self.model, self.codec, rows=rows, context=context,
+                                  talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
+                                  top_p=s.top_p < 1 or s.subtalker_top_p < 1)
+        return self._engine_now
+
+    def _most_context(self, rows: int) -> int | None:
+        """The talker positions per slot that the KV budget holds for `rows` slots (a multiple of
+        the prefill's tile width), or None without a budget (CPU, unless kv_budget_bytes is set)."""
+        weight = self.model.talker.codec_embedding.weight
+        budget = self.kv_budget_bytes
+        if budget is None and weight.device.type == "cuda":
+            torch.cuda.empty_cache()   # what the released engine held counts as free
+            budget = int(torch.cuda.mem_get_info(weight.device)[0] * KV_MEMORY_FRACTION)
+        if budget is None:
+            return None
+        most = budget // talker_kv_bytes(self.cfg, rows, 1, weight.dtype) // COLUMNS * COLUMNS
+        if most < COLUMNS:
+            raise TTSError(f"the GPU memory budget for keys and values ({budget / 2**30:.2f} GiB) holds fewer than "
+                           f"{COLUMNS} talker positions for {rows} slots: use fewer --rows")
+        return most
 
     def decode(self, codes: list[torch.Tensor]):
         """Codes of several rows -> float32 numpy waveforms, one padded causal decode: padding

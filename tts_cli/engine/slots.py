@@ -21,6 +21,13 @@ from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import StaticKV
 
 
+def talker_kv_bytes(cfg: ModelConfig, rows: int, context: int, dtype: torch.dtype) -> int:
+    """Bytes of the talker's static keys and values for `rows` slots of `context` positions: the
+    memory that grows with the workload (the code predictor's caches hold 16 positions)."""
+    t = cfg.talker
+    return 2 * t.num_layers * rows * t.num_kv_heads * context * t.head_dim * dtype.itemsize
+
+
 class SlotState:
     def __init__(self, cfg: ModelConfig, rows: int, context: int, codec, device, kv_dtype,
                  talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1):

@@ -69,11 +69,11 @@ def _rope_and_store(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_p
 
 
 def _start(start: int | torch.Tensor, rows: torch.Tensor):
-    """(pointer, value, per row): the kernel arguments for a start position (a tensor, or an int;
-    the pointer is unused then)."""
+    """(pointer, value): the kernel arguments for a start position, a [B] tensor or an int (the
+    pointer is unused then; START_PER_ROW = torch.is_tensor(start) says which)."""
     if torch.is_tensor(start):
-        return start.contiguous(), 0, True
-    return rows, start, False
+        return start.contiguous(), 0
+    return rows, start
 
 
 def rope_and_store(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: torch.Tensor,
@@ -87,12 +87,12 @@ def rope_and_store(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int
     cache's dtype (attention meets them with the cached keys)."""
     s, rows = tokens_per_row, rows.contiguous()
     b = rows.shape[0]
-    start_ptr, start_value, per_row = _start(start, rows)
+    start_ptr, start_value = _start(start, rows)
     q = torch.empty(b, s, q_heads, head_dim, device=qkv.device, dtype=k_cache.dtype)
     _rope_and_store[(b * s, q_heads + kv_heads)](
         qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, q, b * s, s, eps,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        Q_HEADS=q_heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, PARTS=parts, START_PER_ROW=per_row)
+        Q_HEADS=q_heads, KV_HEADS=kv_heads, HEAD_DIM=head_dim, PARTS=parts, START_PER_ROW=torch.is_tensor(start))
     return q
 
 
@@ -167,7 +167,7 @@ def cached_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out = torch.empty(parts * b * s, q_heads * head_dim, device=q.device, dtype=parts_dtype(parts))
     grid = (b, kv_heads, triton.cdiv(s * groups, block_q))
     _cached_attention[grid](
-        q.contiguous(), k_cache, v_cache, rows.contiguous(), *_start(start, rows)[:2], out, b * s, s, scale,
+        q.contiguous(), k_cache, v_cache, rows.contiguous(), *_start(start, rows), out, b * s, s, scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         Q_HEADS=q_heads, GROUPS=groups, HEAD_DIM=head_dim, CAPACITY=k_cache.shape[2], BLOCK_Q=block_q, BLOCK_K=32,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=q.dtype == torch.float32, PARTS=parts,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from tts_cli.engine.graphs import capture
 from tts_cli.engine.slots import SlotState
 from tts_cli.model.generate import prefill_batch
 
@@ -82,8 +83,6 @@ class Prefill:
         with torch.cuda.stream(stream):
             self._forward(chunk, **buffers)   # warm-up (Triton compiles, cuBLAS picks its kernels)
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            hidden = self._forward(chunk, **buffers)
+        graph, hidden = capture(lambda: self._forward(chunk, **buffers), self.pool)
         self.pool = graph.pool()
         return graph, buffers, hidden

@@ -15,6 +15,7 @@ import logging
 
 import torch
 
+from tts_cli.engine.graphs import capture
 from tts_cli.engine.slots import SlotState
 from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.sampler import TalkerLogitsProcessor, choose, gumbel_noise
@@ -115,9 +116,7 @@ class DecodeStep:
         torch.cuda.current_stream().wait_stream(stream)
         pool = None
         for name in STAGES:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.stage_fns[name]()
+            graph, _ = capture(self.stage_fns[name], pool)
             pool = graph.pool()
             self.graphs[name] = graph
         self.st.window_column.zero_()   # the warm-up steps moved it; the host counts from column 0

@@ -1,0 +1,28 @@
+"""CUDA graph capture shared by the decode step and the prefill."""
+from __future__ import annotations
+
+import gc
+from typing import Callable, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+def capture(fn: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """fn() captured as a CUDA graph (warm it up first): (graph, what fn returned, its tensors
+    living in the graph's pool). Python's garbage collector is held off meanwhile: a collection
+    could free an older engine's graph, and destroying a graph while a stream captures invalidates
+    the capture (seen on the H200 as cuBLAS failing inside it). torch collects before a capture
+    only when asked to (torch.compiler.config.force_cudagraph_gc), so we collect here."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = fn()
+    finally:
+        if was_enabled:
+            gc.enable()
+    return graph, out

@@ -30,26 +30,22 @@ def _mix32(x):
 
 
 @triton.jit
-def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr,
-                 frame_ptr, frame_stride, out_ptr, group, vocab, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
-    row = tl.program_id(0)
-    tokens = tl.arange(0, BLOCK)
-    valid = tokens < vocab
-    raw = tl.load(logits_ptr + row * logits_stride + tokens, mask=valid, other=float("-inf")).to(tl.float32)
-    temperature = tl.load(temperature_ptr + row)
+def draw(raw, tokens, valid, temperature, k, seed, frame, group, do_sample, vocab, LIBDEVICE: tl.constexpr):
+    """The token one row draws: raw [BLOCK] fp32 logits (-inf past the vocabulary), its sampler
+    settings as scalars. Shared by the sampler kernel and the persistent depth kernel, so that
+    both draw the same token."""
     if LIBDEVICE:
         scaled = libdevice.div_rn(raw, temperature)
     else:
         scaled = raw / temperature
     # top-k: the k-th largest from the row sorted in registers (padding lanes, -inf, sort last)
-    k = tl.load(top_k_ptr + row)
     ranked = tl.sort(scaled, descending=True)
     kth = tl.sum(tl.where(tokens == k - 1, ranked, 0.0), axis=0)
     kth = tl.where((k <= 0) | (k > vocab), float("-inf"), kth)
     warped = tl.where(scaled >= kth, scaled, float("-inf"))
     mask = tl.full([], 0xFFFFFFFF, tl.int64)
-    seed = tl.load(seeds_ptr + row).to(tl.int64)
-    frame = tl.load(frame_ptr + row * frame_stride).to(tl.int64)
+    seed = seed.to(tl.int64)
+    frame = frame.to(tl.int64)
     key = _mix32(seed & mask)
     key = _mix32(key ^ ((seed >> 32) & mask))
     key = _mix32(key ^ (frame & mask))
@@ -60,10 +56,22 @@ def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sampl
         noise = -libdevice.log(-libdevice.log(unit))
     else:
         noise = -tl.log(-tl.log(unit))
-    sample = tl.load(do_sample_ptr + row).to(tl.int1)
-    scores = tl.where(sample, warped + noise, raw)
+    scores = tl.where(do_sample, warped + noise, raw)
     scores = tl.where(valid, scores, float("-inf"))
-    tl.store(out_ptr + row, tl.argmax(scores, axis=0).to(tl.int64))
+    return tl.argmax(scores, axis=0).to(tl.int64)
+
+
+@triton.jit
+def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr,
+                 frame_ptr, frame_stride, out_ptr, group, vocab, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+    row = tl.program_id(0)
+    tokens = tl.arange(0, BLOCK)
+    valid = tokens < vocab
+    raw = tl.load(logits_ptr + row * logits_stride + tokens, mask=valid, other=float("-inf")).to(tl.float32)
+    token = draw(raw, tokens, valid, tl.load(temperature_ptr + row), tl.load(top_k_ptr + row),
+                 tl.load(seeds_ptr + row), tl.load(frame_ptr + row * frame_stride), group,
+                 tl.load(do_sample_ptr + row).to(tl.int1), vocab, LIBDEVICE)
+    tl.store(out_ptr + row, token)
 
 
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, do_sample: torch.Tensor,

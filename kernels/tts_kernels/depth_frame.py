@@ -1,0 +1,523 @@
+"""The code predictor's frame (16 positions x every layer, the 15 heads and draws) as one
+persistent Triton kernel: one launch of one CTA per SM walks the task lists of
+tts_kernels.depth_schedule, each task waiting on a counter in global memory for the phase before
+it. The loop it replaces (tts_cli.model.depth, fused path) launches ~850 kernels per frame, each
+paying launch, memory latency and ramp-up; here a phase hand-off costs a counter round trip.
+
+Numerics follow the loop's: activations fp32; every projection reads its fp32 input as bf16
+hi + lo halves (tts_kernels.linear) against bf16 weights, with fp32 sums; q, k and v rounded to
+the cache dtype; the attention's probabilities meet the values in that dtype; the draw is
+tts_kernels.sampler.draw. Split-K partial sums are added in a fixed order by their consumer, so a
+frame gives the same result every run. With fp32 weights (PARTS = 1) the projections are fp32.
+
+Without SYNC (CPU, Triton's interpreter, which runs programs one after another) the host launches
+one phase at a time instead, with that phase's tasks: the same task code, the launch boundary as
+the barrier.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from tts_kernels import compiled
+from tts_kernels import depth_schedule as plan
+from tts_kernels.sampler import draw
+
+_EMBED = tl.constexpr(plan.EMBED)
+_QKV = tl.constexpr(plan.QKV)
+_ATTN = tl.constexpr(plan.ATTN)
+_O = tl.constexpr(plan.O)
+_NORM_2 = tl.constexpr(plan.NORM_2)
+_GATE_UP = tl.constexpr(plan.GATE_UP)
+_DOWN = tl.constexpr(plan.DOWN)
+_NORM_1 = tl.constexpr(plan.NORM_1)
+_HEAD = tl.constexpr(plan.HEAD)
+_FIELDS = tl.constexpr(len(plan.FIELDS))
+_POSITIONS = tl.constexpr(plan.POSITIONS)
+
+
+@triton.jit
+def _now():
+    """The GPU's global nanosecond timer (for the optional per-task timestamps)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _gemm(x_ptr, x_cols, w_ptr, w_cols, w2_offset, rows, n0, k0, K_LEN: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTS: tl.constexpr,
+          PAIR: tl.constexpr):
+    """x[:, k0:k0+K_LEN] @ w[n0:n0+BLOCK_N, k0:k0+K_LEN].T as fp32 [BLOCK_M, BLOCK_N]; with PAIR
+    also the same for the weight rows w2_offset further (gate and up share one read of x)."""
+    r = tl.arange(0, BLOCK_M)
+    n = n0 + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k in range(0, K_LEN, BLOCK_K):
+        cols = k0 + k + kk
+        x = tl.load(x_ptr + r[:, None] * x_cols + cols[None, :], mask=(r < rows)[:, None], other=0.0,
+                    cache_modifier=".cg")
+        w_offsets = n[None, :] * w_cols + cols[:, None]
+        w = tl.load(w_ptr + w_offsets)
+        if PARTS == 2:
+            hi = x.to(tl.bfloat16, fp_downcast_rounding="rtne")
+            lo = (x - hi.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
+            acc = tl.dot(hi, w, acc)
+            acc = tl.dot(lo, w, acc)
+            if PAIR:
+                w2 = tl.load(w_ptr + w2_offset + w_offsets)
+                acc2 = tl.dot(hi, w2, acc2)
+                acc2 = tl.dot(lo, w2, acc2)
+        else:
+            acc = tl.dot(x, w.to(tl.float32), acc, input_precision="ieee")
+            if PAIR:
+                w2 = tl.load(w_ptr + w2_offset + w_offsets)
+                acc2 = tl.dot(x, w2.to(tl.float32), acc2, input_precision="ieee")
+    return acc, acc2
+
+
+@triton.jit
+def _store_tile(out_ptr, out_cols, value, rows, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    r = tl.arange(0, BLOCK_M)
+    n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + r[:, None] * out_cols + n[None, :], value, mask=(r < rows)[:, None])
+
+
+@triton.jit
+def _projection(x_ptr, w_ptr, out_ptr, tile, rows, N: tl.constexpr, K: tl.constexpr, N_TILE: tl.constexpr,
+                SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PARTS: tl.constexpr):
+    """One (n tile, k split) of x [BLOCK_M, K] @ w [N, K].T into out[split] [BLOCK_M, N]."""
+    n0 = (tile // SPLITS) * N_TILE
+    split = tile % SPLITS
+    acc, _ = _gemm(x_ptr, K, w_ptr, K, 0, rows, n0, split * (K // SPLITS), K // SPLITS, BLOCK_M, N_TILE,
+                   BLOCK_K, PARTS, False)
+    _store_tile(out_ptr + split * BLOCK_M * N, N, acc, rows, n0, BLOCK_M, N_TILE)
+
+
+@triton.jit
+def _residual_norm(h_ptr, xn_ptr, part_ptr, norm_ptr, row, eps, SPLITS: tl.constexpr, D: tl.constexpr,
+                   DB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """h[row] += the SPLITS partial sums, in order; xn[row] = RMSNorm(h[row]) * norm."""
+    d = tl.arange(0, DB)
+    valid = d < D
+    h = tl.load(h_ptr + row * D + d, mask=valid, other=0.0, cache_modifier=".cg")
+    delta = tl.zeros([DB], tl.float32)
+    for s in range(SPLITS):
+        delta += tl.load(part_ptr + (s * BLOCK_M + row) * D + d, mask=valid, other=0.0, cache_modifier=".cg")
+    h += delta
+    _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D, DB)
+
+
+@triton.jit
+def _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D: tl.constexpr, DB: tl.constexpr):
+    """h [DB] -> h[row]; RMSNorm(h) * norm -> xn[row]."""
+    d = tl.arange(0, DB)
+    valid = d < D
+    tl.store(h_ptr + row * D + d, h, mask=valid)
+    rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
+    tl.store(xn_ptr + row * D + d, tl.load(norm_ptr + d, mask=valid, other=0.0).to(tl.float32) * (h * rstd),
+             mask=valid)
+
+
+@triton.jit
+def _head_vectors(qkv_ptr, r, valid_r, head, dims, partner, norm_ptr, cos, sin, eps, NORM: tl.constexpr,
+                  QKV_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, HD: tl.constexpr):
+    """Head vectors [rows, heads, HDB] of rows r from the q/k/v partial sums: with NORM, RMS-normed
+    and rotated (RoPE, rotate-half) as the loop's rope_and_store does; else raw (v)."""
+    mask = valid_r[:, None, None] & (dims < HD)[None, None, :]
+    offsets = head[None, :, None] * HD + dims[None, None, :]
+    partner_offsets = head[None, :, None] * HD + partner[None, None, :]
+    x = tl.zeros([r.shape[0], head.shape[0], dims.shape[0]], tl.float32)
+    x_partner = tl.zeros([r.shape[0], head.shape[0], dims.shape[0]], tl.float32)
+    for s in range(SPLITS):
+        base = qkv_ptr + (s * BLOCK_M + r)[:, None, None] * QKV_N
+        x += tl.load(base + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+        if NORM:
+            x_partner += tl.load(base + partner_offsets, mask=mask, other=0.0, cache_modifier=".cg")
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=2) / HD + eps)
+        weight = tl.load(norm_ptr + dims, mask=dims < HD, other=0.0).to(tl.float32)[None, None, :]
+        weight_partner = tl.load(norm_ptr + partner, mask=dims < HD, other=0.0).to(tl.float32)[None, None, :]
+        normed = weight * (x * rstd[:, :, None])
+        normed_partner = weight_partner * (x_partner * rstd[:, :, None])
+        rotated = tl.where(dims[None, None, :] < HD // 2, -normed_partner, normed_partner)
+        x = normed * cos[None, None, :] + rotated * sin[None, None, :]
+    return x
+
+
+@triton.jit
+def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+               tile, position, rows, eps, scale,
+               QH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDB: tl.constexpr, GB: tl.constexpr,
+               QKV_N: tl.constexpr, SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """One kv head for ATTN_ROWS rows at once at `position`: q/k norm + RoPE, k and v into the
+    frame's cache ([BLOCK_M, KVH, POSITIONS, HD] of this layer), causal attention over positions
+    0..position. Tensors are [rows, heads, positions, dims]."""
+    GROUPS: tl.constexpr = QH // KVH
+    kv_head = tile % KVH
+    r = (tile // KVH) * ATTN_ROWS + tl.arange(0, ATTN_ROWS)
+    valid_r = r < rows
+    dims = tl.arange(0, HDB)
+    partner = (dims + HD // 2) % HD
+    in_head = dims < HD
+    g = tl.arange(0, GB)
+    q_heads = kv_head * GROUPS + tl.minimum(g, GROUPS - 1)   # padding lanes repeat the last head
+    one = tl.zeros([1], tl.int32)
+    keys = tl.arange(0, _POSITIONS)
+    cos = tl.load(cos_ptr + position * HD + dims, mask=in_head, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + position * HD + dims, mask=in_head, other=0.0).to(tl.float32)
+    cache_type = k_cache_ptr.dtype.element_ty
+    # the earlier positions' keys and values first: no dependency on this task's stores below
+    base = ((r * KVH + kv_head) * _POSITIONS * HD)[:, None, None]
+    earlier = valid_r[:, None, None] & (keys < position)[None, :, None] & in_head[None, None, :]
+    cached = base + keys[None, :, None] * HD + dims[None, None, :]
+    cached_keys = tl.load(k_cache_ptr + cached, mask=earlier, other=0.0, cache_modifier=".cg").to(tl.float32)
+    cached_values = tl.load(v_cache_ptr + cached, mask=earlier, other=0.0, cache_modifier=".cg").to(tl.float32)
+    q = _head_vectors(qkv_ptr, r, valid_r, q_heads, dims, partner, q_norm_ptr, cos, sin, eps, True,
+                      QKV_N, SPLITS, BLOCK_M, HD)
+    k = _head_vectors(qkv_ptr, r, valid_r, QH + kv_head + one, dims, partner, k_norm_ptr, cos, sin, eps, True,
+                      QKV_N, SPLITS, BLOCK_M, HD)
+    v = _head_vectors(qkv_ptr, r, valid_r, QH + KVH + kv_head + one, dims, partner, k_norm_ptr, cos, sin, eps,
+                      False, QKV_N, SPLITS, BLOCK_M, HD)
+    k = k.to(cache_type, fp_downcast_rounding="rtne")       # [rows, 1, dims]
+    v = v.to(cache_type, fp_downcast_rounding="rtne")
+    q = q.to(cache_type, fp_downcast_rounding="rtne").to(tl.float32)
+    store_mask = valid_r[:, None, None] & in_head[None, None, :]
+    tl.store(k_cache_ptr + base + position * HD + dims[None, None, :], k, mask=store_mask)
+    tl.store(v_cache_ptr + base + position * HD + dims[None, None, :], v, mask=store_mask)
+    # this position's k and v from registers, the earlier ones from the cache: [rows, positions, dims]
+    here = (keys == position)[None, :, None]
+    key = tl.where(here, k.to(tl.float32), cached_keys)
+    value = tl.where(here, v.to(tl.float32), cached_values)
+    scores = tl.sum(q[:, :, None, :] * key[:, None, :, :], axis=3) * scale          # [rows, heads, positions]
+    scores = tl.where((keys <= position)[None, None, :], scores, float("-inf"))
+    best = tl.max(scores, axis=2)
+    p = tl.exp(scores - best[:, :, None])
+    total = tl.sum(p, axis=2)
+    p = p.to(cache_type).to(tl.float32)
+    out = tl.sum(p[:, :, :, None] * value[:, None, :, :], axis=2) / total[:, :, None]   # [rows, heads, dims]
+    out_offsets = r[:, None, None] * QH * HD + (kv_head * GROUPS + g)[None, :, None] * HD + dims[None, None, :]
+    tl.store(out_ptr + out_offsets, out, mask=valid_r[:, None, None] & (g < GROUPS)[None, :, None] &
+             in_head[None, None, :])
+
+
+@triton.jit
+def _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forced_ptr, h_ptr, xn_ptr, norm_ptr,
+           temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
+           row, position, rows, eps,
+           D: tl.constexpr, DB: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, HEAD_SPLITS: tl.constexpr,
+           BLOCK_M: tl.constexpr, FORCED: tl.constexpr, STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """One row at `position`: from position 2 on, first the draw of codebook position - 1 from the
+    head's partial logits; then (positions 0..15) the input, h = it and xn = norm_1 of layer 0."""
+    if row < rows:
+        code = tl.zeros([], tl.int64)
+        if position >= 2:
+            group = position - 1
+            tokens = tl.arange(0, VB)
+            valid = tokens < V
+            logits = tl.zeros([VB], tl.float32)
+            for s in range(HEAD_SPLITS):
+                logits += tl.load(logit_part_ptr + (s * BLOCK_M + row) * V + tokens, mask=valid, other=0.0,
+                                  cache_modifier=".cg")
+            if STORE_LOGITS:
+                tl.store(logits_out_ptr + (row * 15 + group - 1) * V + tokens, logits, mask=valid)
+            if FORCED:
+                code = tl.load(forced_ptr + row * 15 + group - 1)
+            else:
+                code = draw(tl.where(valid, logits, float("-inf")), tokens, valid, tl.load(temperature_ptr + row),
+                            tl.load(top_k_ptr + row), tl.load(seeds_ptr + row),
+                            tl.load(frame_ptr + row * frame_stride), group,
+                            tl.load(do_sample_ptr + row).to(tl.int1), V, LIBDEVICE)
+            tl.store(codes_ptr + row * 15 + group - 1, code)
+        if position < _POSITIONS:
+            d = tl.arange(0, DB)
+            valid_d = d < D
+            if position < 2:
+                x = tl.load(x_in_ptr + (position * BLOCK_M + row) * D + d, mask=valid_d, other=0.0)
+            else:
+                x = tl.load(tables_ptr + ((position - 2) * V + code) * D + d, mask=valid_d, other=0.0)
+            _store_normed(x, h_ptr, xn_ptr, norm_ptr, row, eps, D, DB)
+
+
+@triton.jit
+def _depth_frame(table_ptr, counters_ptr,
+                 x_in_ptr, h_ptr, xn_ptr, qkv_ptr, attn_ptr, part_ptr, act_ptr, logit_part_ptr,
+                 k_cache_ptr, v_cache_ptr, logits_out_ptr, codes_ptr, forced_ptr, times_ptr,
+                 norm_1_ptr, norm_2_ptr, q_norm_ptr, k_norm_ptr, w_qkv_ptr, w_o_ptr, w_gate_up_ptr, w_down_ptr,
+                 heads_ptr, tables_ptr, cos_ptr, sin_ptr,
+                 temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
+                 rows, eps, scale,
+                 D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr, QH: tl.constexpr, KVH: tl.constexpr,
+                 HD: tl.constexpr, HDB: tl.constexpr, GB: tl.constexpr, V: tl.constexpr, VB: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                 QKV_N_TILE: tl.constexpr, QKV_SPLITS: tl.constexpr, O_N_TILE: tl.constexpr, O_SPLITS: tl.constexpr,
+                 GATE_UP_N_TILE: tl.constexpr, GATE_UP_BLOCK_K: tl.constexpr, DOWN_N_TILE: tl.constexpr,
+                 DOWN_SPLITS: tl.constexpr, DOWN_BLOCK_K: tl.constexpr,
+                 HEAD_N_TILE: tl.constexpr, HEAD_SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr,
+                 MAX_TASKS: tl.constexpr, PARTS: tl.constexpr, SYNC: tl.constexpr, FORCED: tl.constexpr,
+                 STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr, TIMING: tl.constexpr):
+    QKV_N: tl.constexpr = (QH + 2 * KVH) * HD
+    cta = tl.program_id(0)
+    for t in range(MAX_TASKS):
+        task = table_ptr + (cta * MAX_TASKS + t) * _FIELDS
+        kind = tl.load(task)
+        if kind >= 0:   # padding entries: -1
+            phase = tl.load(task + 1)
+            position = tl.load(task + 2)
+            layer = tl.load(task + 3)
+            tile = tl.load(task + 4)
+            stamps = times_ptr + (cta * MAX_TASKS + t) * 3
+            if TIMING:
+                tl.store(stamps, _now())
+            if SYNC:
+                wait_phase = tl.load(task + 5)
+                if wait_phase >= 0:
+                    wait_count = tl.load(task + 6)
+                    seen = tl.atomic_add(counters_ptr + wait_phase, 0, sem="acquire", scope="gpu")
+                    while seen < wait_count:
+                        seen = tl.atomic_add(counters_ptr + wait_phase, 0, sem="acquire", scope="gpu")
+                tl.debug_barrier()
+            if TIMING:
+                tl.store(stamps + 1, _now())
+            if kind == _EMBED:
+                _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forced_ptr, h_ptr, xn_ptr,
+                       norm_1_ptr, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
+                       tile, position, rows, eps, D, DB, V, VB, HEAD_SPLITS, BLOCK_M, FORCED, STORE_LOGITS,
+                       LIBDEVICE)
+            elif kind == _QKV:
+                _projection(xn_ptr, w_qkv_ptr + layer * QKV_N * D, qkv_ptr, tile, rows, QKV_N, D, QKV_N_TILE,
+                            QKV_SPLITS, BLOCK_M, BLOCK_K, PARTS)
+            elif kind == _ATTN:
+                cache = layer * BLOCK_M * KVH * _POSITIONS * HD
+                _attention(qkv_ptr, q_norm_ptr + layer * HD, k_norm_ptr + layer * HD, cos_ptr, sin_ptr,
+                           k_cache_ptr + cache, v_cache_ptr + cache, attn_ptr, tile, position, rows, eps, scale,
+                           QH, KVH, HD, HDB, GB, QKV_N, QKV_SPLITS, ATTN_ROWS, BLOCK_M)
+            elif kind == _O:
+                _projection(attn_ptr, w_o_ptr + layer * D * QH * HD, part_ptr, tile, rows, D, QH * HD, O_N_TILE,
+                            O_SPLITS, BLOCK_M, BLOCK_K, PARTS)
+            elif kind == _NORM_2:
+                _residual_norm(h_ptr, xn_ptr, part_ptr, norm_2_ptr + layer * D, tile, eps, O_SPLITS, D, DB,
+                               BLOCK_M)
+            elif kind == _GATE_UP:
+                n0 = tile * GATE_UP_N_TILE
+                gate, up = _gemm(xn_ptr, D, w_gate_up_ptr + layer * 2 * I * D, D, I * D, rows, n0, 0, D, BLOCK_M,
+                                 GATE_UP_N_TILE, GATE_UP_BLOCK_K, PARTS, True)
+                _store_tile(act_ptr, I, gate / (1.0 + tl.exp(-gate)) * up, rows, n0, BLOCK_M, GATE_UP_N_TILE)
+            elif kind == _DOWN:
+                _projection(act_ptr, w_down_ptr + layer * D * I, part_ptr, tile, rows, D, I, DOWN_N_TILE,
+                            DOWN_SPLITS, BLOCK_M, DOWN_BLOCK_K, PARTS)
+            elif kind == _NORM_1:
+                _residual_norm(h_ptr, xn_ptr, part_ptr, norm_1_ptr + layer * D, tile, eps, DOWN_SPLITS, D, DB,
+                               BLOCK_M)
+            else:   # _HEAD
+                _projection(xn_ptr, heads_ptr + (position - 1) * V * D, logit_part_ptr, tile, rows, V, D,
+                            HEAD_N_TILE, HEAD_SPLITS, BLOCK_M, BLOCK_K, PARTS)
+            if SYNC:
+                tl.debug_barrier()
+                if TIMING:
+                    tl.store(stamps + 2, _now())
+                tl.atomic_add(counters_ptr + phase, 1, sem="release", scope="gpu")
+
+
+def shapes_for(hidden: int, intermediate: int, q_heads: int, kv_heads: int, head_dim: int, vocab: int, layers: int,
+               rows: int) -> plan.Shapes:
+    """The tiles for a code predictor's shapes: depth_schedule.Shapes' defaults (the 1.7B and 0.6B
+    code predictors), halved where they do not divide smaller shapes (block_k down to 16, what a
+    tensor-core dot needs)."""
+    block_m = max(16, triton.next_power_of_2(rows))
+    default = plan.Shapes(hidden, intermediate, q_heads, kv_heads, head_dim, vocab, layers, block_m)
+    tiles = {}
+    for kind, (n, k, n_tile, splits, block_k) in default.gemms().items():
+        while n % n_tile:
+            n_tile //= 2
+        while block_k > 16 and k % block_k:
+            block_k //= 2
+        while k % (splits * block_k):
+            splits //= 2
+        tiles[kind] = n_tile, splits, block_k
+    return plan.Shapes(hidden, intermediate, q_heads, kv_heads, head_dim, vocab, layers, block_m,
+                       block_k=min(tiles[plan.QKV][2], tiles[plan.O][2], tiles[plan.HEAD][2]),
+                       qkv_n=tiles[plan.QKV][0], qkv_splits=tiles[plan.QKV][1], o_n=tiles[plan.O][0],
+                       o_splits=tiles[plan.O][1], gate_up_n=tiles[plan.GATE_UP][0],
+                       gate_up_block_k=tiles[plan.GATE_UP][2], down_n=tiles[plan.DOWN][0],
+                       down_splits=tiles[plan.DOWN][1], down_block_k=tiles[plan.DOWN][2], head_n=tiles[plan.HEAD][0],
+                       head_splits=tiles[plan.HEAD][1], attn_rows=min(default.attn_rows, block_m))
+
+
+def _table(tasks: list[list[tuple[int, ...]]], device) -> tuple[torch.Tensor, int]:
+    """[ctas, max tasks, FIELDS] int32, padded with kind -1."""
+    most = max(1, max(len(t) for t in tasks))
+    table = torch.full((len(tasks), most, len(plan.FIELDS)), -1, dtype=torch.int32)
+    for cta, entries in enumerate(tasks):
+        if entries:
+            table[cta, :len(entries)] = torch.tensor(entries, dtype=torch.int32)
+    return table.to(device), most
+
+
+class DepthFrame:
+    """The persistent frame for one code predictor (tts_cli.model.depth.CodePredictor with its fused
+    tables prepared) and up to 64 rows. run() takes the frame's two first inputs (the projected
+    talker state and codebook-0 embedding) and the rows' sampler settings, and returns codebooks
+    1..15, as CodePredictor.predict_frame does with the sampler kernel's draws."""
+
+    def __init__(self, cp, rows: int, sync: bool | None = None, ctas: int | None = None, timed: bool = False,
+                 tiles: dict | None = None, num_warps: int = 8):
+        """timed (GPU only): every task records when it started waiting, started and ended (the
+        global timer, ns) into self.times [ctas, tasks, 3], for breakdown(). tiles: Shapes fields
+        to override (tools/depth_bench.py tries tilings). num_warps: 8 is the only setting verified;
+        4 gave wrong, run-to-run different results on the H200 (2026-11-30, cause not found)."""
+        decoder, cfg = cp.decoder, cp.decoder.cfg
+        device = decoder.norm.weight.device
+        self.sync = device.type == "cuda" and compiled() if sync is None else sync
+        if ctas is None:
+            ctas = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else ctas
+        self.rows, self.num_warps = rows, num_warps
+        vocab = cp.heads[0].weight.shape[0]
+        self.shapes = dataclasses.replace(shapes_for(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
+                                                     cfg.num_kv_heads, cfg.head_dim, vocab, cfg.num_layers, rows),
+                                          **(tiles or {}))
+        if self.shapes.rows > 64:
+            raise ValueError(f"{rows} rows: the depth kernel runs up to 64 rows per launch")
+        self.schedule = plan.build(self.shapes, ctas, sms)
+        layers = decoder.layers
+        stack = lambda get: torch.stack([get(layer).detach() for layer in layers]).contiguous()
+        weight = layers[0].mlp.down_proj.weight
+        self.parts = 2 if weight.dtype == torch.bfloat16 else 1
+        self.weights = dict(
+            norm_1=torch.cat([stack(lambda l: l.input_layernorm.weight), decoder.norm.weight.detach()[None]]),
+            norm_2=stack(lambda l: l.post_attention_layernorm.weight),
+            q_norm=stack(lambda l: l.self_attn.q_norm.weight), k_norm=stack(lambda l: l.self_attn.k_norm.weight),
+            w_qkv=stack(lambda l: torch.cat([l.self_attn.q_proj.weight, l.self_attn.k_proj.weight,
+                                             l.self_attn.v_proj.weight])),
+            w_o=stack(lambda l: l.self_attn.o_proj.weight),
+            w_gate_up=stack(lambda l: torch.cat([l.mlp.gate_proj.weight, l.mlp.up_proj.weight])),
+            w_down=stack(lambda l: l.mlp.down_proj.weight),
+            heads=torch.stack([h.weight.detach() for h in cp.heads]).contiguous())
+        cp.prepare_fused()
+        self.tables = cp.fused_tables[0]
+        decoder.cache_rope(plan.POSITIONS)
+        self.cos, self.sin = decoder.rope_tables[-1]
+        s, m, d = self.shapes, self.shapes.rows, cfg.hidden_size
+        qkv_n = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+        f32 = dict(device=device, dtype=torch.float32)
+        self.scratch = dict(
+            x_in=torch.zeros(2, m, d, **f32), h=torch.zeros(m, d, **f32), xn=torch.zeros(m, d, **f32),
+            qkv=torch.zeros(s.qkv_splits, m, qkv_n, **f32), attn=torch.zeros(m, cfg.num_heads * cfg.head_dim, **f32),
+            part=torch.zeros(max(s.o_splits, s.down_splits), m, d, **f32),
+            act=torch.zeros(m, cfg.intermediate_size, **f32), logit_part=torch.zeros(s.head_splits, m, vocab, **f32),
+            k_cache=torch.zeros(cfg.num_layers, m, cfg.num_kv_heads, plan.POSITIONS, cfg.head_dim, device=device,
+                                dtype=weight.dtype))
+        self.scratch["v_cache"] = torch.zeros_like(self.scratch["k_cache"])
+        self.logits = torch.zeros(m, plan.GROUPS, vocab, **f32)
+        self.codes = torch.zeros(m, plan.GROUPS, device=device, dtype=torch.int64)
+        self.counters = torch.zeros(len(self.schedule.phases), device=device, dtype=torch.int32)
+        self.eps, self.scale = cfg.rms_norm_eps, cfg.head_dim ** -0.5
+        self.timed = timed and self.sync
+        self.times = torch.zeros(ctas, self.schedule.max_tasks if self.timed else 1, 3, device=device,
+                                 dtype=torch.int64)
+        if self.sync:
+            self.tables_per_launch = [_table(self.schedule.table, device)]
+        else:   # one launch per phase, each with that phase's tasks
+            by_phase = [[[task for task in tasks if task[1] == phase] for tasks in self.schedule.table]
+                        for phase in range(len(self.schedule.phases))]
+            self.tables_per_launch = [_table(tasks, device) for tasks in by_phase]
+
+    @torch.no_grad()
+    def run(self, x_in: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, do_sample: torch.Tensor,
+            seeds: torch.Tensor, frame: torch.Tensor, forced_codes: torch.Tensor | None = None,
+            store_logits: bool = False) -> torch.Tensor:
+        """x_in [2, B, D] fp32: the projected talker state and codebook-0 embedding of each row;
+        temperature [B, 1] or [B]; top_k, do_sample, seeds, frame [B]. forced_codes [B, 15]:
+        teacher forcing (the draws are skipped). Returns codes [B, 15] (a view of a buffer the next
+        run overwrites); with store_logits, self.logits[:B] holds the 15 heads' logits."""
+        b = x_in.shape[1]
+        if b > self.shapes.rows:
+            raise ValueError(f"{b} rows in a depth frame built for {self.rows}")
+        scratch, weights, s = self.scratch, self.weights, self.shapes
+        scratch["x_in"][:, :b].copy_(x_in)
+        if self.sync:
+            self.counters.zero_()
+        forced = forced_codes if forced_codes is not None else self.codes
+        frame = frame.reshape(-1)
+        for table, most in self.tables_per_launch:
+            _depth_frame[(self.schedule.ctas,)](
+                table, self.counters, scratch["x_in"], scratch["h"], scratch["xn"], scratch["qkv"], scratch["attn"],
+                scratch["part"], scratch["act"], scratch["logit_part"], scratch["k_cache"], scratch["v_cache"],
+                self.logits, self.codes, forced.contiguous(), self.times, weights["norm_1"], weights["norm_2"],
+                weights["q_norm"], weights["k_norm"], weights["w_qkv"], weights["w_o"], weights["w_gate_up"],
+                weights["w_down"], weights["heads"], self.tables, self.cos, self.sin,
+                temperature.reshape(-1).contiguous(), top_k.contiguous(), do_sample.contiguous(), seeds.contiguous(),
+                frame, frame.stride(0) if frame.numel() > 1 else 0, b, self.eps, self.scale,
+                D=s.hidden, DB=triton.next_power_of_2(s.hidden), I=s.intermediate, QH=s.q_heads, KVH=s.kv_heads,
+                HD=s.head_dim, HDB=max(2, triton.next_power_of_2(s.head_dim)),
+                GB=max(2, triton.next_power_of_2(s.q_heads // s.kv_heads)), V=s.vocab,
+                VB=triton.next_power_of_2(s.vocab), BLOCK_M=s.rows, BLOCK_K=s.block_k,
+                QKV_N_TILE=s.qkv_n, QKV_SPLITS=s.qkv_splits, O_N_TILE=s.o_n, O_SPLITS=s.o_splits,
+                GATE_UP_N_TILE=s.gate_up_n, GATE_UP_BLOCK_K=s.gate_up_block_k, DOWN_N_TILE=s.down_n,
+                DOWN_SPLITS=s.down_splits, DOWN_BLOCK_K=s.down_block_k,
+                HEAD_N_TILE=s.head_n, HEAD_SPLITS=s.head_splits, ATTN_ROWS=s.attn_rows, MAX_TASKS=most,
+                PARTS=self.parts, SYNC=self.sync, FORCED=forced_codes is not None, STORE_LOGITS=store_logits,
+                LIBDEVICE=compiled(), TIMING=self.timed, num_warps=self.num_warps)
+        return self.codes[:b]
+
+    def breakdown(self) -> dict[str, dict[str, float]]:
+        """From the last timed run, per task kind (microseconds): `frame_share`, the frame time
+        spent between the end of the phase before and the end of the kind's phases (their critical
+        path); `handoff`, from the end of the phase before to the median task's start; `body`, the
+        mean task body."""
+        times = self.times.cpu().double() / 1000
+        phases = self.schedule.phases
+        ends = [0.0] * len(phases)
+        starts: list[list[float]] = [[] for _ in phases]
+        bodies: list[list[float]] = [[] for _ in phases]
+        for cta, tasks in enumerate(self.schedule.table):
+            for i, task in enumerate(tasks):
+                _, start, end = times[cta, i].tolist()
+                ends[task[1]] = max(ends[task[1]], end)
+                starts[task[1]].append(start)
+                bodies[task[1]].append(end - start)
+        out: dict[str, dict[str, float]] = {}
+        first = min(min(s) for s in starts)
+        for index, phase in enumerate(phases):
+            before = ends[index - 1] if index else first
+            entry = out.setdefault(plan.KIND_NAMES[phase.kind], dict(frame_share=0.0, handoff=0.0, body=0.0, phases=0))
+            entry["frame_share"] += ends[index] - before
+            entry["handoff"] += sorted(starts[index])[len(starts[index]) // 2] - before
+            entry["body"] += sum(bodies[index]) / len(bodies[index])
+            entry["phases"] += 1
+        for entry in out.values():
+            entry["handoff"] /= entry["phases"]
+            entry["body"] /= entry["phases"]
+        out["frame"] = dict(total=max(ends) - first)
+        return out
+
+
+def unsupported(cp, rows: int) -> str | None:
+    """Why the persistent frame cannot run for this code predictor and row count here, or None.
+    It needs every CTA resident at once on a Hopper GPU of at least 128 SMs, bf16 weights, at most
+    64 rows, and shapes its tiles divide."""
+    weight = cp.decoder.norm.weight
+    if weight.device.type != "cuda":
+        return f"it runs on CUDA GPUs, not {weight.device.type}"
+    if not compiled():
+        return "Triton's interpreter runs programs one at a time, and the kernel's CTAs wait on each other"
+    props = torch.cuda.get_device_properties(weight.device)
+    if (props.major, props.minor) != (9, 0):
+        return f"it is built and measured for Hopper (sm_90), not sm_{props.major}{props.minor}"
+    if props.multi_processor_count < 128:
+        return f"the GPU has {props.multi_processor_count} SMs, the kernel's tiles are planned for 128 or more"
+    if cp.decoder.layers[0].mlp.down_proj.weight.dtype != torch.bfloat16:
+        return f"the weights are {cp.decoder.layers[0].mlp.down_proj.weight.dtype}, the kernel reads bf16"
+    if rows > 64:
+        return f"{rows} rows: the kernel runs up to 64 rows"
+    cfg = cp.decoder.cfg
+    try:
+        shapes_for(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                   cp.heads[0].weight.shape[0], cfg.num_layers, rows).check()
+    except ValueError as e:
+        return f"unsupported shapes: {e}"
+    return None

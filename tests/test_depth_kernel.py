@@ -1,0 +1,127 @@
+"""The persistent depth kernel: its host-side schedule (plain Python) and, in Triton's interpreter,
+its task code against the code predictor's loop. On CPU the interpreter runs one phase per launch
+(the launch boundary is the barrier); the GPU run, one launch with counters, is in test_gpu.py."""
+import importlib.util
+from collections import Counter
+
+import pytest
+
+from test_kernels import _interpret
+from tts_kernels import depth_schedule as plan
+
+REAL_1_7B = plan.Shapes(hidden=1024, intermediate=3072, q_heads=16, kv_heads=8, head_dim=128, vocab=2048, layers=5,
+                        rows=64)
+
+
+def _tasks_by_phase(schedule):
+    found = Counter()
+    for cta, tasks in enumerate(schedule.table):
+        for task in tasks:
+            found[task[1]] += 1
+    return found
+
+
+@pytest.mark.parametrize("ctas", [132, 7, 1])
+def test_every_wait_is_matched_by_the_signals_of_its_phase(ctas):
+    """A task waits for all tasks of the phase before its own; each task signals its phase once:
+    every wait's count equals the number of tasks that signal it, and every tile of every phase is
+    run exactly once."""
+    schedule = plan.build(REAL_1_7B, ctas, sms=132)
+    signals = _tasks_by_phase(schedule)
+    for index, phase in enumerate(schedule.phases):
+        assert signals[index] == phase.tasks
+    for tasks in schedule.table:
+        for kind, phase, position, layer, tile, wait_phase, wait_count in tasks:
+            if phase == 0:
+                assert wait_phase == plan.NO_WAIT
+            else:
+                assert wait_phase == phase - 1 and wait_count == signals[wait_phase]
+    tiles = Counter((task[1], task[4]) for tasks in schedule.table for task in tasks)
+    assert all(count == 1 for count in tiles.values())
+    assert len(tiles) == sum(p.tasks for p in schedule.phases)
+
+
+def test_each_cta_runs_its_tasks_in_phase_order():
+    """A CTA waits only on earlier phases and walks them in order, so with every CTA resident the
+    frame cannot deadlock."""
+    schedule = plan.build(REAL_1_7B, 132, sms=132)
+    for tasks in schedule.table:
+        phases = [task[1] for task in tasks]
+        assert phases == sorted(phases) and len(set(phases)) == len(phases)
+
+
+def test_the_frame_is_the_loops_sequence_of_steps():
+    """16 positions x 5 layers of (qkv, attention, o, norm, gate/up, down, norm), 15 heads, one
+    embedding per position and the last draw; the 1.7B tiles cover their projections with 128
+    tasks (96 for gate/up, whose silu needs whole sums)."""
+    phases = plan.frame_phases(REAL_1_7B)
+    kinds = Counter(p.kind for p in phases)
+    assert kinds[plan.EMBED] == 17 and kinds[plan.HEAD] == 15
+    assert kinds[plan.QKV] == kinds[plan.ATTN] == kinds[plan.GATE_UP] == 16 * 5
+    assert kinds[plan.NORM_1] == 16 * 4 + 15 and kinds[plan.NORM_2] == 16 * 5
+    assert len(phases) == 591
+    assert [REAL_1_7B.tasks(k) for k in (plan.QKV, plan.O, plan.GATE_UP, plan.DOWN, plan.HEAD, plan.ATTN)] == \
+        [128, 128, 96, 128, 128, 128]
+
+
+def test_grids_that_cannot_all_be_resident_or_tiles_that_do_not_divide_are_refused():
+    with pytest.raises(ValueError, match="all must be resident"):
+        plan.build(REAL_1_7B, 133, sms=132)
+    with pytest.raises(ValueError, match="gate_up: N 3072 by tiles of 40"):
+        plan.build(plan.Shapes(**{**REAL_1_7B.__dict__, "gate_up_n": 40}), 132, sms=132)
+
+
+def test_tiles_shrink_to_fit_small_code_predictors():
+    from tts_kernels.depth_frame import shapes_for
+    shapes = shapes_for(hidden=16, intermediate=32, q_heads=4, kv_heads=2, head_dim=8, vocab=64, layers=2, rows=5)
+    shapes.check()
+    assert shapes.rows == 16 and shapes.block_k == 16
+    assert shapes_for(1024, 3072, 16, 8, 128, 2048, 5, 64) == REAL_1_7B
+
+
+FRAME_CHECK = """
+import dataclasses
+import torch
+from pathlib import Path
+from tts_cli.checkpoint import open_checkpoint
+from tts_cli.model.depth import CodePredictor
+from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
+from tts_kernels.depth_frame import DepthFrame
+
+# the tiny model's code predictor with a 64-code vocabulary (the interpreter's sort of 2048 is slow)
+cfg = dataclasses.replace(open_checkpoint(Path("tts_cli/assets/tiny-1.7b-customvoice")).config, code_vocab_size=64)
+torch.manual_seed(0)
+cp = CodePredictor(cfg).eval()
+with torch.no_grad():
+    for name, p in cp.named_parameters():
+        p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.3)
+rows = 5
+hidden, code0_embed = torch.randn(rows, cfg.talker.hidden_size), torch.randn(rows, cfg.talker.hidden_size)
+settings = [SamplerSettings(do_sample=i % 3 != 0, temperature=[1.0, 0.7, 1.3][i % 3], top_k=[50, 0, 3][i % 3],
+                            top_p=1.0) for i in range(rows)]
+sampling = RowSampling.stack(settings, "cpu")
+seeds, frame = torch.randint(0, 2**62, (rows,)), torch.arange(rows) * 7 + 2
+with torch.no_grad():
+    codes, logits = cp.predict_frame(hidden, code0_embed,
+                                     choose=lambda g, l: choose(l, sampling, seeds, frame, g, top_p=False))
+    x_in = cp.input_projection(torch.stack((hidden, code0_embed)))
+    kernel = DepthFrame(cp, rows)
+    got = kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, store_logits=True)
+    assert torch.equal(got, codes), (got, codes)
+    torch.testing.assert_close(kernel.logits[:rows], logits, rtol=1e-5, atol=1e-5)
+    forced = torch.randint(0, 64, (rows, 15))
+    _, forced_logits = cp.predict_frame(hidden, code0_embed, None, forced_codes=forced)
+    got = kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame,
+                     forced_codes=forced, store_logits=True)
+    assert torch.equal(got, forced)
+    torch.testing.assert_close(kernel.logits[:rows], forced_logits, rtol=1e-5, atol=1e-5)
+print("depth frame ok")
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_depth_frame_equals_the_loop_in_the_interpreter():
+    """fp32 (one part): the kernel's draws equal the torch sampler's over the loop's logits (greedy
+    rows, temperatures, top-k), its logits equal the loop's, and teacher forcing takes given codes."""
+    assert "depth frame ok" in _interpret(FRAME_CHECK)
+

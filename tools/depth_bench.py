@@ -1,0 +1,126 @@
+"""The persistent depth kernel (tts_kernels.depth_frame) against the code predictor's loop (the
+engine's fused path) on random weights with the real 1.7B code predictor shapes, bf16, on one GPU:
+numerics with given codes, draws, determinism, and the frame time of each as a CUDA graph.
+
+    python tools/depth_bench.py [--rows 1,16,32,64] [--json OUT.json]
+
+Per rows: the largest logit difference over the largest logit (given codes: the loop's own
+sampled codes), the share of draws from the two sets of logits that agree, whether the kernel's
+in-kernel draws equal the sampler kernel's draws from the kernel's logits, whether two kernel
+runs are bit-identical, the median frame time of each arm (graph replays, arms alternated), and
+where a timed kernel run (per-task timestamps) spends the frame, per task kind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from tts_cli.engine.graphs import capture
+from tts_cli.engine.random_model import build_random
+from tts_cli.model.sampler import RowSampling, SamplerSettings
+from tts_cli.model.transformer import StaticKV, use_kernels
+from tts_kernels.depth_frame import DepthFrame
+from tts_kernels.sampler import sample_rows
+
+GROUPS = 15
+
+
+def setup(cp, talker, rows: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    cfg = cp.decoder.cfg
+    hidden = torch.randn(rows, cp.input_projection.weight.shape[1], device="cuda", generator=g)
+    code0 = torch.randint(0, cp.heads[0].weight.shape[0], (rows,), device="cuda", generator=g)
+    code0_embed = talker.codec_track(code0).float()
+    sampling = RowSampling.stack([SamplerSettings(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)] * rows,
+                                 "cuda")
+    seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
+    frame = torch.full((rows,), 7, device="cuda")
+    caches = [StaticKV(rows, cfg.num_kv_heads, 16, cfg.head_dim, "cuda", torch.bfloat16) for _ in cp.decoder.layers]
+    return hidden, code0_embed, sampling, seeds, frame, caches
+
+
+def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, num_warps: int = 8,
+            breakdown: bool = True) -> dict:
+    """The kernel against the loop at `rows` rows (module doc); frame times when replays > 0, and
+    then with `breakdown` a timed run's per-kind split. tiles, num_warps: the kernel's (DepthFrame)."""
+    hidden, code0_embed, sampling, seeds, frame, caches = setup(cp, talker, rows, seed=rows)
+    draw = lambda group, logits: sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample,
+                                              seeds, frame, group)
+    with torch.no_grad():
+        x_in = cp.input_projection(torch.stack((hidden, code0_embed)))
+        loop_codes, _ = cp.predict_frame(hidden, code0_embed, draw, caches=caches)
+        _, loop_logits = cp.predict_frame(hidden, code0_embed, None, forced_codes=loop_codes, caches=caches)
+    kernel = DepthFrame(cp, rows, tiles=tiles, num_warps=num_warps)
+    run = lambda **kw: kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, **kw)
+    run(forced_codes=loop_codes, store_logits=True)
+    kernel_logits = kernel.logits[:rows].clone()
+    logit_error = float((kernel_logits - loop_logits).abs().max() / loop_logits.abs().max())
+    agree = torch.stack([draw(g + 1, kernel_logits[:, g]) == draw(g + 1, loop_logits[:, g])
+                         for g in range(GROUPS)]).float().mean().item()
+    sampled = run(store_logits=True).clone()
+    own = torch.stack([draw(g + 1, kernel.logits[:rows, g]) for g in range(GROUPS)], dim=1)
+    first_logits = kernel.logits[:rows].clone()
+    again = run(store_logits=True)
+    result = dict(rows=rows, logit_error_of_max=logit_error, draws_agree_with_loop=agree,
+                  kernel_draws_equal_sampler=bool(torch.equal(sampled, own)),
+                  two_runs_identical=torch.equal(sampled, again) and torch.equal(first_logits, kernel.logits[:rows]))
+    if replays:
+        # each arm as a CUDA graph, replays alternated
+        with torch.no_grad():
+            graphs = {"loop": capture(lambda: cp.predict_frame(hidden, code0_embed, draw, caches=caches))[0],
+                      "kernel": capture(lambda: run())[0]}
+        times = {name: [] for name in graphs}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(replays):
+            for name, graph in graphs.items():
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) * 1000)
+        result.update(loop_us=statistics.median(times["loop"]), kernel_us=statistics.median(times["kernel"]))
+        result["speedup"] = result["loop_us"] / result["kernel_us"]
+    if replays and breakdown:
+        timed = DepthFrame(cp, rows, timed=True, tiles=tiles, num_warps=num_warps)
+        for _ in range(3):
+            timed.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame)
+        torch.cuda.synchronize()
+        result["timed_breakdown_us"] = {kind: {k: round(v, 2) for k, v in entry.items()}
+                                        for kind, entry in timed.breakdown().items()}
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", default="1,16,32,64")
+    ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the timed runs (each is another compile)")
+    ap.add_argument("--variants", default="", help="more kernel settings to time at the last --rows, ';'-separated, "
+                    "each 'field=value,...' of depth_schedule.Shapes or num_warps, e.g. 'gate_up_block_k=256'")
+    args = ap.parse_args(argv)
+    model, _ = build_random("1.7b", "cuda", torch.bfloat16)
+    use_kernels(model, True)
+    results = []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        results.append(compare(model.code_predictor, model.talker, rows, args.replays,
+                               breakdown=not args.no_breakdown))
+        print(json.dumps(results[-1]), flush=True)
+    for variant in filter(None, args.variants.split(";")):
+        settings = {k: int(v) for k, v in (item.split("=") for item in variant.split(","))}
+        num_warps = settings.pop("num_warps", 8)
+        results.append(dict(variant=variant, **compare(model.code_predictor, model.talker, int(args.rows.split(",")[-1]),
+                                                       args.replays, settings, num_warps,
+                                                       breakdown=not args.no_breakdown)))
+        print(json.dumps(results[-1]), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), results=results), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -158,7 +158,7 @@ def test_on_cuda_calls_carry_four_times_the_engine_rows(fake, tmp_path, monkeypa
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model",
                      "--device", "cuda", "--rows", 3)
     assert result.exit_code == 0, result.output
-    assert fake.loaded_with == {"device": "cuda", "engine_rows": 3}
+    assert fake.loaded_with == {"device": "cuda", "engine_rows": 3, "depth": "auto"}
     assert [len(batch) for batch in fake.batches] == [10] and fake.max_rows == [12]
     result = _invoke("synth", manifest, "--out", tmp_path / "out-cpu", "--model", tmp_path / "model", "--rows", 3)
     assert [len(batch) for batch in fake.batches[1:]] == [8, 2]   # cpu: 8 per call, whatever --rows
@@ -185,7 +185,7 @@ def test_manifest_of_empty_lines_is_an_error(fake, tmp_path):
 
 
 def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
-    def broken(model_dir, device, engine_rows=None):
+    def broken(model_dir, device, engine_rows=None, depth=None):
         raise CheckpointError(f"{model_dir / 'config.json'}: not valid JSON")
 
     monkeypatch.setattr(cli, "load_synthesizer", broken)

@@ -125,3 +125,48 @@ def test_depth_frame_equals_the_loop_in_the_interpreter():
     rows, temperatures, top-k), its logits equal the loop's, and teacher forcing takes given codes."""
     assert "depth frame ok" in _interpret(FRAME_CHECK)
 
+
+def test_the_engine_runs_the_loop_where_the_kernel_cannot_run_and_says_why(caplog, monkeypatch):
+    """--depth kernel off Hopper (here: CPU) falls back to the loop with the reason in the log
+    (once per process: forget earlier engines' messages); an unknown setting is refused."""
+    import logging
+    from pathlib import Path
+
+    from tts_cli.engine import step
+    from tts_cli.engine.runner import Engine
+    from tts_cli.synthesizer import Synthesizer, code_predictor_settings, talker_settings
+
+    synth = Synthesizer.from_pretrained(Path(__file__).resolve().parents[1] / "tts_cli/assets/tiny-1.7b-customvoice")
+    s = synth.ckpt.sampling
+    build = lambda depth: Engine(synth.model, synth.codec, rows=2, context=64, talker_defaults=talker_settings(s),
+                                 cp_defaults=code_predictor_settings(s), depth=depth)
+    monkeypatch.setattr(step, "_logged", set())
+    with caplog.at_level(logging.INFO, logger="tts_cli.engine.step"):
+        assert build("kernel").step.depth_frame is None
+    assert "not the persistent depth kernel (it runs on CUDA GPUs, not cpu)" in caplog.text
+    with pytest.raises(ValueError, match="depth 'fast': one of auto, kernel, loop"):
+        build("fast")
+
+
+def test_synth_takes_the_depth_setting_from_the_command_line_and_recipes(monkeypatch, tmp_path):
+    """--depth reaches the synthesizer (a recipe's `depth` too), and an unknown value stops the run
+    before anything loads, naming the choices."""
+    from typer.testing import CliRunner
+
+    from fakes import use_fake_synthesizer
+    from tts_cli.cli import app
+
+    synth = use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("One sentence.\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("depth: kernel\n")
+    run = lambda *args: CliRunner().invoke(app, ["synth", str(manifest), "--model", str(tmp_path / "model"),
+                                                 "--no-wer", *args])
+    result = run("--out", str(tmp_path / "a"), "--recipe", str(recipe))
+    assert result.exit_code == 0, result.output
+    assert synth.loaded_with["depth"] == "kernel"
+    result = run("--out", str(tmp_path / "b"), "--depth", "loop")
+    assert result.exit_code == 0 and synth.loaded_with["depth"] == "loop"
+    result = run("--out", str(tmp_path / "c"), "--depth", "fast")
+    assert result.exit_code == 2 and "--depth fast: one of auto, kernel, loop" in result.output

@@ -58,7 +58,7 @@ def espeak(monkeypatch, tmp_path):
     _needs_espeak_and_asr()
     use_fake_synthesizer(monkeypatch, tmp_path)
     synth = EspeakSynthesizer()
-    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device, engine_rows=None: synth)
+    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device, engine_rows=None, depth=None: synth)
     return synth
 
 
@@ -140,3 +140,4 @@ def test_without_an_asr_model_synth_says_so_and_goes_on(monkeypatch, tmp_path):
     assert not (tmp_path / "out" / "rows.parquet").exists()
     bad = _synth(tmp_path, manifest, tmp_path / "out2", "--asr-model", tmp_path)
     assert bad.exit_code == 2 and "not a faster-whisper model folder" in bad.output
+

@@ -29,7 +29,7 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
-from tts_cli.engine import DEFAULT_CODEC_WINDOW
+from tts_cli.engine import DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -58,6 +58,7 @@ class BenchRow:
     ms_per_step: dict
     steps: int
     peak_gpu_gib: float | None
+    depth: str   # what ran the code predictor: kernel or loop
 
 
 def load_synthesizer(spec: str, device: str, dtype: torch.dtype) -> Synthesizer:
@@ -93,7 +94,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 @torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
-              codec_window: int = DEFAULT_CODEC_WINDOW) -> BenchRow:
+              codec_window: int = DEFAULT_CODEC_WINDOW, depth: str = DEFAULT_DEPTH) -> BenchRow:
     cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -102,7 +103,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
     context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
-                    time_stages=True, codec_window=codec_window)
+                    time_stages=True, codec_window=codec_window, depth=depth)
     warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
                             min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
     engine.run(warmup)
@@ -125,13 +126,15 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
         rtf=round(statistics.mean(1 / x for x in xrts), 4),
         first_audio_p50_s=round(_percentile(first, 0.5), 4), first_audio_p99_s=round(_percentile(first, 0.99), 4),
         ms_per_step={k: round(v, 3) for k, v in engine.stats.per_step().items()}, steps=engine.stats.steps,
-        peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None)
+        peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
+        depth="kernel" if engine.step.depth_frame is not None else "loop")
     del engine
     return row
 
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
-              frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW) -> dict:
+              frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW,
+              depth: str = DEFAULT_DEPTH) -> dict:
     dtype = weights_dtype(device)
     if device.startswith("cuda"):
         allow_tf32()
@@ -142,13 +145,13 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     rows = []
     for c in concurrencies:
         count = requests or max(2 * c, 8)
-        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window))
+        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth))
     return {
         "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "torch": torch.__version__, "load_s": round(load_s, 2), "sentences": str(sentences_path),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
-        "codec_window": codec_window,
+        "codec_window": codec_window, "depth_setting": depth,
         "rows": [asdict(r) for r in rows],
     }
 

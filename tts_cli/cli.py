@@ -13,12 +13,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
-from .engine import DEFAULT_CODEC_WINDOW, DEFAULT_ENGINE_ROWS
+from .engine import DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEPTH_CHOICES
 from .errors import TTSError
 from .recipe import load_recipe
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
 DEFAULT_SYNTH_ASR_WORKERS = min(4, max(1, (os.cpu_count() or 1) // 2))  # leaves cores to synthesis
+DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel sequence per position), kernel "
+              "(one persistent kernel per frame, tts_kernels.depth_frame: Hopper GPUs with 128+ SMs, bf16, up to 64 "
+              "rows, no top-p; elsewhere the loop runs and the log says why), auto (the kernel only where it "
+              "measured faster: see docs/bench.md).")
 INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
 
 app = typer.Typer(
@@ -63,13 +67,18 @@ def resolve_model(option: Optional[Path]) -> ModelChoice:
     return choice
 
 
-def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS):
+def check_depth(depth: str) -> None:
+    if depth not in DEPTH_CHOICES:
+        raise TTSError(f"--depth {depth}: one of {', '.join(DEPTH_CHOICES)}")
+
+
+def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH):
     """Imported here, not at the top: torch and the model load only for commands that synthesize."""
     from .synthesizer import Synthesizer, allow_tf32
 
     if device.startswith("cuda"):
         allow_tf32()
-    return Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows)
+    return Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows, depth=depth)
 
 
 def check_device(device: str) -> None:
@@ -139,6 +148,7 @@ def synth(
         help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
              "a seeded row's audio does not depend on its batch mates (for one --rows setting). Fewer "
              "only when CUDA out-of-memory halvings bring the segments per call below it."),
+    depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     device: str = typer.Option(
         "cpu", "--device", metavar="DEVICE",
         help="Torch device: cpu runs the plain model in fp32; cuda[:N] runs the slot engine (CUDA graphs, fused "
@@ -199,7 +209,7 @@ def synth(
     run into DIR, a worker died), with one red line saying why; 130 interrupted (rerun to resume).
     """
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
-                   max_frames=max_frames, batch_size=batch_size, rows=rows, device=device,
+                   max_frames=max_frames, batch_size=batch_size, rows=rows, depth=depth, device=device,
                    output_format=output_format,
                    max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
                    redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers)
@@ -230,7 +240,7 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
-              rows: int = DEFAULT_ENGINE_ROWS, output_format: str = "wav", max_text_chars: int = 10_000, segment_chars: int = 300,
+              rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH, output_format: str = "wav", max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
               wer: bool = False, asr_model: Optional[Path] = None, asr_workers: int = 1) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
@@ -258,6 +268,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     names = dict(zip((row.index for row in manifest.rows),
                      output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
     shard_rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
+    check_depth(depth)
     if devices:
         check_devices(devices)
     else:
@@ -277,7 +288,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     on_cuda = bool(devices) or device.startswith("cuda")
     batch_size = batch_size or (4 * rows if on_cuda else 8)
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
-                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows,
+                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows, depth=depth,
                            model=str(choice.dir.resolve()), redo_changed=redo_changed)
     load_seconds = 0.0
 
@@ -285,7 +296,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         nonlocal load_seconds
         load_start = perf_counter()
         executor = (WorkerPool(choice.dir, devices, settings) if devices
-                    else LocalExecutor(load_synthesizer(choice.dir, device, rows), settings))
+                    else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth), settings))
         load_seconds = perf_counter() - load_start
         return executor
 
@@ -420,6 +431,7 @@ def bench(
     codec_window: int = typer.Option(DEFAULT_CODEC_WINDOW, "--codec-window", min=1, metavar="K",
                                      help="Run the codec every K decode steps over the last K frames (the "
                                           "engine's default; larger K: faster codec, later first audio)."),
+    depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
@@ -436,8 +448,9 @@ def bench(
         raise typer.Exit(2)
     try:
         check_device(device)
+        check_depth(depth)
         result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
-                           codec_window=codec_window)
+                           codec_window=codec_window, depth=depth)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
@@ -454,6 +467,8 @@ def bench(
                       "/".join(f"{ms[k]:.2f}" for k in ("depth", "codec", "talker", "prefill", "host")),
                       str(r["peak_gpu_gib"]))
     Console().print(table)
+    typer.echo(f"--depth {depth}: the code predictor ran as " +
+               ", ".join(f"{r['depth']} at {r['concurrency']} rows" for r in result["rows"]))
     typer.echo(f"results: {json_out}")
 
 

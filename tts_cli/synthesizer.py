@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
-from tts_cli.engine import DEFAULT_ENGINE_ROWS
+from tts_cli.engine import DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS
 from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.engine.slots import talker_kv_bytes
@@ -82,29 +82,31 @@ def allow_tf32() -> None:
 
 class Synthesizer:
     def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None,
-                 engine_rows: int = DEFAULT_ENGINE_ROWS):
+                 engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH):
         """engine: run batches through the slot engine (CUDA graphs, streamed codec) instead of the
-        plain loop; None: on CUDA devices only. engine_rows: the engine's slots."""
+        plain loop; None: on CUDA devices only. engine_rows: the engine's slots. depth: how the
+        engine runs the code predictor (tts_cli.engine.DEPTH_CHOICES)."""
         self.ckpt, self.model, self.tokenizer, self.codec = ckpt, model, tokenizer, codec
         self.cfg = ckpt.config
         self._warned_instruct = False
         device = model.talker.codec_embedding.weight.device
         self.uses_engine = engine if engine is not None else device.type == "cuda"
-        self.engine_rows = engine_rows
+        self.engine_rows, self.depth = engine_rows, depth
         log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self._engine_now: Engine | None = None
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                        engine: bool | None = None, engine_rows: int = DEFAULT_ENGINE_ROWS) -> "Synthesizer":
+                        engine: bool | None = None, engine_rows: int = DEFAULT_ENGINE_ROWS,
+                        depth: str = DEFAULT_DEPTH) -> "Synthesizer":
         """dtype of the talker and code predictor weights; default: weights_dtype(device)."""
         dtype = dtype or weights_dtype(device)
         ckpt = open_checkpoint(model_dir)
         tokenizer = load_tokenizer(ckpt.root)
         model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)
         codec = load_codec(ckpt.speech_tokenizer_dir, device=device, dtype=torch.float32)
-        return cls(ckpt, model, tokenizer, codec, engine=engine, engine_rows=engine_rows)
+        return cls(ckpt, model, tokenizer, codec, engine=engine, engine_rows=engine_rows, depth=depth)
 
     @property
     def speakers(self) -> list[str]:
@@ -204,7 +206,7 @@ class Synthesizer:
         s = self.ckpt.sampling
         self._engine_now = Engine(self.model, self.codec, rows=rows, context=context,
                                   talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
-                                  top_p=s.top_p < 1 or s.subtalker_top_p < 1)
+                                  top_p=s.top_p < 1 or s.subtalker_top_p < 1, depth=self.depth)
         return self._engine_now
 
     def _most_context(self, rows: int) -> int | None:

@@ -9,3 +9,11 @@ DEFAULT_CODEC_WINDOW = 4
 # for one rows setting). 64: the batch the engine issue fixes; more rows raise throughput (c128,
 # c256 in docs/bench.md) at the cost of first-audio latency and memory.
 DEFAULT_ENGINE_ROWS = 64
+# How the code predictor's 16 positions run in a decode step: `loop` (one CUDA-graphed kernel
+# sequence per position), `kernel` (tts_kernels.depth_frame, one persistent kernel per frame, where
+# it can run: else the loop, with the reason logged), `auto` (the kernel where it can run and was
+# measured faster: up to DEPTH_KERNEL_AUTO_ROWS rows). 0: on the H200 the kernel measured slower
+# than the loop at every row count of its last version (docs/bench.md), so auto runs the loop.
+DEPTH_CHOICES = ("auto", "kernel", "loop")
+DEFAULT_DEPTH = "auto"
+DEPTH_KERNEL_AUTO_ROWS = 0

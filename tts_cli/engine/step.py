@@ -15,18 +15,26 @@ import logging
 
 import torch
 
+from tts_cli.engine import DEFAULT_DEPTH, DEPTH_CHOICES, DEPTH_KERNEL_AUTO_ROWS
 from tts_cli.engine.graphs import capture
 from tts_cli.engine.slots import SlotState
 from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.sampler import TalkerLogitsProcessor, choose, gumbel_noise
 
 log = logging.getLogger(__name__)
+_logged: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.info(message)
 STAGES = ("depth", "codec", "talker")
 
 
 class DecodeStep:
     def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool,
-                 sampler_kernel: bool = False):
+                 sampler_kernel: bool = False, depth: str = DEFAULT_DEPTH):
         self.model, self.codec, self.st = model, codec, state
         cfg = model.cfg
         device = state.g0.device
@@ -42,16 +50,44 @@ class DecodeStep:
         self.emit = torch.zeros_like(state.active)
         self.code0_embed = torch.zeros_like(state.hidden)
         self.codes = torch.zeros_like(state.out_codes)
+        self.depth_frame = self._depth_frame(depth, state.g0.shape[0])
         self.stage_fns = {"depth": self._depth, "codec": self._codec, "talker": self._talker}
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         if use_graphs:
             self._capture()
+
+    def _depth_frame(self, depth: str, rows: int):
+        """The persistent depth kernel for `depth` (tts_cli.engine.DEPTH_CHOICES), or None for the
+        loop, logging why (each reason once per process)."""
+        if depth not in DEPTH_CHOICES:
+            raise ValueError(f"depth {depth!r}: one of {', '.join(DEPTH_CHOICES)}")
+        if depth == "loop":
+            return None
+        from tts_kernels.depth_frame import DepthFrame, unsupported
+        cp = self.model.code_predictor
+        why = unsupported(cp, rows)
+        if why is None and not self.sampler_kernel:
+            why = "the step draws with the torch sampler (top-p, or the fused kernels are off)"
+        if why is None and depth == "auto" and rows > DEPTH_KERNEL_AUTO_ROWS:
+            why = f"auto: at {rows} rows the loop measured faster (docs/bench.md)"
+        if why is not None:
+            _log_once(f"engine: code-predictor loop, not the persistent depth kernel ({why})")
+            return None
+        log.info("engine: the code predictor runs as the persistent depth kernel (%d rows)", rows)
+        return DepthFrame(cp, rows)
 
     @torch.no_grad()
     def _depth(self) -> None:
         st, cp = self.st, self.model.code_predictor
         self.emit.copy_(st.active & (st.g0 != self.eos) & (st.frame < st.cap))
         self.code0_embed.copy_(self.model.talker.codec_track(st.g0))
+        if self.depth_frame is not None:
+            sampling = st.cp_sampling
+            residual = self.depth_frame.run(cp.input_projection(torch.stack((st.hidden, self.code0_embed))),
+                                            sampling.temperature, sampling.top_k, sampling.do_sample, st.seeds,
+                                            st.frame)
+            self._emit_frame(residual)
+            return
         noise = None
         if not self.sampler_kernel:   # the 15 codebooks' noise in one batch: a few kernels, not 15 x as many
             groups = range(1, self.model.cfg.num_code_groups)
@@ -61,6 +97,11 @@ class DecodeStep:
             choose=lambda group, logits: self.draw(logits, st.cp_sampling, st.seeds, st.frame, group,
                                                    None if noise is None else noise[group - 1]),
             caches=st.cp_kv)
+        self._emit_frame(residual)
+
+    def _emit_frame(self, residual: torch.Tensor) -> None:
+        """The frame's 16 codes into the codec window."""
+        st = self.st
         # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
         self.codes[:, 0] = torch.where(self.emit, st.g0, 0)
         self.codes[:, 1:] = residual

@@ -141,3 +141,13 @@ def test_without_an_asr_model_synth_says_so_and_goes_on(monkeypatch, tmp_path):
     bad = _synth(tmp_path, manifest, tmp_path / "out2", "--asr-model", tmp_path)
     assert bad.exit_code == 2 and "not a faster-whisper model folder" in bad.output
 
+
+def test_asr_workers_default_to_the_cores_synthesis_leaves(monkeypatch):
+    """CPU synthesis shares the cores (half to ASR, at most 4); GPU synthesis leaves all but one
+    per synthesis process and a spare."""
+    from tts_cli import cli
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
+    assert cli.default_asr_workers(False) == 4 and cli.default_asr_workers(True) == 14
+    assert cli.default_asr_workers(True, synthesis_processes=4) == 11
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    assert cli.default_asr_workers(False) == 1 and cli.default_asr_workers(True) == 1

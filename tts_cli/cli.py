@@ -21,7 +21,7 @@ BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
 DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel sequence per position), kernel "
               "(one persistent kernel per frame, tts_kernels.depth_frame: Hopper GPUs with 128+ SMs, bf16, up to 64 "
               "rows, no top-p; elsewhere the loop runs and the log says why), auto (the kernel only where it "
-              "measured faster: see docs/bench.md).")
+              "measured faster than the loop: on the H200 nowhere yet, so auto runs the loop; docs/bench.md).")
 INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
 
 app = typer.Typer(

@@ -115,6 +115,10 @@ with torch.no_grad():
                      forced_codes=forced, store_logits=True)
     assert torch.equal(got, forced)
     torch.testing.assert_close(kernel.logits[:rows], forced_logits, rtol=1e-5, atol=1e-5)
+    # what tts verify-golden and tools/depth_bench.py report, against the loop on static caches
+    from tts_cli.engine.depth_check import kernel_against_loop
+    result = kernel_against_loop(cp, hidden, code0_embed, forced, kernel)
+    assert result["logit_error_of_max"] < 1e-5 and result["greedy_agreement"] == 1.0, result
 print("depth frame ok")
 """
 

@@ -26,8 +26,8 @@ def test_bundled_model_passes_its_shipped_records():
     assert "p0 talker logits (teacher-forced, 21 steps)" in result.output
     assert "seeded sampling" in result.output and "codec streamed" in result.output
     assert "FAIL" not in result.output
-    assert "not available: no depth kernel" in result.output
-    assert result.output.rstrip().endswith("28 checks pass, 0 fail, 1 not available")
+    assert "not available: it runs on CUDA GPUs, not cpu" in result.output   # the depth kernel's two checks
+    assert result.output.rstrip().endswith("28 checks pass, 0 fail, 2 not available")
 
 
 def test_a_perturbed_record_fails_with_a_readable_table(tmp_path):
@@ -63,7 +63,7 @@ def test_bfloat16_passes_on_the_bundled_model_with_the_engine_thresholds():
     assert "equal" in rows["seeded sampling, 3 rows x 20 frames, two runs"]
     assert not any("official EOS rule" in name for name in rows)   # dropped in bf16 (docs/parity.md)
     assert "FAIL" not in result.output
-    assert result.output.rstrip().endswith("23 checks pass, 0 fail, 1 not available, 4 for information")
+    assert result.output.rstrip().endswith("23 checks pass, 0 fail, 2 not available, 4 for information")
 
 
 def test_bfloat16_fails_on_a_perturbed_record_with_a_readable_table(tmp_path):
@@ -85,7 +85,7 @@ def test_bfloat16_fails_on_a_perturbed_record_with_a_readable_table(tmp_path):
     assert "code-predictor logits argmax agreement (2 prompts, 8 frames x 15 heads)" in failing[2]
     assert "0.500" in failing[2] and ">= 0.9 fraction" in failing[2]   # p0's all flipped, p1's all agree
     assert "codec waveform (90 frames)" in failing[3] and " dB" in failing[3] and ">= 35 dB" in failing[3]
-    assert result.output.splitlines()[-1] == "13 checks pass, 4 fail, 1 not available, 3 for information"
+    assert result.output.splitlines()[-1] == "13 checks pass, 4 fail, 2 not available, 3 for information"
 
 
 def test_refusals_name_the_reason(tmp_path):

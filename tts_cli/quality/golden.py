@@ -48,6 +48,7 @@ REL_L2 = Kind("relative L2", "<=", "{:.2e}", "<= {:.0e} rel. L2")
 COSINE = Kind("cosine", ">=", "{:.7f}", ">= {:g} cosine")
 SNR_DB = Kind("SNR", ">=", "{:.1f} dB", ">= {:g} dB")
 FRACTION = Kind("fraction", ">=", "{:.3f}", ">= {:g} fraction")
+OF_MAX = Kind("of the largest", "<=", "{:.2e}", "<= {:g} of the largest")
 EXACT = Kind("exact", "equal", "", "equal")
 INFO = Kind("information", "info", "{:.0f}", "information")
 
@@ -267,9 +268,36 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, nu
                         records["codec.wav"], n.wave_bound))
     checks.append(streamed_codec_check(synth, records["codec.codes"], n))
     checks.append(seeded_determinism_check(synth, requests, frames))
-    checks.append(Check("depth kernel vs loop codes", None, 0.0, EXACT,
-                        note="not available: no depth kernel in this build (engine issue)"))
+    checks.extend(depth_kernel_checks(synth, records, meta))
     return checks
+
+
+DEPTH_KERNEL_LOGITS_MAX = 0.01      # the depth kernel issue's bound: within 1% of the largest logit
+DEPTH_KERNEL_AGREEMENT_MIN = 0.98   # near-ties may flip (measured on the H200: 0.9875-1.0)
+
+
+def depth_kernel_checks(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict) -> list[Check]:
+    """The persistent depth kernel against the loop where the kernel runs (tts_kernels.depth_frame),
+    fed prompt 0's recorded talker states and codes (one frame per row, up to 64): logits and the
+    greedy codes they give. Elsewhere both checks say why they are not available."""
+    from tts_cli.engine.depth_check import kernel_against_loop
+    from tts_kernels.depth_frame import unsupported
+
+    codes = records["p0.greedy_codes"][:64]
+    rows = codes.shape[0]
+    names = (f"depth kernel vs loop: code-predictor logits (given codes, {rows} frames as rows)",
+             "depth kernel vs loop: greedy codes from those logits")
+    cp = synth.model.code_predictor
+    why = unsupported(cp, rows)
+    if why is None:
+        hidden = records["p0.past_hidden"][:rows].to(cp.decoder.norm.weight.device)
+        result = kernel_against_loop(cp, hidden, synth.model.talker.codec_track(codes[:, 0]).float(), codes[:, 1:])
+        values = result["logit_error_of_max"], result["greedy_agreement"]
+    else:
+        values = None, None
+    note = "" if why is None else f"not available: {why}"
+    return [Check(names[0], values[0], DEPTH_KERNEL_LOGITS_MAX, OF_MAX, note=note),
+            Check(names[1], values[1], DEPTH_KERNEL_AGREEMENT_MIN, FRACTION, note=note)]
 
 
 def streamed_codec_check(synth: Synthesizer, codes: torch.Tensor, numerics: Numerics = FP32) -> Check:

@@ -22,14 +22,14 @@ from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.sampler import TalkerLogitsProcessor, choose, gumbel_noise
 
 log = logging.getLogger(__name__)
-_logged: set[str] = set()
+STAGES = ("depth", "codec", "talker")
+_logged: set[str] = set()   # the depth-setting messages said so far (once per process)
 
 
 def _log_once(message: str) -> None:
     if message not in _logged:
         _logged.add(message)
         log.info(message)
-STAGES = ("depth", "codec", "talker")
 
 
 class DecodeStep:

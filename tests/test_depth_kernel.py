@@ -147,7 +147,7 @@ def test_the_engine_runs_the_loop_where_the_kernel_cannot_run_and_says_why(caplo
     monkeypatch.setattr(step, "_logged", set())
     with caplog.at_level(logging.INFO, logger="tts_cli.engine.step"):
         assert build("kernel").step.depth_frame is None
-    assert "not the persistent depth kernel (it runs on CUDA GPUs, not cpu)" in caplog.text
+    assert "not the persistent depth kernel (Triton kernels run on CUDA devices, not cpu)" in caplog.text
     with pytest.raises(ValueError, match="depth 'fast': one of auto, kernel, loop"):
         build("fast")
 

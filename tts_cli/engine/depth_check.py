@@ -10,6 +10,17 @@ from tts_cli.model.transformer import StaticKV
 POSITIONS = 16   # the code predictor's positions per frame (tts_kernels.depth_schedule.POSITIONS)
 
 
+def kernel_unsupported(cp, rows: int) -> str | None:
+    """Why the persistent depth kernel cannot run for this code predictor and rows here, or None.
+    Imports Triton only where the kernels can run (it is an optional dependency)."""
+    import tts_kernels
+    ok, why = tts_kernels.available(cp.decoder.norm.weight.device.type)
+    if not ok:
+        return why
+    from tts_kernels.depth_frame import unsupported
+    return unsupported(cp, rows)
+
+
 @torch.no_grad()
 def kernel_against_loop(cp, hidden: torch.Tensor, code0_embed: torch.Tensor, given_codes: torch.Tensor,
                         kernel=None) -> dict:

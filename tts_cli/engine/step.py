@@ -63,9 +63,9 @@ class DecodeStep:
             raise ValueError(f"depth {depth!r}: one of {', '.join(DEPTH_CHOICES)}")
         if depth == "loop":
             return None
-        from tts_kernels.depth_frame import DepthFrame, unsupported
+        from tts_cli.engine.depth_check import kernel_unsupported
         cp = self.model.code_predictor
-        why = unsupported(cp, rows)
+        why = kernel_unsupported(cp, rows)
         if why is None and not self.sampler_kernel:
             why = "the step draws with the torch sampler (top-p, or the fused kernels are off)"
         if why is None and depth == "auto" and rows > DEPTH_KERNEL_AUTO_ROWS:
@@ -73,6 +73,7 @@ class DecodeStep:
         if why is not None:
             _log_once(f"engine: code-predictor loop, not the persistent depth kernel ({why})")
             return None
+        from tts_kernels.depth_frame import DepthFrame
         log.info("engine: the code predictor runs as the persistent depth kernel (%d rows)", rows)
         return DepthFrame(cp, rows)
 

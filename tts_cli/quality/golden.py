@@ -280,15 +280,14 @@ def depth_kernel_checks(synth: Synthesizer, records: dict[str, torch.Tensor], me
     """The persistent depth kernel against the loop where the kernel runs (tts_kernels.depth_frame),
     fed prompt 0's recorded talker states and codes (one frame per row, up to 64): logits and the
     greedy codes they give. Elsewhere both checks say why they are not available."""
-    from tts_cli.engine.depth_check import kernel_against_loop
-    from tts_kernels.depth_frame import unsupported
+    from tts_cli.engine.depth_check import kernel_against_loop, kernel_unsupported
 
     codes = records["p0.greedy_codes"][:64]
     rows = codes.shape[0]
     names = (f"depth kernel vs loop: code-predictor logits (given codes, {rows} frames as rows)",
              "depth kernel vs loop: greedy codes from those logits")
     cp = synth.model.code_predictor
-    why = unsupported(cp, rows)
+    why = kernel_unsupported(cp, rows)
     if why is None:
         hidden = records["p0.past_hidden"][:rows].to(cp.decoder.norm.weight.device)
         result = kernel_against_loop(cp, hidden, synth.model.talker.codec_track(codes[:, 0]).float(), codes[:, 1:])

@@ -43,17 +43,18 @@ def setup(cp, talker, rows: int, seed: int):
     return hidden, code0_embed, sampling, seeds, frame, caches
 
 
-def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, num_warps: int = 8,
-            breakdown: bool = True) -> dict:
+def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, breakdown: bool = True,
+            **launch) -> dict:
     """The kernel against the loop at `rows` rows (module doc); frame times when replays > 0, and
-    then with `breakdown` a timed run's per-kind split. tiles, num_warps: the kernel's (DepthFrame)."""
+    then with `breakdown` a timed run's per-kind split. tiles, launch (num_warps, num_stages): the
+    kernel's (DepthFrame)."""
     hidden, code0_embed, sampling, seeds, frame, caches = setup(cp, talker, rows, seed=rows)
     draw = lambda group, logits: sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample,
                                               seeds, frame, group)
     with torch.no_grad():
         x_in = cp.input_projection(torch.stack((hidden, code0_embed)))
         loop_codes, _ = cp.predict_frame(hidden, code0_embed, draw, caches=caches)
-    kernel = DepthFrame(cp, rows, tiles=tiles, num_warps=num_warps)
+    kernel = DepthFrame(cp, rows, tiles=tiles, **launch)
     given = kernel_against_loop(cp, hidden, code0_embed, loop_codes, kernel)
     run = lambda **kw: kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, **kw)
     sampled = run(store_logits=True).clone()
@@ -80,7 +81,7 @@ def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, 
         result.update(loop_us=statistics.median(times["loop"]), kernel_us=statistics.median(times["kernel"]))
         result["speedup"] = result["loop_us"] / result["kernel_us"]
     if replays and breakdown:
-        timed = DepthFrame(cp, rows, timed=True, tiles=tiles, num_warps=num_warps)
+        timed = DepthFrame(cp, rows, timed=True, tiles=tiles, **launch)
         for _ in range(3):
             timed.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame)
         torch.cuda.synchronize()
@@ -96,7 +97,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the timed runs (each is another compile)")
     ap.add_argument("--variants", default="", help="more kernel settings to time at the last --rows, ';'-separated, "
-                    "each 'field=value,...' of depth_schedule.Shapes or num_warps, e.g. 'gate_up_block_k=256'")
+                    "each 'field=value,...' of depth_schedule.Shapes, num_warps or num_stages, e.g. "
+                    "'gate_up_block_k=256' or 'num_warps=4,num_stages=1'")
     args = ap.parse_args(argv)
     model, _ = build_random("1.7b", "cuda", torch.bfloat16)
     use_kernels(model, True)
@@ -107,10 +109,9 @@ def main(argv=None) -> int:
         print(json.dumps(results[-1]), flush=True)
     for variant in filter(None, args.variants.split(";")):
         settings = {k: int(v) for k, v in (item.split("=") for item in variant.split(","))}
-        num_warps = settings.pop("num_warps", 8)
+        launch = {k: settings.pop(k) for k in ("num_warps", "num_stages") if k in settings}
         results.append(dict(variant=variant, **compare(model.code_predictor, model.talker, int(args.rows.split(",")[-1]),
-                                                       args.replays, settings, num_warps,
-                                                       breakdown=not args.no_breakdown)))
+                                                       args.replays, settings, not args.no_breakdown, **launch)))
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -364,18 +364,21 @@ class DepthFrame:
     1..15, as CodePredictor.predict_frame does with the sampler kernel's draws."""
 
     def __init__(self, cp, rows: int, sync: bool | None = None, ctas: int | None = None, timed: bool = False,
-                 tiles: dict | None = None, num_warps: int = 8):
+                 tiles: dict | None = None, num_warps: int = 8, num_stages: int | None = None):
         """timed (GPU only): every task records when it started waiting, started and ended (the
         global timer, ns) into self.times [ctas, tasks, 3], for breakdown(). tiles: Shapes fields
         to override (tools/depth_bench.py tries tilings). num_warps: 8 is the only setting verified;
-        4 gave wrong, run-to-run different results on the H200 (2026-11-30, cause not found)."""
+        4 gave wrong, run-to-run different results on the H200 (2026-11-30, cause not found).
+        num_stages: Triton's software pipelining of the K loops (None: its default)."""
         decoder, cfg = cp.decoder, cp.decoder.cfg
         device = decoder.norm.weight.device
         self.sync = device.type == "cuda" and compiled() if sync is None else sync
         if ctas is None:
             ctas = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else ctas
-        self.rows, self.num_warps = rows, num_warps
+        self.rows = rows
+        self.launch_options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps,
+                                                                                        num_stages=num_stages)
         vocab = cp.heads[0].weight.shape[0]
         self.shapes = dataclasses.replace(shapes_for(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                                                      cfg.num_kv_heads, cfg.head_dim, vocab, cfg.num_layers, rows),
@@ -461,7 +464,7 @@ class DepthFrame:
                 DOWN_SPLITS=s.down_splits, DOWN_BLOCK_K=s.down_block_k,
                 HEAD_N_TILE=s.head_n, HEAD_SPLITS=s.head_splits, ATTN_ROWS=s.attn_rows, MAX_TASKS=most,
                 PARTS=self.parts, SYNC=self.sync, FORCED=forced_codes is not None, STORE_LOGITS=store_logits,
-                LIBDEVICE=compiled(), TIMING=self.timed, num_warps=self.num_warps)
+                LIBDEVICE=compiled(), TIMING=self.timed, **self.launch_options)
         return self.codes[:b]
 
     def breakdown(self) -> dict[str, dict[str, float]]:

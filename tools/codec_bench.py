@@ -3,6 +3,7 @@ streamed call of the engine's shape (rows x K frames), random weights at the rea
 shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
 
     python tools/codec_bench.py [--rows 64] [--window 4]
+    python tools/codec_bench.py --profile   # fp32 + TF32, torch modules vs kernels: SNR, time, profile
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import time
 import torch
 
 from tts_cli.engine.random_model import build_random
+from tts_cli.model.transformer import use_kernels
 
 
 def snr_db(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -38,16 +40,73 @@ def per_call_ms(codec, rows: int, window: int, calls: int = 20) -> float:
     return (time.perf_counter() - start) / calls * 1000
 
 
+def module_times(codec, rows: int, window: int) -> None:
+    """CUDA time of each top-level codec part and of each vocoder block's parts that runs (events
+    around the modules of one eager call, so launch gaps count)."""
+    parts = {"quantizer": codec.quantizer, "pre_conv": codec.pre_conv, "transformer": codec.pre_transformer,
+             "upsample": codec.upsample}
+    for i, module in enumerate(codec.decoder):
+        parts[f"decoder.{i}"] = module
+        if hasattr(module, "block"):
+            for j, sub in enumerate(module.block):
+                parts[f"decoder.{i}.{j}:{type(sub).__name__}"] = sub
+    events, hooks = {}, []
+    for name, module in parts.items():
+        def before(module, args, name=name):
+            events[name] = [torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)]
+            events[name][0].record()
+        hooks.append(module.register_forward_pre_hook(before))
+        hooks.append(module.register_forward_hook(lambda module, args, out, name=name: events[name][1].record()))
+    state = codec.new_state(rows)
+    codes = torch.randint(0, 2048, (rows, window, 16), device="cuda")
+    with torch.no_grad():
+        for _ in range(4):
+            codec.decode_step(codes, state)
+        torch.cuda.synchronize()
+    for name, (start, end) in events.items():
+        print(f"  {name:40s} {start.elapsed_time(end):8.3f} ms", flush=True)
+    for hook in hooks:
+        hook.remove()
+
+
+def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: int) -> None:
+    """The engine's codec (fp32 + TF32) with the torch modules and with the kernels: SNR against
+    the exact fp32 full decode, time per call, time per module, then the kernels taking the most
+    GPU time with the kernels on."""
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    for kernels in (False, True):
+        use_kernels(codec, kernels)
+        with torch.no_grad():
+            quality = snr_db(streamed(codec, codes, window), ref)
+        ms = per_call_ms(codec, rows, window)
+        print(f"{'kernels' if kernels else 'torch'}: SNR {quality:5.1f} dB   {ms:6.2f} ms per call of {rows} rows x "
+              f"{window} frames ({ms / window:5.2f} ms per step)", flush=True)
+        module_times(codec, rows, window)
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    state = codec.new_state(rows)
+    step_codes = torch.randint(0, 2048, (rows, window, 16), device="cuda")
+    with torch.no_grad():
+        codec.decode_step(step_codes, state)
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            codec.decode_step(step_codes, state)
+            torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--window", type=int, default=4)
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     _, codec32 = build_random("1.7b", "cuda", torch.bfloat16)
     codes = torch.randint(0, 2048, (4, 96, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
         ref = codec32.decode(codes)
+    if args.profile:
+        profile(codec32, ref, codes, args.rows, args.window)
+        return
     options = {}
     for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
         codec = copy.deepcopy(codec32).to(dtype)

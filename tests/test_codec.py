@@ -9,7 +9,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tts_cli.errors import CheckpointError
-from tts_cli.model.codec import CodecConfig, CodecDecoder, CodecState, fold_codebook, load_codec
+from tts_cli.model.codec import CausalConvTranspose1d, CodecConfig, CodecDecoder, CodecState, fold_codebook, load_codec
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tts_cli/assets/golden/tiny-1.7b-customvoice/records.safetensors"
@@ -152,6 +152,22 @@ def test_random_chunk_stream_equals_full_decode(tiny):
         left -= chunks[-1]
     assert len(chunks) > 3
     assert rel_l2(stream(tiny, codes, chunks), tiny.decode(codes)) < 1e-5
+
+
+def test_transposed_convolutions_as_one_gemm_give_the_modules_output():
+    """The engine's path for the transposed convolutions (a GEMM over each block's input frames,
+    CausalConvTranspose1d.prepare_fused) against the plain modules: whole decode and streamed in
+    uneven chunks. A separate model: the switch stays on the modules."""
+    model, _ = random_decoder(TINY_CONFIG)
+    codes = random_codes(model.config, 2, 12, seed=6)
+    full, streamed = model.decode(codes), stream(model, codes, [1, 4, 2, 5])
+    transposed = [m for m in model.modules() if isinstance(m, CausalConvTranspose1d)]
+    assert {m.context for m in transposed} == {0, 1}   # the frame-rate upsampling and the vocoder's
+    for module in transposed:
+        module.prepare_fused()
+        module.fused = True
+    assert rel_l2(model.decode(codes), full) < 1e-5        # fp32 summation order
+    assert rel_l2(stream(model, codes, [3, 1, 8]), streamed) < 1e-5
 
 
 def test_reset_restarts_one_row_and_leaves_the_others(tiny):

@@ -86,9 +86,12 @@ def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(exact_fp32):
     assert talker >= 0.9999 and depth >= 0.9995
 
 
-def test_streamed_tf32_codec_follows_full_fp32_decode():
-    """The codec as the engine runs it (fp32 weights, TF32 matmuls and convolutions, streamed one
-    frame per call) against the exact fp32 full decode: the engine issue's SNR >= 35 dB."""
+@pytest.mark.parametrize("kernels", [False, True], ids=["torch", "engine"])
+def test_streamed_tf32_codec_follows_full_fp32_decode(kernels):
+    """The codec streamed one frame per call (fp32 weights, TF32 matmuls and convolutions), as the
+    plain modules and as the engine runs it (use_kernels: SnakeBeta kernel, transposed
+    convolutions as GEMMs), against the plain modules' exact fp32 full decode: the
+    engine issue's SNR >= 35 dB."""
     from tts_cli.synthesizer import allow_tf32
     _, codec = build_random("1.7b", "cuda", torch.float32)
     codes = torch.randint(0, 2048, (4, 100, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
@@ -97,12 +100,13 @@ def test_streamed_tf32_codec_follows_full_fp32_decode():
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         full = codec.decode(codes)
         allow_tf32()
+        use_kernels(codec, kernels)
         state: CodecState = codec.new_state(4)
         streamed = torch.cat([codec.decode_step(codes[:, t:t + 1], state) for t in range(100)], dim=1)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     snr = 10 * torch.log10(full.pow(2).sum() / (streamed - full).pow(2).sum())
-    print(f"streamed TF32 codec vs full fp32 decode: SNR {snr:.1f} dB")
+    print(f"streamed TF32 codec ({'engine' if kernels else 'torch'}) vs full fp32 decode: SNR {snr:.1f} dB")
     assert snr >= 35
 
 

@@ -219,6 +219,7 @@ def test_bench_runs_the_engine_and_writes_json(tmp_path):
     assert [r["concurrency"] for r in report["rows"]] == [1, 2]
     assert all(r["frames"] == 3 * 5 and r["requests"] == 3 for r in report["rows"])
     assert report["forced_length"] and report["dtype"] == "float32" and report["codec_window"] == 2
+    assert report["sentences"] == "bundled harvard-sentences.txt" and report["sentence_count"] == 360
     assert "audio-s/s" in result.stdout
 
 

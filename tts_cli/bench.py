@@ -149,7 +149,10 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     return {
         "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
-        "torch": torch.__version__, "load_s": round(load_s, 2), "sentences": str(sentences_path),
+        "torch": torch.__version__, "load_s": round(load_s, 2),
+        # the bundled list by name: its absolute path only says where tts was installed
+        "sentences": f"bundled {SENTENCES.name}" if sentences_path.resolve() == SENTENCES else str(sentences_path),
+        "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
         "codec_window": codec_window, "depth_setting": depth,
         "rows": [asdict(r) for r in rows],

@@ -3,7 +3,7 @@ streamed call of the engine's shape (rows x K frames), random weights at the rea
 shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
 
     python tools/codec_bench.py [--rows 64] [--window 4]
-    python tools/codec_bench.py --profile   # fp32 + TF32, torch modules vs kernels: SNR, time, profile
+    python tools/codec_bench.py --profile   # fp32 + TF32: torch modules vs kernels, graphed variants, profile
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import time
 
 import torch
 
+from tts_cli.engine.graphs import capture
 from tts_cli.engine.random_model import build_random
+from tts_cli.model.codec import CausalConvTranspose1d
 from tts_cli.model.transformer import use_kernels
 
 
@@ -69,10 +71,38 @@ def module_times(codec, rows: int, window: int) -> None:
         hook.remove()
 
 
+def graphed_call_ms(codec, rows: int, window: int, replays: int = 50) -> float:
+    """Time per decode_step replayed from a CUDA graph, as the engine's codec stage runs it."""
+    state = codec.new_state(rows)
+    codes = torch.randint(0, 2048, (rows, window, 16), device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            codec.decode_step(codes, state)
+        torch.cuda.synchronize()
+        graph, _ = capture(lambda: codec.decode_step(codes, state))
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / replays
+
+
+def transposed_gemm_variants(codec) -> dict[str, list]:
+    """Which transposed convolutions take the GEMM path, per variant (the rest take cuDNN's)."""
+    upsample = [m for m in codec.upsample.modules() if isinstance(m, CausalConvTranspose1d)]
+    vocoder = [m for m in codec.decoder.modules() if isinstance(m, CausalConvTranspose1d)]
+    return {"all as GEMMs (the engine)": upsample + vocoder, "vocoder block 1 and upsampling as GEMMs":
+            upsample + vocoder[:1], "none (cuDNN)": []}
+
+
 def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: int) -> None:
     """The engine's codec (fp32 + TF32) with the torch modules and with the kernels: SNR against
-    the exact fp32 full decode, time per call, time per module, then the kernels taking the most
-    GPU time with the kernels on."""
+    the exact fp32 full decode, eager time per call and per module; then, kernels on, the time per
+    call replayed from a CUDA graph for each choice of transposed-convolution path, and the GPU
+    time per kernel and per torch op with its input shapes."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for kernels in (False, True):
         use_kernels(codec, kernels)
@@ -80,17 +110,29 @@ def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: in
             quality = snr_db(streamed(codec, codes, window), ref)
         ms = per_call_ms(codec, rows, window)
         print(f"{'kernels' if kernels else 'torch'}: SNR {quality:5.1f} dB   {ms:6.2f} ms per call of {rows} rows x "
-              f"{window} frames ({ms / window:5.2f} ms per step)", flush=True)
+              f"{window} frames ({ms / window:5.2f} ms per step), eager", flush=True)
         module_times(codec, rows, window)
+    transposed = [m for m in codec.modules() if isinstance(m, CausalConvTranspose1d)]
+    for name, gemm in transposed_gemm_variants(codec).items():
+        for module in transposed:
+            module.fused = module in gemm
+        ms = graphed_call_ms(codec, rows, window)
+        print(f"graphed, transposed convolutions {name}: {ms:6.2f} ms per call ({ms / window:5.2f} ms per step)",
+              flush=True)
+    use_kernels(codec, True)
     from torch.profiler import ProfilerActivity, profile as torch_profile
     state = codec.new_state(rows)
     step_codes = torch.randint(0, 2048, (rows, window, 16), device="cuda")
     with torch.no_grad():
         codec.decode_step(step_codes, state)
-        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             codec.decode_step(step_codes, state)
             torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
+    events = prof.key_averages()
+    print(events.table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=70), flush=True)
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by="cuda_time_total", row_limit=40,
+                                                            max_name_column_width=40, max_shapes_column_width=90),
+          flush=True)
 
 
 def main() -> None:

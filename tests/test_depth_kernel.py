@@ -88,37 +88,49 @@ from tts_cli.model.depth import CodePredictor
 from tts_cli.model.sampler import RowSampling, SamplerSettings, choose
 from tts_kernels.depth_frame import DepthFrame
 
-# the tiny model's code predictor with a 64-code vocabulary (the interpreter's sort of 2048 is slow)
-cfg = dataclasses.replace(open_checkpoint(Path("tts_cli/assets/tiny-1.7b-customvoice")).config, code_vocab_size=64)
-torch.manual_seed(0)
-cp = CodePredictor(cfg).eval()
-with torch.no_grad():
-    for name, p in cp.named_parameters():
-        p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.3)
-rows = 5
-hidden, code0_embed = torch.randn(rows, cfg.talker.hidden_size), torch.randn(rows, cfg.talker.hidden_size)
-settings = [SamplerSettings(do_sample=i % 3 != 0, temperature=[1.0, 0.7, 1.3][i % 3], top_k=[50, 0, 3][i % 3],
-                            top_p=1.0) for i in range(rows)]
-sampling = RowSampling.stack(settings, "cpu")
-seeds, frame = torch.randint(0, 2**62, (rows,)), torch.arange(rows) * 7 + 2
-with torch.no_grad():
-    codes, logits = cp.predict_frame(hidden, code0_embed,
-                                     choose=lambda g, l: choose(l, sampling, seeds, frame, g, top_p=False))
-    x_in = cp.input_projection(torch.stack((hidden, code0_embed)))
-    kernel = DepthFrame(cp, rows)
-    got = kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, store_logits=True)
-    assert torch.equal(got, codes), (got, codes)
-    torch.testing.assert_close(kernel.logits[:rows], logits, rtol=1e-5, atol=1e-5)
-    forced = torch.randint(0, 64, (rows, 15))
-    _, forced_logits = cp.predict_frame(hidden, code0_embed, None, forced_codes=forced)
-    got = kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame,
-                     forced_codes=forced, store_logits=True)
-    assert torch.equal(got, forced)
-    torch.testing.assert_close(kernel.logits[:rows], forced_logits, rtol=1e-5, atol=1e-5)
-    # what tts verify-golden and tools/depth_bench.py report, against the loop on static caches
-    from tts_cli.engine.depth_check import kernel_against_loop
-    result = kernel_against_loop(cp, hidden, code0_embed, forced, kernel)
-    assert result["logit_error_of_max"] < 1e-5 and result["greedy_agreement"] == 1.0, result
+# the tiny model's code predictor with a 64-code vocabulary (the interpreter's sort of 2048 is slow),
+# as 1.7B (the talker is wider than the predictor: inputs projected) and as 0.6B (same widths: none)
+tiny = dataclasses.replace(open_checkpoint(Path("tts_cli/assets/tiny-1.7b-customvoice")).config, code_vocab_size=64)
+as_06b = dataclasses.replace(tiny, talker=dataclasses.replace(tiny.talker, hidden_size=tiny.code_predictor.hidden_size))
+
+
+def check(cfg, teacher_forced: bool) -> None:
+    torch.manual_seed(0)
+    cp = CodePredictor(cfg).eval()
+    assert isinstance(cp.input_projection, torch.nn.Identity) == (cfg is as_06b)
+    with torch.no_grad():
+        for name, p in cp.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.3)
+    rows = 5
+    hidden, code0_embed = torch.randn(rows, cfg.talker.hidden_size), torch.randn(rows, cfg.talker.hidden_size)
+    settings = [SamplerSettings(do_sample=i % 3 != 0, temperature=[1.0, 0.7, 1.3][i % 3], top_k=[50, 0, 3][i % 3],
+                                top_p=1.0) for i in range(rows)]
+    sampling = RowSampling.stack(settings, "cpu")
+    seeds, frame = torch.randint(0, 2**62, (rows,)), torch.arange(rows) * 7 + 2
+    with torch.no_grad():
+        codes, logits = cp.predict_frame(hidden, code0_embed,
+                                         choose=lambda g, l: choose(l, sampling, seeds, frame, g, top_p=False))
+        x_in = cp.input_projection(torch.stack((hidden, code0_embed)))
+        kernel = DepthFrame(cp, rows)
+        got = kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, store_logits=True)
+        assert torch.equal(got, codes), (got, codes)
+        torch.testing.assert_close(kernel.logits[:rows], logits, rtol=1e-5, atol=1e-5)
+        if not teacher_forced:
+            return
+        forced = torch.randint(0, 64, (rows, 15))
+        _, forced_logits = cp.predict_frame(hidden, code0_embed, None, forced_codes=forced)
+        got = kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame,
+                         forced_codes=forced, store_logits=True)
+        assert torch.equal(got, forced)
+        torch.testing.assert_close(kernel.logits[:rows], forced_logits, rtol=1e-5, atol=1e-5)
+        # what tts verify-golden and tools/depth_bench.py report, against the loop on static caches
+        from tts_cli.engine.depth_check import kernel_against_loop
+        result = kernel_against_loop(cp, hidden, code0_embed, forced, kernel)
+        assert result["logit_error_of_max"] < 1e-5 and result["greedy_agreement"] == 1.0, result
+
+
+check(tiny, teacher_forced=True)
+check(as_06b, teacher_forced=False)
 print("depth frame ok")
 """
 
@@ -126,7 +138,8 @@ print("depth frame ok")
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_depth_frame_equals_the_loop_in_the_interpreter():
     """fp32 (one part): the kernel's draws equal the torch sampler's over the loop's logits (greedy
-    rows, temperatures, top-k), its logits equal the loop's, and teacher forcing takes given codes."""
+    rows, temperatures, top-k), its logits equal the loop's, and teacher forcing takes given codes;
+    for a code predictor with an input projection (1.7B) and without (0.6B)."""
     assert "depth frame ok" in _interpret(FRAME_CHECK)
 
 

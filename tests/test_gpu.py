@@ -337,16 +337,16 @@ def test_sampler_kernel_draws_what_the_torch_sampler_draws_at_real_vocab_sizes()
     assert differ == 0, f"{differ} of {2 * 16 * rows} draws differ"
 
 
-@pytest.mark.parametrize("rows", [13, 64])
-def test_depth_kernel_follows_the_loop_at_real_shapes(rows):
-    """The persistent depth kernel against the engine's code-predictor loop (random 1.7B shapes,
-    bf16): with the loop's codes given, logits within 1% of the largest logit and the draws from
+@pytest.mark.parametrize("size, rows", [("1.7b", 13), ("1.7b", 64), ("0.6b", 64)])
+def test_depth_kernel_follows_the_loop_at_real_shapes(size, rows):
+    """The persistent depth kernel against the engine's code-predictor loop (random 1.7B and 0.6B
+    shapes, bf16; the 0.6B code predictor has no input projection): with the loop's codes given, logits within 1% of the largest logit and the draws from
     both agree but for near-ties; sampled, every in-kernel draw is the sampler kernel's draw from the kernel's
     logits; two runs are bit-identical (tools/depth_bench.py also times it)."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import depth_bench
-    model, _ = build_random("1.7b", "cuda", torch.bfloat16)
+    model, _ = build_random(size, "cuda", torch.bfloat16)
     use_kernels(model, True)
     result = depth_bench.compare(model.code_predictor, model.talker, rows)
     print(result)

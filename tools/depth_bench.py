@@ -1,8 +1,8 @@
 """The persistent depth kernel (tts_kernels.depth_frame) against the code predictor's loop (the
-engine's fused path) on random weights with the real 1.7B code predictor shapes, bf16, on one GPU:
+engine's fused path) on random weights with the real 1.7B (or --size 0.6b) code predictor shapes, bf16, on one GPU:
 numerics with given codes, draws, determinism, and the frame time of each as a CUDA graph.
 
-    python tools/depth_bench.py [--rows 1,16,32,64] [--json OUT.json]
+    python tools/depth_bench.py [--rows 1,16,32,64] [--size 1.7b|0.6b] [--json OUT.json]
 
 Per rows: the largest logit difference over the largest logit (given codes: the loop's own
 sampled codes), the share of greedy codes (argmax) the two sets of logits agree on, whether the kernel's
@@ -93,6 +93,7 @@ def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,16,32,64")
+    ap.add_argument("--size", default="1.7b", choices=("1.7b", "0.6b"), help="the 0.6B code predictor has no input projection")
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the timed runs (each is another compile)")
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
                     "each 'field=value,...' of depth_schedule.Shapes, num_warps or num_stages, e.g. "
                     "'gate_up_block_k=256' or 'num_warps=4,num_stages=1'")
     args = ap.parse_args(argv)
-    model, _ = build_random("1.7b", "cuda", torch.bfloat16)
+    model, _ = build_random(args.size, "cuda", torch.bfloat16)
     use_kernels(model, True)
     results = []
     for rows in [int(r) for r in args.rows.split(",")]:
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), results=results), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), size=args.size, results=results), f, indent=1)
     return 0
 
 

@@ -3,7 +3,8 @@ streamed call of the engine's shape (rows x K frames), random weights at the rea
 shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
 
     python tools/codec_bench.py [--rows 64] [--window 4]
-    python tools/codec_bench.py --profile   # fp32 + TF32: torch modules vs kernels, graphed variants, profile
+    python tools/codec_bench.py --profile [--compile]   # fp32 + TF32: torch modules vs kernels,
+                                                        # graphed variants, profile
 """
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ def snr_db(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float(10 * torch.log10(ref.pow(2).sum() / (got.float() - ref).pow(2).sum()))
 
 
-def streamed(codec, codes: torch.Tensor, window: int) -> torch.Tensor:
+def streamed(codec, codes: torch.Tensor, window: int, step=None) -> torch.Tensor:
+    """codes decoded `window` frames per call by `step` (default: codec.decode_step)."""
+    step = step or codec.decode_step
     state = codec.new_state(codes.shape[0])
-    return torch.cat([codec.decode_step(codes[:, t:t + window], state).float()
-                      for t in range(0, codes.shape[1], window)], dim=1)
+    return torch.cat([step(codes[:, t:t + window], state).float() for t in range(0, codes.shape[1], window)], dim=1)
 
 
 def per_call_ms(codec, rows: int, window: int, calls: int = 20) -> float:
@@ -71,15 +73,17 @@ def module_times(codec, rows: int, window: int) -> None:
         hook.remove()
 
 
-def graphed_call_ms(codec, rows: int, window: int, replays: int = 50) -> float:
-    """Time per decode_step replayed from a CUDA graph, as the engine's codec stage runs it."""
+def graphed_call_ms(codec, rows: int, window: int, replays: int = 50, step=None) -> float:
+    """Time per call of `step` (default: codec.decode_step) replayed from a CUDA graph, as the
+    engine's codec stage runs it."""
+    step = step or codec.decode_step
     state = codec.new_state(rows)
     codes = torch.randint(0, 2048, (rows, window, 16), device="cuda")
     with torch.no_grad():
         for _ in range(3):
-            codec.decode_step(codes, state)
+            step(codes, state)
         torch.cuda.synchronize()
-        graph, _ = capture(lambda: codec.decode_step(codes, state))
+        graph, _ = capture(lambda: step(codes, state))
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -98,11 +102,13 @@ def transposed_gemm_variants(codec) -> dict[str, list]:
             upsample + vocoder[:1], "none (cuDNN)": []}
 
 
-def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: int) -> None:
+def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: int, compiled: bool) -> None:
     """The engine's codec (fp32 + TF32) with the torch modules and with the kernels: SNR against
-    the exact fp32 full decode, eager time per call and per module; then, kernels on, the time per
-    call replayed from a CUDA graph for each choice of transposed-convolution path, and the GPU
-    time per kernel and per torch op with its input shapes."""
+    the exact fp32 full decode, eager time per call and per module; then the time per call
+    replayed from a CUDA graph for each choice of transposed-convolution path, and with
+    `compiled` for torch.compile of the plain modules (SnakeBeta in torch, so that inductor fuses
+    it with the bias and residual adds around it) with and without the GEMM path; last, with the
+    kernels on, the GPU time per kernel and per torch op with its input shapes."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for kernels in (False, True):
         use_kernels(codec, kernels)
@@ -119,6 +125,22 @@ def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: in
         ms = graphed_call_ms(codec, rows, window)
         print(f"graphed, transposed convolutions {name}: {ms:6.2f} ms per call ({ms / window:5.2f} ms per step)",
               flush=True)
+    if compiled:
+        use_kernels(codec, False)
+        for gemm in (True, False):
+            for module in transposed:
+                module.prepare_fused()
+                module.fused = gemm
+            torch._dynamo.reset()
+            step = torch.compile(codec.decode_step, dynamic=False)
+            start = time.perf_counter()
+            with torch.no_grad():
+                quality = snr_db(streamed(codec, codes, window, step), ref)
+            compile_s = time.perf_counter() - start
+            ms = graphed_call_ms(codec, rows, window, step=step)
+            print(f"graphed, torch.compile of the plain modules, transposed convolutions "
+                  f"{'as GEMMs' if gemm else 'cuDNN'}: SNR {quality:5.1f} dB, {ms:6.2f} ms per call "
+                  f"({ms / window:5.2f} ms per step), first calls with compiling {compile_s:.0f} s", flush=True)
     use_kernels(codec, True)
     from torch.profiler import ProfilerActivity, profile as torch_profile
     state = codec.new_state(rows)
@@ -140,14 +162,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="with --profile: torch.compile variants too")
     args = parser.parse_args()
     _, codec32 = build_random("1.7b", "cuda", torch.bfloat16)
-    codes = torch.randint(0, 2048, (4, 96, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    # the profile's SNR runs in calls of the timed shape, so that a compiled step compiles once
+    shape = (args.rows, 6 * args.window, 16) if args.profile else (4, 96, 16)
+    codes = torch.randint(0, 2048, shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     with torch.no_grad():
         ref = codec32.decode(codes)
     if args.profile:
-        profile(codec32, ref, codes, args.rows, args.window)
+        profile(codec32, ref, codes, args.rows, args.window, args.compile)
         return
     options = {}
     for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):

@@ -11,7 +11,7 @@ is 32-bit integer arithmetic, so a GPU kernel can reproduce it exactly.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -95,6 +95,10 @@ class RowSampling:
                    column([s.top_k for s in settings], torch.int64),
                    column([[1 - s.top_p] for s in settings], torch.float32),
                    column([[s.repetition_penalty] for s in settings], torch.float32))
+
+    def row_block(self, start: int, stop: int) -> "RowSampling":
+        """Rows start .. stop - 1 (views: assign on the whole reaches them)."""
+        return RowSampling(*(getattr(self, f.name)[start:stop] for f in fields(self)))
 
     def assign(self, rows: torch.Tensor, other: "RowSampling") -> None:
         """Copies `other`'s rows into these rows (index tensor)."""

@@ -1,0 +1,118 @@
+"""Compile a Triton kernel launch for the H200 (sm_90) on a machine without a GPU, and say what the
+compiler made of it: registers, stack and shared memory per CTA (cuobjdump), and counts of the
+instructions that matter (wgmma, cp.async, global and shared loads and stores, barriers).
+
+The launch is captured from the real call on CPU tensors (its arguments intercepted before Triton
+would need a driver), then compiled with the specialization a launch would get (16-byte aligned
+pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
+tensor-core or async-copy use before spending device time.
+
+    python tools/sm90_compile.py depth [--rows 64] [--warps 8] [--stages N] [--ptx OUT.ptx]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
+                 torch.int32: "*i32", torch.bool: "*i1", torch.uint8: "*u8"}
+INSTRUCTIONS = r"\b(wgmma\.mma_async|wgmma\.wait_group|mma\.sync|cp\.async\.bulk[\w.]*|cp\.async\.c[ag]|" \
+               r"cp\.async\.wait_group|ld\.global[\w.]*|st\.global[\w.]*|ld\.shared[\w.]*|st\.shared[\w.]*|" \
+               r"bar\.sync|atom[\w.]*)"
+
+
+def captured_launch(jit_fn, call) -> tuple[tuple, dict]:
+    """The arguments `call()` launches `jit_fn` with (nothing runs)."""
+    seen = {}
+    original = jit_fn.run
+    jit_fn.run = lambda *args, grid, warmup, **kwargs: seen.update(args=args, kwargs=kwargs)
+    try:
+        call()
+    finally:
+        jit_fn.run = original
+    return seen["args"], seen["kwargs"]
+
+
+def compile_for_sm90(jit_fn, args: tuple, kwargs: dict):
+    kwargs = dict(kwargs)
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    values = dict(zip(jit_fn.arg_names, args), **kwargs)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (name, param) in enumerate(zip(jit_fn.arg_names, jit_fn.params)):
+        value = values[name]
+        if param.is_constexpr or (type(value) is int and value == 1):   # Triton specializes 1 too
+            signature[name], constexprs[(i,)] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = POINTER_TYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            signature[name] = "i1"
+        elif isinstance(value, int):
+            signature[name] = "i64" if abs(value) >= 2**31 else "i32"
+            if value % 16 == 0 and not param.do_not_specialize:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[name] = "fp32"
+        else:
+            raise TypeError(f"argument {name}: {type(value).__name__}")
+    return triton.compile(ASTSource(jit_fn, signature, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def report(kernel) -> str:
+    counts = collections.Counter(re.findall(INSTRUCTIONS, kernel.asm["ptx"]))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+        usage = subprocess.run([tool, "--dump-resource-usage", cubin.name], capture_output=True, text=True).stdout
+    resources = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", usage)
+    lines = [f"resources per thread / CTA: {resources.group(0) if resources else usage.strip()}, "
+             f"dynamic shared memory {kernel.metadata.shared} bytes, {kernel.metadata.num_warps} warps"]
+    lines += [f"  {name:32s} {count}" for name, count in sorted(counts.items())]
+    return "\n".join(lines)
+
+
+def depth_launch(rows: int, warps: int, stages: int | None):
+    """The persistent depth kernel's launch at the real 1.7B code-predictor shapes (bf16)."""
+    import tts_kernels.depth_frame as depth_frame
+    from tts_cli.engine.random_model import random_config
+    from tts_cli.model.depth import CodePredictor
+    from tts_cli.model.transformer import use_kernels
+    cp = CodePredictor(random_config("1.7b")).to(torch.bfloat16).eval()
+    use_kernels(cp, True)
+    frame = depth_frame.DepthFrame(cp, rows, sync=True, ctas=132, num_warps=warps, num_stages=stages)
+    hidden = cp.decoder.cfg.hidden_size
+    args, kwargs = captured_launch(depth_frame._depth_frame, lambda: frame.run(
+        torch.zeros(2, rows, hidden), torch.ones(rows, 1), torch.full((rows,), 50), torch.ones(rows, dtype=torch.bool),
+        torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long)))
+    return depth_frame._depth_frame, args, kwargs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("kernel", choices=["depth"])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--warps", type=int, default=8)
+    parser.add_argument("--stages", type=int)
+    parser.add_argument("--ptx", help="also write the PTX here")
+    args = parser.parse_args()
+    kernel = compile_for_sm90(*depth_launch(args.rows, args.warps, args.stages))
+    print(report(kernel))
+    if args.ptx:
+        with open(args.ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+
+
+if __name__ == "__main__":
+    main()

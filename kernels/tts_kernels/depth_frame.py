@@ -367,8 +367,9 @@ class DepthFrame:
                  tiles: dict | None = None, num_warps: int = 8, num_stages: int | None = None):
         """timed (GPU only): every task records when it started waiting, started and ended (the
         global timer, ns) into self.times [ctas, tasks, 3], for breakdown(). tiles: Shapes fields
-        to override (tools/depth_bench.py tries tilings). num_warps: 8 is the only setting verified;
-        4 gave wrong, run-to-run different results on the H200 (2026-11-30, cause not found).
+        to override (tools/depth_bench.py tries tilings). num_warps: 8 (4 also gives correct,
+        reproducible results with this kernel on the H200, 0.26 ms faster at 64 rows; an earlier
+        variant with 128-wide K chunks gave wrong results with 4, cause not found: docs/bench.md).
         num_stages: Triton's software pipelining of the K loops (None: its default)."""
         decoder, cfg = cp.decoder, cp.decoder.cfg
         device = decoder.norm.weight.device

@@ -43,6 +43,20 @@ def setup(cp, talker, rows: int, seed: int):
     return hidden, code0_embed, sampling, seeds, frame, caches
 
 
+def median_replay_us(graphs: dict, replays: int) -> dict:
+    """Median microseconds per replay of each CUDA graph, the graphs' replays alternated."""
+    times = {name: [] for name in graphs}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(replays):
+        for name, graph in graphs.items():
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1000)
+    return {name: statistics.median(samples) for name, samples in times.items()}
+
+
 def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, breakdown: bool = True,
             **launch) -> dict:
     """The kernel against the loop at `rows` rows (module doc); frame times when replays > 0, and
@@ -69,16 +83,8 @@ def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, 
         with torch.no_grad():
             graphs = {"loop": capture(lambda: cp.predict_frame(hidden, code0_embed, draw, caches=caches))[0],
                       "kernel": capture(lambda: run())[0]}
-        times = {name: [] for name in graphs}
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(replays):
-            for name, graph in graphs.items():
-                start.record()
-                graph.replay()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end) * 1000)
-        result.update(loop_us=statistics.median(times["loop"]), kernel_us=statistics.median(times["kernel"]))
+        times = median_replay_us(graphs, replays)
+        result.update(loop_us=times["loop"], kernel_us=times["kernel"])
         result["speedup"] = result["loop_us"] / result["kernel_us"]
     if replays and breakdown:
         timed = DepthFrame(cp, rows, timed=True, tiles=tiles, **launch)

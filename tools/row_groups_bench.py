@@ -12,11 +12,10 @@ mates. GPU only; prints one line per group count.
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from depth_bench import setup
+from depth_bench import median_replay_us, setup
 from tts_cli.engine.graphs import capture
 from tts_cli.engine.random_model import build_random
 from tts_cli.model.transformer import use_kernels
@@ -67,18 +66,9 @@ def main() -> None:
                 run()
             torch.cuda.synchronize()
             graphs[groups] = capture(run)[0]
-    times = {groups: [] for groups in graphs}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(args.replays):   # arms alternated
-        for groups, graph in graphs.items():
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times[groups].append(start.elapsed_time(end) * 1000)
-    for groups, samples in times.items():
+    for groups, us in median_replay_us(graphs, args.replays).items():
         print(f"depth frame, {args.rows} rows as {groups} group(s) of {args.rows // groups}: "
-              f"{statistics.median(samples):8.1f} us (median of {args.replays})", flush=True)
+              f"{us:8.1f} us (median of {args.replays}, arms alternated)", flush=True)
 
 
 if __name__ == "__main__":

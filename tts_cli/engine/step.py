@@ -51,7 +51,7 @@ class DecodeStep:
         self.emit = torch.zeros_like(state.active)
         self.code0_embed = torch.zeros_like(state.hidden)
         self.codes = torch.zeros_like(state.out_codes)
-        self.residual = torch.zeros_like(state.out_codes[:, 1:])   # codebooks 1..15, filled by row group
+        self.residual = torch.zeros_like(state.out_codes[:, 1:])   # codebooks 1..15, filled by each row group
         self.depth_frame = self._depth_frame(depth, state.g0.shape[0])
         self.depth_groups = self._row_groups(depth_groups, state)
         self.stage_fns = {"depth": self._depth, "codec": self._codec, "talker": self._talker}
@@ -86,7 +86,7 @@ class DecodeStep:
         of the GPU and waits on memory, so independent chains can overlap. Each block keeps fixed
         shapes, so a row's draws still do not depend on its batch mates. Per block: its rows,
         its caches and sampler settings (views of the slots' buffers), its stream (None: CPU,
-        or one block)."""
+        or one block, which then runs on the current stream)."""
         rows = state.g0.shape[0]
         if groups < 1 or rows % groups:
             raise ValueError(f"depth_groups must divide the {rows} rows, got {groups}")
@@ -114,14 +114,6 @@ class DecodeStep:
         if not self.sampler_kernel:   # the 15 codebooks' noise in one batch: a few kernels, not 15 x as many
             groups = range(1, self.model.cfg.num_code_groups)
             noise = gumbel_noise(st.seeds, st.frame, groups, self.model.cfg.code_vocab_size)
-        if len(self.depth_groups) == 1:
-            residual, _ = cp.predict_frame(
-                st.hidden, self.code0_embed,
-                choose=lambda group, logits: self.draw(logits, st.cp_sampling, st.seeds, st.frame, group,
-                                                       None if noise is None else noise[group - 1]),
-                caches=st.cp_kv)
-            self._emit_frame(residual)
-            return
         main = torch.cuda.current_stream() if self.depth_groups[0][3] is not None else None
         for rows, caches, sampling, stream in self.depth_groups:
             if stream is not None:

@@ -102,8 +102,8 @@ class RowSampling:
 
     def assign(self, rows: torch.Tensor, other: "RowSampling") -> None:
         """Copies `other`'s rows into these rows (index tensor)."""
-        for name in ("do_sample", "temperature", "top_k", "top_p_tail", "repetition_penalty"):
-            getattr(self, name)[rows] = getattr(other, name)
+        for f in fields(self):
+            getattr(self, f.name)[rows] = getattr(other, f.name)
 
 
 def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:

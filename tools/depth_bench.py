@@ -32,9 +32,11 @@ GROUPS = 15
 def setup(cp, talker, rows: int, seed: int):
     g = torch.Generator(device="cuda").manual_seed(seed)
     cfg = cp.decoder.cfg
-    hidden = torch.randn(rows, cp.input_projection.weight.shape[1], device="cuda", generator=g)
     code0 = torch.randint(0, cp.heads[0].weight.shape[0], (rows,), device="cuda", generator=g)
     code0_embed = talker.codec_track(code0).float()
+    # the talker's hidden state has the width of its embeddings (the 0.6B code predictor has no
+    # input projection to read it from)
+    hidden = torch.randn(rows, code0_embed.shape[1], device="cuda", generator=g)
     sampling = RowSampling.stack([SamplerSettings(do_sample=True, temperature=0.9, top_k=50, top_p=1.0)] * rows,
                                  "cuda")
     seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)

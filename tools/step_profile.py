@@ -1,0 +1,80 @@
+"""Where a decode step's GPU time goes, kernel by kernel: the engine's stage graphs (depth, codec,
+talker) at `rows` rows on random weights at the real shapes, each replayed under torch's profiler.
+
+Per stage it prints the replay's wall time (CUDA events, median), the summed time of its kernels
+and their count (the difference is time the GPU spends between kernels), and the kernels that
+take the most time. GPU only.
+
+    python tools/step_profile.py [--size 1.7b] [--rows 64] [--replays 20] [--top 12]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import statistics
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from tts_cli.bench import SENTENCES, load_synthesizer, make_requests
+from tts_cli.engine.runner import Engine
+from tts_cli.synthesizer import code_predictor_settings, talker_settings
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def kernel_times(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, tuple[float, int]]:
+    """name -> (microseconds per replay, launches per replay), over `replays` profiled replays."""
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and not event.name.startswith("Memcpy"):
+            totals[event.name][0] += event.time_range.elapsed_us()
+            totals[event.name][1] += 1
+    return {name: (us / replays, count / replays) for name, (us, count) in totals.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="1.7b")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--top", type=int, default=12)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    synth = load_synthesizer(f"random:{args.size}", "cuda", torch.bfloat16)
+    sampling = synth.ckpt.sampling
+    sentences = [line.strip() for line in SENTENCES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    requests = make_requests(synth, sentences, args.rows, 8, "vivian")
+    engine = Engine(synth.model, synth.codec, rows=args.rows, context=256,
+                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
+    with torch.no_grad():
+        engine.run(requests)   # captures the graphs and fills the slots' state once
+        torch.cuda.synchronize()
+        for name, graph in engine.step.graphs.items():
+            graph.replay()
+            wall = replay_ms(graph, args.replays)
+            kernels = kernel_times(graph, args.replays)
+            busy = sum(us for us, _ in kernels.values()) / 1e3
+            launches = sum(n for _, n in kernels.values())
+            print(f"{name}: {wall:.3f} ms per replay, kernels {busy:.3f} ms busy in {launches:.0f} launches "
+                  f"({1e3 * (wall - busy) / max(launches, 1):.2f} us between kernels on average)")
+            for kernel, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:args.top]:
+                print(f"  {us:9.1f} us  {n:5.0f} x {us / n:7.2f} us  {kernel[:110]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -124,7 +124,52 @@ x = torch.randn(3, 100, 48, generator=g).transpose(1, 2) * 4    # strided, as co
 expected = act(x)
 act.fused = True
 torch.testing.assert_close(act(x), expected, rtol=1e-5, atol=1e-5)
+
+# with a per-channel bias and a residual added first, written into a slice of a larger buffer
+from tts_kernels.snake import channel_pointwise
+bias, residual = torch.randn(48, generator=g), torch.randn(3, 48, 100, generator=g)
+act.fused = False
+with torch.no_grad():
+    expected = act(x + bias[:, None] + residual)
+buffer = torch.zeros(3, 48, 107)
+channel_pointwise(x, bias=bias, residual=residual, snake=act.kernel_args(), out=buffer[..., 7:])
+torch.testing.assert_close(buffer[..., 7:], expected, rtol=1e-5, atol=1e-5)
+assert not buffer[..., :7].any()
+torch.testing.assert_close(channel_pointwise(x, bias=bias, residual=residual), x + bias[:, None] + residual,
+                           rtol=0, atol=0)
 print("snake ok")
+"""
+
+
+CODEC_CHECK = """
+# The codec as the engine runs it on CUDA (use_kernels: SnakeBeta and the residual units' pointwise
+# work in the kernel, transposed convolutions as GEMMs) against the plain modules, in fp32.
+import torch
+from tts_cli.cli import BUNDLED_MODEL_DIR
+from tts_cli.model.codec import load_codec
+from tts_cli.model.transformer import use_kernels
+
+codec = load_codec(BUNDLED_MODEL_DIR / "speech_tokenizer")
+g = torch.Generator().manual_seed(0)
+with torch.no_grad():
+    for name, p in codec.named_parameters():   # nonzero biases and SnakeBeta factors that matter
+        if p.dim() == 1:
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+codes = torch.randint(0, codec.config.codebook_size, (2, 5, 16), generator=g)
+
+
+def streamed(window):
+    state = codec.new_state(2)
+    return torch.cat([codec.decode_step(codes[:, t:t + window], state) for t in range(0, 5, window)], 1)
+
+
+full, in_windows = codec.decode(codes), streamed(2)
+use_kernels(codec, True)
+assert all(unit.fused for unit in codec.modules() if type(unit).__name__ == "ResidualUnit")
+torch.testing.assert_close(codec.decode(codes), full, rtol=1e-5, atol=2e-6)
+for window in (1, 2):
+    torch.testing.assert_close(streamed(window), in_windows, rtol=1e-5, atol=2e-6)
+print("codec ok")
 """
 
 
@@ -154,6 +199,13 @@ def test_fused_decoder_layers_equal_torch_in_the_interpreter():
 @needs_triton
 def test_snake_kernel_equals_torch_in_the_interpreter():
     assert "snake ok" in _interpret(SNAKE_CHECK)
+
+
+@needs_triton
+def test_engine_codec_equals_the_plain_modules_in_the_interpreter():
+    """Whole decode and streamed in windows of 1 and 2 frames (the residual units' history kept
+    by the fused path)."""
+    assert "codec ok" in _interpret(CODEC_CHECK)
 
 
 SAMPLER_CHECK = """

@@ -178,12 +178,23 @@ class StatefulModule(nn.Module):
         stored ones when streaming (which then become the last `context` inputs seen)."""
         if context == 0:
             return x
-        if state is None:
-            return F.pad(x, (context, 0))
-        history = state.history[self.state_key]
-        x = torch.cat([history, x], dim=-1)
-        history.copy_(x[..., x.shape[-1] - context:])
-        return x
+        joined = self.history_then(x, state, context)
+        joined[..., context:] = x
+        self.keep_history(joined, state, context)
+        return joined
+
+    def history_then(self, x: torch.Tensor, state: Optional[CodecState], context: int) -> torch.Tensor:
+        """A buffer [B, C, context + T] for x's frames, its first `context` holding the previous
+        inputs (zeros for a whole sequence); the frames after them are for the caller to write."""
+        batch, channels, frames = x.shape
+        joined = x.new_empty(batch, channels, context + frames)
+        joined[..., :context] = 0 if state is None else state.history[self.state_key]
+        return joined
+
+    def keep_history(self, joined: torch.Tensor, state: Optional[CodecState], context: int) -> None:
+        """When streaming, the last `context` inputs of a filled buffer become the history."""
+        if state is not None:
+            state.history[self.state_key].copy_(joined[..., joined.shape[-1] - context:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,11 +280,15 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState] = None) -> torch.Tensor:
         if self.fused:
-            from tts_kernels.snake import snake
-            return snake(x, self.alpha, self.beta, SNAKE_EPS)
+            from tts_kernels.snake import channel_pointwise
+            return channel_pointwise(x, snake=self.kernel_args())
         alpha = self.alpha.exp()[:, None]
         beta = self.beta.exp()[:, None]
         return x + (1.0 / (beta + SNAKE_EPS)) * torch.sin(x * alpha).pow(2)
+
+    def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """What tts_kernels.snake.channel_pointwise takes as `snake`."""
+        return self.alpha, self.beta, SNAKE_EPS
 
 
 class Chain(nn.ModuleList):
@@ -311,10 +326,28 @@ class ResidualUnit(nn.Module):
         self.conv1 = CausalConv1d(channels, channels, CONV_KERNEL, dilation=dilation)
         self.act2 = SnakeBeta(channels)
         self.conv2 = CausalConv1d(channels, channels, 1)
+        self.fused = False   # the engine switches this on (use_kernels): _forward_fused
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        if self.fused:
+            return self._forward_fused(x, state)
         h = self.conv1(self.act1(x), state)
         return x + self.conv2(self.act2(h), state)
+
+    def _forward_fused(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        """The same function in fewer passes over the activations, the codec's largest tensors:
+        act1 writes straight after conv1's history (no concatenation), and each convolution's
+        bias, which cuDNN would add in a broadcast pass of its own, is added by the pointwise
+        kernel after it (act2; the residual add)."""
+        from tts_kernels.snake import channel_pointwise
+        conv1, conv2 = self.conv1, self.conv2
+        context = conv1.context
+        joined = conv1.history_then(x, state, context)
+        channel_pointwise(x, snake=self.act1.kernel_args(), out=joined[..., context:])
+        conv1.keep_history(joined, state, context)
+        h = F.conv1d(joined, conv1.conv.weight, None, dilation=conv1.conv.dilation)
+        inner = channel_pointwise(h, bias=conv1.conv.bias, snake=self.act2.kernel_args())
+        return channel_pointwise(F.conv1d(inner, conv2.conv.weight), bias=conv2.conv.bias, residual=x)
 
 
 class DecoderBlock(nn.Module):

@@ -1,0 +1,116 @@
+"""Can the codec run alongside the decode steps? A codec window (K = 4 steps) at `rows` rows as
+the engine runs it (random weights at the real 1.7B shapes, its stage graphs), timed four ways:
+
+  serial:   4 x (depth, talker), then the codec, on one stream (what the engine does)
+  streams:  4 x (depth, talker) on a high-priority stream, the codec on a low-priority one
+  green N:  the same two streams in CUDA green contexts: the codec on N SMs, the steps on the rest
+
+The steps are a chain of ~1200 small kernels bound by latency, the codec a few hundred large
+ones bound by compute: on shared SMs the codec's blocks hold the SMs the chain's next kernel
+waits for, so only a partition may let both run at their own pace. GPU only; prints a line per way.
+
+    python tools/overlap_bench.py [--rows 64] [--green 32,48,64,80] [--replays 20]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from tts_cli.bench import SENTENCES, load_synthesizer, make_requests
+from tts_cli.engine.runner import Engine
+from tts_cli.synthesizer import code_predictor_settings, talker_settings
+
+STEPS = 4
+
+
+def timed(launch, replays: int) -> float:
+    """Median milliseconds of launch() (which queues work on several streams and joins them to
+    the current one)."""
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def captured(fn, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        fn()   # warm up on this stream (and context)
+    stream.synchronize()
+    with torch.cuda.graph(graph, stream=stream):
+        fn()
+    return graph
+
+
+def on_streams(*work):
+    """A launch of (stream, graph) pairs, each graph on its stream, forked from and joined to
+    the current stream."""
+    def launch():
+        main = torch.cuda.current_stream()
+        for stream, graph in work:
+            stream.wait_stream(main)
+            with torch.cuda.stream(stream):
+                graph.replay()
+        for stream, _ in work:
+            main.wait_stream(stream)
+    return launch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--green", default="32,48,64,80", help="SM counts for the codec's green context")
+    parser.add_argument("--replays", type=int, default=20)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    synth = load_synthesizer("random:1.7b", "cuda", torch.bfloat16)
+    sampling = synth.ckpt.sampling
+    sentences = [line.strip() for line in SENTENCES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    engine = Engine(synth.model, synth.codec, rows=args.rows, context=256,
+                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
+    fns = engine.step.stage_fns
+
+    def steps():
+        for _ in range(STEPS):
+            fns["depth"]()
+            fns["talker"]()
+
+    with torch.no_grad():
+        engine.run(make_requests(synth, sentences, args.rows, 8, "vivian"))
+        torch.cuda.synchronize()
+        main_stream = torch.cuda.Stream()
+        serial = captured(lambda: (steps(), fns["codec"]()), main_stream)
+        steps_alone, codec_alone = captured(steps, main_stream), captured(fns["codec"], main_stream)
+        print(f"serial: {timed(serial.replay, args.replays) / STEPS:.3f} ms per step "
+              f"(steps alone {timed(steps_alone.replay, args.replays) / STEPS:.3f}, "
+              f"codec alone {timed(codec_alone.replay, args.replays) / STEPS:.3f})", flush=True)
+        high, low = torch.cuda.Stream(priority=-1), torch.cuda.Stream(priority=0)
+        launch = on_streams((low, captured(fns["codec"], low)), (high, captured(steps, high)))
+        print(f"streams: {timed(launch, args.replays) / STEPS:.3f} ms per step", flush=True)
+        total = torch.cuda.get_device_properties(0).multi_processor_count
+        for codec_sms in (int(n) for n in args.green.split(",")):
+            try:
+                from torch.cuda.green_contexts import GreenContext
+                codec_ctx = GreenContext.create(num_sms=codec_sms, device_id=0)
+                steps_ctx = GreenContext.create(num_sms=total - codec_sms, device_id=0)
+                codec_stream, steps_stream = codec_ctx.Stream(), steps_ctx.Stream()
+                codec = (codec_stream, captured(fns["codec"], codec_stream))
+                chain = (steps_stream, captured(steps, steps_stream))
+                print(f"green {codec_sms}: {timed(on_streams(codec, chain), args.replays) / STEPS:.3f} ms per step "
+                      f"(steps alone on {total - codec_sms} SMs {timed(on_streams(chain), args.replays) / STEPS:.3f}, "
+                      f"codec alone on {codec_sms} {timed(on_streams(codec), args.replays) / STEPS:.3f})", flush=True)
+            except Exception as error:   # a probe: report and go on
+                print(f"green {codec_sms}: {type(error).__name__}: {error}", flush=True)
+                import torch.cuda.green_contexts as green
+                print("  torch.cuda.green_contexts:", [n for n in dir(green.GreenContext) if not n.startswith("__")])
+
+
+if __name__ == "__main__":
+    main()

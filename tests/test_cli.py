@@ -223,17 +223,6 @@ def test_bench_runs_the_engine_and_writes_json(tmp_path):
     assert "audio-s/s" in result.stdout
 
 
-def test_bench_depth_groups(tmp_path):
-    out = tmp_path / "bench.json"
-    result = _invoke("bench", "--device", "cpu", "--model", cli.BUNDLED_MODEL_DIR, "--concurrency", "2",
-                     "--requests", "2", "--frames", "4", "--depth-groups", "2", "--json", out)
-    assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["depth_groups"] == 2
-    result = _invoke("bench", "--device", "cpu", "--model", cli.BUNDLED_MODEL_DIR, "--concurrency", "3",
-                     "--depth-groups", "2", "--json", out)
-    assert result.exit_code == 2 and "depth_groups must divide the 3 rows, got 2" in result.stderr
-
-
 def test_bench_rejects_bad_options():
     result = _invoke("bench", "--device", "cpu", "--concurrency", "1,x")
     assert result.exit_code == 2 and "--concurrency takes integers" in result.stderr

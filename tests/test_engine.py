@@ -43,24 +43,19 @@ def _plain(synth, i, seed, frames, greedy, min_new_tokens):
                     code_predictor_settings(sampling), min_new_tokens=min_new_tokens)[0]
 
 
-def _engine(synth, rows, greedy, codec_window=1, depth_groups=1):
+def _engine(synth, rows, greedy, codec_window=1):
     sampling = synth.ckpt.sampling.greedy() if greedy else synth.ckpt.sampling
     return Engine(synth.model, synth.codec, rows=rows, context=192, talker_defaults=talker_settings(sampling),
-                  cp_defaults=code_predictor_settings(sampling), top_p=True, codec_window=codec_window,
-                  depth_groups=depth_groups)
+                  cp_defaults=code_predictor_settings(sampling), top_p=True, codec_window=codec_window)
 
 
-@pytest.mark.parametrize("greedy, depth_groups", [(True, 1), (False, 1), (False, 2)],
-                         ids=["greedy", "sampled", "sampled-2-depth-groups"])
-def test_engine_equals_the_plain_model_with_slot_refill(synth, greedy, depth_groups):
-    # 6 requests through 4 slots, different lengths: slots are refilled while others run. With
-    # depth groups, the code predictor runs each half of the slots on its own.
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_engine_equals_the_plain_model_with_slot_refill(synth, greedy):
+    # 6 requests through 4 slots, different lengths: slots are refilled while others run.
     frames = [12, 30, 7, 20, 25, 9]
     requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
                               min_new_tokens=f + 1) for i, f in enumerate(frames)]
-    engine = _engine(synth, rows=4, greedy=greedy, depth_groups=depth_groups)
-    assert [rows for rows, *_ in engine.step.depth_groups] == [slice(i, i + 4 // depth_groups)
-                                                              for i in range(0, 4, 4 // depth_groups)]
+    engine = _engine(synth, rows=4, greedy=greedy)
     results = engine.run(requests)
     for i, (result, f) in enumerate(zip(results, frames)):
         plain = _plain(synth, i, 100 + i, f, greedy, f + 1)
@@ -68,11 +63,6 @@ def test_engine_equals_the_plain_model_with_slot_refill(synth, greedy, depth_gro
         assert np.array_equal(result.codes, plain.codes.numpy()), f"row {i}"
         full = synth.decode([plain.codes])[0]
         assert np.linalg.norm(result.pcm - full) / np.linalg.norm(full) < 1e-5
-
-
-def test_depth_groups_must_divide_the_rows(synth):
-    with pytest.raises(ValueError, match="depth_groups must divide the 4 rows, got 3"):
-        _engine(synth, rows=4, greedy=True, depth_groups=3)
 
 
 EOS_CAP = 120

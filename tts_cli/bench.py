@@ -94,7 +94,7 @@ def _percentile(values: list[float], q: float) -> float:
 
 @torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
-              codec_window: int = DEFAULT_CODEC_WINDOW, depth: str = DEFAULT_DEPTH, depth_groups: int = 1) -> BenchRow:
+              codec_window: int = DEFAULT_CODEC_WINDOW, depth: str = DEFAULT_DEPTH) -> BenchRow:
     cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -103,7 +103,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
     context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
-                    time_stages=True, codec_window=codec_window, depth=depth, depth_groups=depth_groups)
+                    time_stages=True, codec_window=codec_window, depth=depth)
     warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
                             min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
     engine.run(warmup)
@@ -134,7 +134,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW,
-              depth: str = DEFAULT_DEPTH, depth_groups: int = 1) -> dict:
+              depth: str = DEFAULT_DEPTH) -> dict:
     dtype = weights_dtype(device)
     if device.startswith("cuda"):
         allow_tf32()
@@ -145,8 +145,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     rows = []
     for c in concurrencies:
         count = requests or max(2 * c, 8)
-        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
-                              depth_groups))
+        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth))
     return {
         "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
@@ -155,7 +154,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "sentences": f"bundled {SENTENCES.name}" if sentences_path.resolve() == SENTENCES else str(sentences_path),
         "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
-        "codec_window": codec_window, "depth_setting": depth, "depth_groups": depth_groups,
+        "codec_window": codec_window, "depth_setting": depth,
         "rows": [asdict(r) for r in rows],
     }
 

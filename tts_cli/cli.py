@@ -447,10 +447,6 @@ def bench(
                                      help="Run the codec every K decode steps over the last K frames (the "
                                           "engine's default; larger K: faster codec, later first audio)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
-    depth_groups: int = typer.Option(1, "--depth-groups", min=1, metavar="G",
-                                     help="Experimental: run the code predictor's loop as G row blocks side by "
-                                          "side, each on its own CUDA stream (every concurrency must be a "
-                                          "multiple of G; not with the depth kernel). Not yet measured."),
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
@@ -469,7 +465,7 @@ def bench(
         check_device(device)
         check_depth(depth)
         result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
-                           codec_window=codec_window, depth=depth, depth_groups=depth_groups)
+                           codec_window=codec_window, depth=depth)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)

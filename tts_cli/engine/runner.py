@@ -112,7 +112,7 @@ class Engine:
     def __init__(self, model, codec, rows: int, context: int, talker_defaults: SamplerSettings,
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
                  time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int = DEFAULT_CODEC_WINDOW,
-                 depth: str = DEFAULT_DEPTH, depth_groups: int = 1):
+                 depth: str = DEFAULT_DEPTH):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -132,8 +132,7 @@ class Engine:
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
-        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, sampler_kernel=kernels, depth=depth,
-                               depth_groups=depth_groups)
+        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, sampler_kernel=kernels, depth=depth)
         self.prefill = Prefill(model, self.state, self.admit_group, use_graphs)
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"

@@ -11,7 +11,6 @@ lands in output buffers that the runner copies to pinned memory and reads one st
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -35,7 +34,7 @@ def _log_once(message: str) -> None:
 
 class DecodeStep:
     def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool,
-                 sampler_kernel: bool = False, depth: str = DEFAULT_DEPTH, depth_groups: int = 1):
+                 sampler_kernel: bool = False, depth: str = DEFAULT_DEPTH):
         self.model, self.codec, self.st = model, codec, state
         cfg = model.cfg
         device = state.g0.device
@@ -51,9 +50,7 @@ class DecodeStep:
         self.emit = torch.zeros_like(state.active)
         self.code0_embed = torch.zeros_like(state.hidden)
         self.codes = torch.zeros_like(state.out_codes)
-        self.residual = torch.zeros_like(state.out_codes[:, 1:])   # codebooks 1..15, filled by each row group
         self.depth_frame = self._depth_frame(depth, state.g0.shape[0])
-        self.depth_groups = self._row_groups(depth_groups, state)
         self.stage_fns = {"depth": self._depth, "codec": self._codec, "talker": self._talker}
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         if use_graphs:
@@ -80,24 +77,6 @@ class DecodeStep:
         log.info("engine: the code predictor runs as the persistent depth kernel (%d rows)", rows)
         return DepthFrame(cp, rows)
 
-    def _row_groups(self, groups: int, state: SlotState) -> list[tuple[slice, list, object]]:
-        """The code predictor's loop as `groups` row blocks run side by side, each on its own CUDA
-        stream (tools/row_groups_bench.py): at 64 rows each of its ~850 kernels fills a fraction
-        of the GPU and waits on memory, so independent chains can overlap. Each block keeps fixed
-        shapes, so a row's draws still do not depend on its batch mates. Per block: its rows,
-        its caches and sampler settings (views of the slots' buffers), its stream (None: CPU,
-        or one block, which then runs on the current stream)."""
-        rows = state.g0.shape[0]
-        if groups < 1 or rows % groups:
-            raise ValueError(f"depth_groups must divide the {rows} rows, got {groups}")
-        if groups > 1 and self.depth_frame is not None:
-            raise ValueError("depth_groups applies to the code predictor's loop, not the depth kernel")
-        size = rows // groups
-        side_streams = groups > 1 and state.g0.device.type == "cuda"
-        return [(slice(start, start + size), [kv.row_block(start, start + size) for kv in state.cp_kv],
-                 state.cp_sampling.row_block(start, start + size), torch.cuda.Stream() if side_streams else None)
-                for start in range(0, rows, size)]
-
     @torch.no_grad()
     def _depth(self) -> None:
         st, cp = self.st, self.model.code_predictor
@@ -114,21 +93,12 @@ class DecodeStep:
         if not self.sampler_kernel:   # the 15 codebooks' noise in one batch: a few kernels, not 15 x as many
             groups = range(1, self.model.cfg.num_code_groups)
             noise = gumbel_noise(st.seeds, st.frame, groups, self.model.cfg.code_vocab_size)
-        main = torch.cuda.current_stream() if self.depth_groups[0][3] is not None else None
-        for rows, caches, sampling, stream in self.depth_groups:
-            if stream is not None:
-                stream.wait_stream(main)
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                self.residual[rows], _ = cp.predict_frame(
-                    st.hidden[rows], self.code0_embed[rows],
-                    choose=lambda group, logits, rows=rows, sampling=sampling: self.draw(
-                        logits, sampling, st.seeds[rows], st.frame[rows], group,
-                        None if noise is None else noise[group - 1, rows]),
-                    caches=caches)
-        for _, _, _, stream in self.depth_groups:
-            if stream is not None:
-                main.wait_stream(stream)
-        self._emit_frame(self.residual)
+        residual, _ = cp.predict_frame(
+            st.hidden, self.code0_embed,
+            choose=lambda group, logits: self.draw(logits, st.cp_sampling, st.seeds, st.frame, group,
+                                                   None if noise is None else noise[group - 1]),
+            caches=st.cp_kv)
+        self._emit_frame(residual)
 
     def _emit_frame(self, residual: torch.Tensor) -> None:
         """The frame's 16 codes into the codec window."""

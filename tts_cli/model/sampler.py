@@ -96,10 +96,6 @@ class RowSampling:
                    column([[1 - s.top_p] for s in settings], torch.float32),
                    column([[s.repetition_penalty] for s in settings], torch.float32))
 
-    def row_block(self, start: int, stop: int) -> "RowSampling":
-        """Rows start .. stop - 1 (views: assign on the whole reaches them)."""
-        return RowSampling(*(getattr(self, f.name)[start:stop] for f in fields(self)))
-
     def assign(self, rows: torch.Tensor, other: "RowSampling") -> None:
         """Copies `other`'s rows into these rows (index tensor)."""
         for f in fields(self):

@@ -113,13 +113,6 @@ class StaticKV:
         view.rows, view.at = rows, at
         return view
 
-    def row_block(self, start: int, stop: int) -> "StaticKV":
-        """Cache rows start .. stop - 1 as a cache of their own (views of the same buffers)."""
-        view = copy.copy(self)
-        view.k, view.v = self.k[start:stop], self.v[start:stop]
-        view.rows, view.all_rows = None, self.all_rows[:stop - start]
-        return view
-
     def row_index(self) -> torch.Tensor:
         return self.all_rows if self.rows is None else self.rows
 

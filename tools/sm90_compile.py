@@ -7,7 +7,11 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth [--rows 64] [--warps 8] [--stages N] [--ptx OUT.ptx]
+    python tools/sm90_compile.py depth|attention|sampler [--rows 64] [--tokens 1] [--warps 8] [--stages N]
+                                 [--ptx OUT.ptx]
+
+attention: the decoder layers' attention kernel at the 1.7B talker's shapes (bf16 cache, hi/lo
+parts), `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids.
 """
 from __future__ import annotations
 
@@ -99,15 +103,42 @@ def depth_launch(rows: int, warps: int, stages: int | None):
     return depth_frame._depth_frame, args, kwargs
 
 
+def attention_launch(rows: int, tokens: int, warps: int, stages: int | None):
+    import tts_kernels.attention as attention
+    heads, kv_heads, head_dim, capacity = 16, 8, 128, 256
+    cache = torch.zeros(rows, kv_heads, capacity, head_dim, dtype=torch.bfloat16)
+    table = torch.zeros(capacity, head_dim)
+    args, kwargs = captured_launch(attention._attention, lambda: attention.cached_attention(
+        torch.zeros(2 * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
+        torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),
+        torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, parts=2))
+    return attention._attention, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
+
+
+def sampler_launch(rows: int, warps: int, stages: int | None):
+    import tts_kernels.sampler as sampler
+    args, kwargs = captured_launch(sampler._sample_rows, lambda: sampler.sample_rows(
+        torch.zeros(rows, 2048), torch.ones(rows, 1), torch.full((rows,), 50), torch.ones(rows, dtype=torch.bool),
+        torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long), 3))
+    return sampler._sample_rows, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernel", choices=["depth"])
+    parser.add_argument("kernel", choices=["depth", "attention", "sampler"])
     parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--warps", type=int, default=8)
     parser.add_argument("--stages", type=int)
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
-    kernel = compile_for_sm90(*depth_launch(args.rows, args.warps, args.stages))
+    if args.kernel == "depth":
+        launch = depth_launch(args.rows, args.warps, args.stages)
+    elif args.kernel == "attention":
+        launch = attention_launch(args.rows, args.tokens, args.warps, args.stages)
+    else:
+        launch = sampler_launch(args.rows, args.warps, args.stages)
+    kernel = compile_for_sm90(*launch)
     print(report(kernel))
     if args.ptx:
         with open(args.ptx, "w") as f:

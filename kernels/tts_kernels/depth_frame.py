@@ -126,7 +126,7 @@ def _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D: tl.constexpr, DB: tl.
 def _head_vectors(qkv_ptr, r, valid_r, head, dims, partner, norm_ptr, cos, sin, eps, NORM: tl.constexpr,
                   QKV_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, HD: tl.constexpr):
     """Head vectors [rows, heads, HDB] of rows r from the q/k/v partial sums: with NORM, RMS-normed
-    and rotated (RoPE, rotate-half) as the loop's rope_and_store does; else raw (v)."""
+    and rotated (RoPE, rotate-half) as the loop's attention kernel does; else raw (v)."""
     mask = valid_r[:, None, None] & (dims < HD)[None, None, :]
     offsets = head[None, :, None] * HD + dims[None, None, :]
     partner_offsets = head[None, :, None] * HD + partner[None, None, :]

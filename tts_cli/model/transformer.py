@@ -10,8 +10,8 @@ stores them) the torch code below widens the weights per call: it is the fp32 mo
 weights, the reference that the fast path is held to (docs/numerics.md).
 
 Fast path (the engine switches it on with `use_kernels`): for new tokens against StaticKV caches,
-each layer runs as nine kernels: residual add + norm, one q/k/v projection, q/k norm + RoPE + cache
-write, attention, o projection, residual add + norm, one gate/up projection, SiLU * up, down
+each layer runs as eight kernels: residual add + norm, one q/k/v projection, attention (with the
+q/k norms, RoPE and the cache write), o projection, residual add + norm, one gate/up projection, SiLU * up, down
 projection (tts_kernels; cuBLAS for the projections). Projections read the bf16 weights once and
 their fp32 input as two bf16 halves (tts_kernels.linear); the KV cache, and the queries and
 probabilities that meet it, are bf16.
@@ -269,11 +269,11 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def _forward_kernels(self, x, caches):
-        """The same layers as nine kernels each (module doc). Every layer's cache has the same `at`
+        """The same layers as eight kernels each (module doc). Every layer's cache has the same `at`
         and rows (set by the caller for all of them). Positions and mask are implied: the new tokens
         of a row go to cache positions at, at + 1, ... and RoPE uses those; attention is causal by
         cache position."""
-        from tts_kernels.attention import cached_attention, rope_and_store
+        from tts_kernels.attention import cached_attention
         from tts_kernels.linear import parts_for, project, split
         from tts_kernels.swiglu import silu_mul
         cfg = self.cfg
@@ -289,9 +289,9 @@ class Decoder(nn.Module):
         for layer, cache in zip(self.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
             qkv = project(split(x, parts, layer.input_layernorm.weight, eps, delta=delta), *attn.qkv)
-            q = rope_and_store(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
-                               attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s, parts)
-            heads = cached_attention(q, cache.k, cache.v, rows, start, cfg.head_dim ** -0.5, parts)
+            heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
+                                     attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
+                                     cfg.head_dim ** -0.5, parts)
             delta = project(heads, attn.o_proj.weight, attn.o_proj.bias)
             gate_up = project(split(x, parts, layer.post_attention_layernorm.weight, eps, delta=delta), mlp.gate_up[0])
             delta = project(silu_mul(gate_up, parts, parts), mlp.down_proj.weight)

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from tts_kernels import compiled
 from tts_kernels import depth_schedule as plan
+from tts_kernels.linear import parts_dtype, store_parts
 from tts_kernels.sampler import draw
 
 _EMBED = tl.constexpr(plan.EMBED)
@@ -50,7 +51,9 @@ def _gemm(x_ptr, x_cols, w_ptr, w_cols, w2_offset, rows, n0, k0, K_LEN: tl.const
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PARTS: tl.constexpr,
           PAIR: tl.constexpr):
     """x[:, k0:k0+K_LEN] @ w[n0:n0+BLOCK_N, k0:k0+K_LEN].T as fp32 [BLOCK_M, BLOCK_N]; with PAIR
-    also the same for the weight rows w2_offset further (gate and up share one read of x)."""
+    also the same for the weight rows w2_offset further (gate and up share one read of x). x is
+    PARTS parts [PARTS, BLOCK_M, x_cols] (tts_kernels.linear): with bf16 weights its bf16 hi and lo,
+    written so by the task that made x, so that both go to the tensor cores as loaded."""
     r = tl.arange(0, BLOCK_M)
     n = n0 + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
@@ -58,13 +61,14 @@ def _gemm(x_ptr, x_cols, w_ptr, w_cols, w2_offset, rows, n0, k0, K_LEN: tl.const
     acc2 = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K_LEN, BLOCK_K):
         cols = k0 + k + kk
-        x = tl.load(x_ptr + r[:, None] * x_cols + cols[None, :], mask=(r < rows)[:, None], other=0.0,
-                    cache_modifier=".cg")
+        x_offsets = r[:, None] * x_cols + cols[None, :]
+        x = tl.load(x_ptr + x_offsets, mask=(r < rows)[:, None], other=0.0, cache_modifier=".cg")
         w_offsets = n[None, :] * w_cols + cols[:, None]
         w = tl.load(w_ptr + w_offsets)
         if PARTS == 2:
-            hi = x.to(tl.bfloat16, fp_downcast_rounding="rtne")
-            lo = (x - hi.to(tl.float32)).to(tl.bfloat16, fp_downcast_rounding="rtne")
+            hi = x
+            lo = tl.load(x_ptr + BLOCK_M * x_cols + x_offsets, mask=(r < rows)[:, None], other=0.0,
+                         cache_modifier=".cg")
             acc = tl.dot(hi, w, acc)
             acc = tl.dot(lo, w, acc)
             if PAIR:
@@ -80,10 +84,13 @@ def _gemm(x_ptr, x_cols, w_ptr, w_cols, w2_offset, rows, n0, k0, K_LEN: tl.const
 
 
 @triton.jit
-def _store_tile(out_ptr, out_cols, value, rows, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_tile(out_ptr, out_cols, value, rows, n0, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                PARTS: tl.constexpr = 1):
+    """value [BLOCK_M, BLOCK_N] into out [PARTS, BLOCK_M, out_cols] at column n0: fp32 partial sums
+    (PARTS 1), or a GEMM's input as its parts."""
     r = tl.arange(0, BLOCK_M)
     n = n0 + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + r[:, None] * out_cols + n[None, :], value, mask=(r < rows)[:, None])
+    store_parts(out_ptr, r[:, None] * out_cols + n[None, :], BLOCK_M * out_cols, value, (r < rows)[:, None], PARTS)
 
 
 @triton.jit
@@ -99,7 +106,7 @@ def _projection(x_ptr, w_ptr, out_ptr, tile, rows, N: tl.constexpr, K: tl.conste
 
 @triton.jit
 def _residual_norm(h_ptr, xn_ptr, part_ptr, norm_ptr, row, eps, SPLITS: tl.constexpr, D: tl.constexpr,
-                   DB: tl.constexpr, BLOCK_M: tl.constexpr):
+                   DB: tl.constexpr, BLOCK_M: tl.constexpr, PARTS: tl.constexpr):
     """h[row] += the SPLITS partial sums, in order; xn[row] = RMSNorm(h[row]) * norm."""
     d = tl.arange(0, DB)
     valid = d < D
@@ -108,18 +115,19 @@ def _residual_norm(h_ptr, xn_ptr, part_ptr, norm_ptr, row, eps, SPLITS: tl.const
     for s in range(SPLITS):
         delta += tl.load(part_ptr + (s * BLOCK_M + row) * D + d, mask=valid, other=0.0, cache_modifier=".cg")
     h += delta
-    _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D, DB)
+    _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D, DB, BLOCK_M, PARTS)
 
 
 @triton.jit
-def _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D: tl.constexpr, DB: tl.constexpr):
-    """h [DB] -> h[row]; RMSNorm(h) * norm -> xn[row]."""
+def _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D: tl.constexpr, DB: tl.constexpr, BLOCK_M: tl.constexpr,
+                  PARTS: tl.constexpr):
+    """h [DB] -> h[row]; RMSNorm(h) * norm -> xn[:, row] as PARTS parts (the GEMMs' input)."""
     d = tl.arange(0, DB)
     valid = d < D
     tl.store(h_ptr + row * D + d, h, mask=valid)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / D + eps)
-    tl.store(xn_ptr + row * D + d, tl.load(norm_ptr + d, mask=valid, other=0.0).to(tl.float32) * (h * rstd),
-             mask=valid)
+    store_parts(xn_ptr, row * D + d, BLOCK_M * D, tl.load(norm_ptr + d, mask=valid, other=0.0).to(tl.float32) *
+                (h * rstd), valid, PARTS)
 
 
 @triton.jit
@@ -152,7 +160,8 @@ def _head_vectors(qkv_ptr, r, valid_r, head, dims, partner, norm_ptr, cos, sin, 
 def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
                tile, position, rows, eps, scale,
                QH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDB: tl.constexpr, GB: tl.constexpr,
-               QKV_N: tl.constexpr, SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+               QKV_N: tl.constexpr, SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+               PARTS: tl.constexpr):
     """One kv head for ATTN_ROWS rows at once at `position`: q/k norm + RoPE, k and v into the
     frame's cache ([BLOCK_M, KVH, POSITIONS, HD] of this layer), causal attention over positions
     0..position. Tensors are [rows, heads, positions, dims]."""
@@ -200,8 +209,8 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     p = p.to(cache_type).to(tl.float32)
     out = tl.sum(p[:, :, :, None] * value[:, None, :, :], axis=2) / total[:, :, None]   # [rows, heads, dims]
     out_offsets = r[:, None, None] * QH * HD + (kv_head * GROUPS + g)[None, :, None] * HD + dims[None, None, :]
-    tl.store(out_ptr + out_offsets, out, mask=valid_r[:, None, None] & (g < GROUPS)[None, :, None] &
-             in_head[None, None, :])
+    store_parts(out_ptr, out_offsets, BLOCK_M * QH * HD, out,
+                valid_r[:, None, None] & (g < GROUPS)[None, :, None] & in_head[None, None, :], PARTS)
 
 
 @triton.jit
@@ -209,7 +218,8 @@ def _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forc
            temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
            row, position, rows, eps,
            D: tl.constexpr, DB: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, HEAD_SPLITS: tl.constexpr,
-           BLOCK_M: tl.constexpr, FORCED: tl.constexpr, STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr):
+           BLOCK_M: tl.constexpr, FORCED: tl.constexpr, STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr,
+           PARTS: tl.constexpr):
     """One row at `position`: from position 2 on, first the draw of codebook position - 1 from the
     head's partial logits; then (positions 0..15) the input, h = it and xn = norm_1 of layer 0."""
     if row < rows:
@@ -239,7 +249,7 @@ def _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forc
                 x = tl.load(x_in_ptr + (position * BLOCK_M + row) * D + d, mask=valid_d, other=0.0)
             else:
                 x = tl.load(tables_ptr + ((position - 2) * V + code) * D + d, mask=valid_d, other=0.0)
-            _store_normed(x, h_ptr, xn_ptr, norm_ptr, row, eps, D, DB)
+            _store_normed(x, h_ptr, xn_ptr, norm_ptr, row, eps, D, DB, BLOCK_M, PARTS)
 
 
 @triton.jit
@@ -286,7 +296,7 @@ def _depth_frame(table_ptr, counters_ptr,
                 _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forced_ptr, h_ptr, xn_ptr,
                        norm_1_ptr, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
                        tile, position, rows, eps, D, DB, V, VB, HEAD_SPLITS, BLOCK_M, FORCED, STORE_LOGITS,
-                       LIBDEVICE)
+                       LIBDEVICE, PARTS)
             elif kind == _QKV:
                 _projection(xn_ptr, w_qkv_ptr + layer * QKV_N * D, qkv_ptr, tile, rows, QKV_N, D, QKV_N_TILE,
                             QKV_SPLITS, BLOCK_M, BLOCK_K, PARTS)
@@ -294,24 +304,24 @@ def _depth_frame(table_ptr, counters_ptr,
                 cache = layer * BLOCK_M * KVH * _POSITIONS * HD
                 _attention(qkv_ptr, q_norm_ptr + layer * HD, k_norm_ptr + layer * HD, cos_ptr, sin_ptr,
                            k_cache_ptr + cache, v_cache_ptr + cache, attn_ptr, tile, position, rows, eps, scale,
-                           QH, KVH, HD, HDB, GB, QKV_N, QKV_SPLITS, ATTN_ROWS, BLOCK_M)
+                           QH, KVH, HD, HDB, GB, QKV_N, QKV_SPLITS, ATTN_ROWS, BLOCK_M, PARTS)
             elif kind == _O:
                 _projection(attn_ptr, w_o_ptr + layer * D * QH * HD, part_ptr, tile, rows, D, QH * HD, O_N_TILE,
                             O_SPLITS, BLOCK_M, BLOCK_K, PARTS)
             elif kind == _NORM_2:
                 _residual_norm(h_ptr, xn_ptr, part_ptr, norm_2_ptr + layer * D, tile, eps, O_SPLITS, D, DB,
-                               BLOCK_M)
+                               BLOCK_M, PARTS)
             elif kind == _GATE_UP:
                 n0 = tile * GATE_UP_N_TILE
                 gate, up = _gemm(xn_ptr, D, w_gate_up_ptr + layer * 2 * I * D, D, I * D, rows, n0, 0, D, BLOCK_M,
                                  GATE_UP_N_TILE, GATE_UP_BLOCK_K, PARTS, True)
-                _store_tile(act_ptr, I, gate / (1.0 + tl.exp(-gate)) * up, rows, n0, BLOCK_M, GATE_UP_N_TILE)
+                _store_tile(act_ptr, I, gate / (1.0 + tl.exp(-gate)) * up, rows, n0, BLOCK_M, GATE_UP_N_TILE, PARTS)
             elif kind == _DOWN:
                 _projection(act_ptr, w_down_ptr + layer * D * I, part_ptr, tile, rows, D, I, DOWN_N_TILE,
                             DOWN_SPLITS, BLOCK_M, DOWN_BLOCK_K, PARTS)
             elif kind == _NORM_1:
                 _residual_norm(h_ptr, xn_ptr, part_ptr, norm_1_ptr + layer * D, tile, eps, DOWN_SPLITS, D, DB,
-                               BLOCK_M)
+                               BLOCK_M, PARTS)
             else:   # _HEAD
                 _projection(xn_ptr, heads_ptr + (position - 1) * V * D, logit_part_ptr, tile, rows, V, D,
                             HEAD_N_TILE, HEAD_SPLITS, BLOCK_M, BLOCK_K, PARTS)
@@ -364,12 +374,12 @@ class DepthFrame:
     1..15, as CodePredictor.predict_frame does with the sampler kernel's draws."""
 
     def __init__(self, cp, rows: int, sync: bool | None = None, ctas: int | None = None, timed: bool = False,
-                 tiles: dict | None = None, num_warps: int = 8, num_stages: int | None = None):
+                 tiles: dict | None = None, num_warps: int = 4, num_stages: int | None = None):
         """timed (GPU only): every task records when it started waiting, started and ended (the
         global timer, ns) into self.times [ctas, tasks, 3], for breakdown(). tiles: Shapes fields
-        to override (tools/depth_bench.py tries tilings). num_warps: 8 (4 also gives correct,
-        reproducible results with this kernel on the H200, 0.26 ms faster at 64 rows; an earlier
-        variant with 128-wide K chunks gave wrong results with 4, cause not found: docs/bench.md).
+        to override (tools/depth_bench.py tries tilings). num_warps: 4 (H200, 64 rows: 4.63 ms per
+        frame against 5.01 with 8, both correct and reproducible; an earlier variant with 128-wide
+        K chunks gave wrong results with 4, cause not found: docs/bench.md).
         num_stages: Triton's software pipelining of the K loops (None: its default)."""
         decoder, cfg = cp.decoder, cp.decoder.cfg
         device = decoder.norm.weight.device
@@ -408,11 +418,15 @@ class DepthFrame:
         s, m, d = self.shapes, self.shapes.rows, cfg.hidden_size
         qkv_n = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         f32 = dict(device=device, dtype=torch.float32)
+        # the GEMMs' inputs as PARTS parts (bf16 hi and lo with bf16 weights), the rest fp32
+        parts = dict(device=device, dtype=parts_dtype(self.parts))
         self.scratch = dict(
-            x_in=torch.zeros(2, m, d, **f32), h=torch.zeros(m, d, **f32), xn=torch.zeros(m, d, **f32),
-            qkv=torch.zeros(s.qkv_splits, m, qkv_n, **f32), attn=torch.zeros(m, cfg.num_heads * cfg.head_dim, **f32),
+            x_in=torch.zeros(2, m, d, **f32), h=torch.zeros(m, d, **f32), xn=torch.zeros(self.parts, m, d, **parts),
+            qkv=torch.zeros(s.qkv_splits, m, qkv_n, **f32),
+            attn=torch.zeros(self.parts, m, cfg.num_heads * cfg.head_dim, **parts),
             part=torch.zeros(max(s.o_splits, s.down_splits), m, d, **f32),
-            act=torch.zeros(m, cfg.intermediate_size, **f32), logit_part=torch.zeros(s.head_splits, m, vocab, **f32),
+            act=torch.zeros(self.parts, m, cfg.intermediate_size, **parts),
+            logit_part=torch.zeros(s.head_splits, m, vocab, **f32),
             k_cache=torch.zeros(cfg.num_layers, m, cfg.num_kv_heads, plan.POSITIONS, cfg.head_dim, device=device,
                                 dtype=weight.dtype))
         self.scratch["v_cache"] = torch.zeros_like(self.scratch["k_cache"])

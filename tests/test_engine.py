@@ -161,6 +161,21 @@ def test_synthesizer_through_the_engine_equals_the_plain_path(synth):
     assert through_engine._engine_now.rows == 2   # rebuilt for the capped call
 
 
+def test_synthesizer_queues_the_longest_texts_first(synth):
+    # The results still come back in request order: test_synthesizer_through_the_engine_equals_the_plain_path.
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
+    texts = ["Hi.", "The birch canoe slid on the smooth planks, and the juice of lemons makes fine punch.",
+             "Glue the sheet.", "The birch canoe slid on the smooth planks."]
+    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(texts)]
+    through_engine.synthesize(requests[:1], max_frames=2)   # builds the engine
+    queued = []
+    run = through_engine._engine_now.run
+    through_engine._engine_now.run = lambda queue: (queued.extend(r.key for r in queue), run(queue))[1]
+    results = through_engine.synthesize(requests, max_frames=4, min_new_tokens=5)
+    assert queued == [1, 3, 2, 0]
+    assert [r.id for r in results] == ["0", "1", "2", "3"] and all(len(r.codes) == 4 for r in results)
+
+
 def test_synthesizer_refuses_a_request_its_kv_budget_cannot_hold(synth):
     through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
     through_engine.kv_budget_bytes = 64 * talker_kv_bytes(through_engine.cfg, 2, 1, torch.float32)

@@ -80,6 +80,14 @@ def allow_tf32() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
+def longest_first(requests: list[EngineRequest]) -> list[EngineRequest]:
+    """The engine's queue with the longest prompts (so the longest texts, which speak longest)
+    first, ties in their given order: the slots that free up last then hold short requests, and
+    fewer slots idle while a call's last requests finish (tools/admission_order.py). A seeded
+    request's audio does not depend on its batch mates, so the order changes no result."""
+    return sorted(requests, key=lambda r: -r.prompt_embeds.shape[0])
+
+
 class Synthesizer:
     def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None,
                  engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH):
@@ -187,9 +195,9 @@ class Synthesizer:
                 raise RequestError(f"{request.id}: its prompt and frame cap need {need} talker positions; within the "
                                    f"GPU memory budget {slots} slots hold {engine.context} each (fewer --rows, "
                                    f"a lower --max-frames or --segment-chars make room)")
-        results = engine.run(engine_requests)
+        results = {res.key: res for res in engine.run(longest_first(engine_requests))}
         return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=res.pcm, hit_cap=res.hit_cap)
-                for r, res in zip(requests, results)]
+                for r, res in zip(requests, (results[i] for i in range(len(requests))))]
 
     def _engine(self, rows: int, context: int) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released

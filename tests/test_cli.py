@@ -218,9 +218,11 @@ def test_bench_runs_the_engine_and_writes_json(tmp_path):
     report = json.loads(out.read_text())
     assert [r["concurrency"] for r in report["rows"]] == [1, 2]
     assert all(r["frames"] == 3 * 5 and r["requests"] == 3 for r in report["rows"])
+    for r in report["rows"]:   # the share of slot-steps that made a frame
+        assert 0 < r["slots_busy"] <= 1 and r["slots_busy"] == round(r["frames"] / (r["steps"] * r["concurrency"]), 3)
     assert report["forced_length"] and report["dtype"] == "float32" and report["codec_window"] == 2
     assert report["sentences"] == "bundled harvard-sentences.txt" and report["sentence_count"] == 360
-    assert "audio-s/s" in result.stdout
+    assert "audio-s/s" in result.stdout and "slot-steps that made a frame: " in result.stdout
 
 
 def test_bench_rejects_bad_options():

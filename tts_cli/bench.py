@@ -14,6 +14,8 @@ Reported per concurrency:
   ms per step: depth (code predictor + its sampling), codec (with --codec-window K: one call
   every K steps, amortized over steps), talker (+ its sampling), prefill, host (wall per step not
   covered by those), from CUDA events around each stage
+  slots busy: frames / (steps x c), the share of slot-steps that made a frame (the rest: slots
+  waiting for an admission group or a window boundary, and the ragged end of the last requests)
   peak GPU memory (torch.cuda.max_memory_allocated)
 """
 from __future__ import annotations
@@ -57,6 +59,7 @@ class BenchRow:
     first_audio_p99_s: float
     ms_per_step: dict
     steps: int
+    slots_busy: float
     peak_gpu_gib: float | None
     depth: str   # what ran the code predictor: kernel or loop
 
@@ -126,6 +129,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
         rtf=round(statistics.mean(1 / x for x in xrts), 4),
         first_audio_p50_s=round(_percentile(first, 0.5), 4), first_audio_p99_s=round(_percentile(first, 0.99), 4),
         ms_per_step={k: round(v, 3) for k, v in engine.stats.per_step().items()}, steps=engine.stats.steps,
+        slots_busy=round(frames / max(1, engine.stats.steps * concurrency), 3),
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         depth="kernel" if engine.step.depth_frame is not None else "loop")
     del engine

@@ -482,6 +482,8 @@ def bench(
                       "/".join(f"{ms[k]:.2f}" for k in ("depth", "codec", "talker", "prefill", "host")),
                       str(r["peak_gpu_gib"]))
     Console().print(table)
+    typer.echo("slot-steps that made a frame: " +
+               ", ".join(f"{r['slots_busy']:.0%} at {r['concurrency']} rows" for r in result["rows"]))
     typer.echo(f"--depth {depth}: the code predictor ran as " +
                ", ".join(f"{r['depth']} at {r['concurrency']} rows" for r in result["rows"]))
     typer.echo(f"results: {json_out}")

@@ -150,18 +150,18 @@ def test_missing_tts_model_dir_names_the_path_and_the_variable(fake, tmp_path):
     _assert_one_red_line(result, f"model directory not found: {tmp_path / 'gone'} (from $TTS_MODEL)")
 
 
-def test_on_cuda_calls_carry_four_times_the_engine_rows(fake, tmp_path, monkeypatch):
+def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monkeypatch):
     # (the device check is skipped: this machine may have no GPU; the fake synthesizer needs none)
     monkeypatch.setattr(cli, "check_device", lambda device: None)
     manifest = tmp_path / "m.txt"
-    manifest.write_text("".join(f"Sentence {i}.\n" for i in range(10)))
+    manifest.write_text("".join(f"Sentence {i}.\n" for i in range(50)))
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model",
                      "--device", "cuda", "--rows", 3)
     assert result.exit_code == 0, result.output
     assert fake.loaded_with == {"device": "cuda", "engine_rows": 3, "depth": "auto"}
-    assert [len(batch) for batch in fake.batches] == [10] and fake.max_rows == [12]
+    assert [len(batch) for batch in fake.batches] == [48, 2] and fake.max_rows == [48, 48]
     result = _invoke("synth", manifest, "--out", tmp_path / "out-cpu", "--model", tmp_path / "model", "--rows", 3)
-    assert [len(batch) for batch in fake.batches[1:]] == [8, 2]   # cpu: 8 per call, whatever --rows
+    assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
 
 
 def test_bad_manifest_fails_before_the_model_loads(tmp_path, monkeypatch):

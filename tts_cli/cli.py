@@ -18,6 +18,11 @@ from .errors import TTSError
 from .recipe import load_recipe
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
+# On cuda a synthesize call holds this many segments per engine slot: every call ends with slots
+# idle while its last segments finish, so larger calls waste less (tools/admission_order.py, 1024
+# bundled sentences at 64 rows: calls of 4 x rows 694 engine steps, of 16 x rows 643). A call's
+# work is redone after a crash, and its rows are reported when it ends.
+CALL_ROWS_PER_SLOT = 16
 DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel sequence per position), kernel "
               "(one persistent kernel per frame, tts_kernels.depth_frame: Hopper GPUs with 128+ SMs, bf16, up to 64 "
               "rows, no top-p; elsewhere the loop runs and the log says why), auto (the kernel only where it "
@@ -140,8 +145,8 @@ def synth(
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", metavar="N", min=1, show_default=False,
         help="Segments per synthesize call (fewer after a CUDA out-of-memory). Default: 8 on cpu (one "
-             "lockstep batch); on cuda 4 x --rows, queued into the engine's slots and refilled as "
-             "segments end."),
+             "lockstep batch); on cuda 16 x --rows, queued into the engine's slots longest text first and "
+             "refilled as segments end (each call's end leaves slots idle: larger calls, fewer ends)."),
     rows: int = typer.Option(
         DEFAULT_ENGINE_ROWS, "--rows", metavar="N", min=1,
         help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
@@ -288,7 +293,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         say(f"warning: using the bundled tiny model ({choice.dir}): random weights: its audio is noise; "
             "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz CustomVoice checkpoint", "yellow")
     on_cuda = bool(devices) or device.startswith("cuda")
-    batch_size = batch_size or (4 * rows if on_cuda else 8)
+    batch_size = batch_size or (CALL_ROWS_PER_SLOT * rows if on_cuda else 8)
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
                            segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows, depth=depth,
                            model=str(choice.dir.resolve()), redo_changed=redo_changed)

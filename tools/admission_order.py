@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from tts_cli.bench import SENTENCES, make_requests
+from tts_cli.bench import make_requests, read_sentences
 from tts_cli.cli import BUNDLED_MODEL_DIR
 from tts_cli.engine.runner import Engine
 from tts_cli.synthesizer import Synthesizer, code_predictor_settings, longest_first, talker_settings
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--orders", default="given,longest")
     args = parser.parse_args()
     synth = Synthesizer.from_pretrained(BUNDLED_MODEL_DIR)
-    sentences = [line.strip() for line in SENTENCES.read_text(encoding="utf-8").splitlines() if line.strip()]
+    sentences = read_sentences()
     sampling = synth.ckpt.sampling
     orders = {"given": lambda queue: queue, "longest": longest_first}
     for count in (int(n) for n in args.requests.split(",")):

@@ -14,29 +14,13 @@ waits for, so only a partition may let both run at their own pace. GPU only; pri
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
-from tts_cli.bench import SENTENCES, load_synthesizer, make_requests
-from tts_cli.engine.runner import Engine
-from tts_cli.synthesizer import code_predictor_settings, talker_settings
+from step_profile import filled_engine, median_ms
+from tts_cli.bench import load_synthesizer
 
 STEPS = 4
-
-
-def timed(launch, replays: int) -> float:
-    """Median milliseconds of launch() (which queues work on several streams and joins them to
-    the current one)."""
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def captured(fn, stream: torch.cuda.Stream) -> torch.cuda.CUDAGraph:
@@ -71,10 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     synth = load_synthesizer("random:1.7b", "cuda", torch.bfloat16)
-    sampling = synth.ckpt.sampling
-    sentences = [line.strip() for line in SENTENCES.read_text(encoding="utf-8").splitlines() if line.strip()]
-    engine = Engine(synth.model, synth.codec, rows=args.rows, context=256,
-                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
+    engine = filled_engine(synth, args.rows)
     fns = engine.step.stage_fns
 
     def steps():
@@ -83,17 +64,15 @@ def main() -> None:
             fns["talker"]()
 
     with torch.no_grad():
-        engine.run(make_requests(synth, sentences, args.rows, 8, "vivian"))
-        torch.cuda.synchronize()
         main_stream = torch.cuda.Stream()
         serial = captured(lambda: (steps(), fns["codec"]()), main_stream)
         steps_alone, codec_alone = captured(steps, main_stream), captured(fns["codec"], main_stream)
-        print(f"serial: {timed(serial.replay, args.replays) / STEPS:.3f} ms per step "
-              f"(steps alone {timed(steps_alone.replay, args.replays) / STEPS:.3f}, "
-              f"codec alone {timed(codec_alone.replay, args.replays) / STEPS:.3f})", flush=True)
+        print(f"serial: {median_ms(serial.replay, args.replays) / STEPS:.3f} ms per step "
+              f"(steps alone {median_ms(steps_alone.replay, args.replays) / STEPS:.3f}, "
+              f"codec alone {median_ms(codec_alone.replay, args.replays) / STEPS:.3f})", flush=True)
         high, low = torch.cuda.Stream(priority=-1), torch.cuda.Stream(priority=0)
         launch = on_streams((low, captured(fns["codec"], low)), (high, captured(steps, high)))
-        print(f"streams: {timed(launch, args.replays) / STEPS:.3f} ms per step", flush=True)
+        print(f"streams: {median_ms(launch, args.replays) / STEPS:.3f} ms per step", flush=True)
         total = torch.cuda.get_device_properties(0).multi_processor_count
         for codec_sms in (int(n) for n in args.green.split(",")):
             try:
@@ -103,9 +82,9 @@ def main() -> None:
                 codec_stream, steps_stream = codec_ctx.Stream(), steps_ctx.Stream()
                 codec = (codec_stream, captured(fns["codec"], codec_stream))
                 chain = (steps_stream, captured(steps, steps_stream))
-                print(f"green {codec_sms}: {timed(on_streams(codec, chain), args.replays) / STEPS:.3f} ms per step "
-                      f"(steps alone on {total - codec_sms} SMs {timed(on_streams(chain), args.replays) / STEPS:.3f}, "
-                      f"codec alone on {codec_sms} {timed(on_streams(codec), args.replays) / STEPS:.3f})", flush=True)
+                print(f"green {codec_sms}: {median_ms(on_streams(codec, chain), args.replays) / STEPS:.3f} ms per step "
+                      f"(steps alone on {total - codec_sms} SMs {median_ms(on_streams(chain), args.replays) / STEPS:.3f}, "
+                      f"codec alone on {codec_sms} {median_ms(on_streams(codec), args.replays) / STEPS:.3f})", flush=True)
             except Exception as error:   # a probe: report and go on
                 print(f"green {codec_sms}: {type(error).__name__}: {error}", flush=True)
                 import torch.cuda.green_contexts as green

@@ -16,21 +16,35 @@ import statistics
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from tts_cli.bench import SENTENCES, load_synthesizer, make_requests
+from tts_cli.bench import load_synthesizer, make_requests, read_sentences
 from tts_cli.engine.runner import Engine
 from tts_cli.synthesizer import code_predictor_settings, talker_settings
 
 
-def replay_ms(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+def median_ms(launch, replays: int) -> float:
+    """Median milliseconds of the work launch() queues (on the current stream, or on others it
+    joins back to it)."""
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        launch()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def filled_engine(synth, rows: int) -> Engine:
+    """An engine of `rows` slots (its stage graphs captured) that has run one request per slot,
+    8 frames each, so that its state holds real values."""
+    sampling = synth.ckpt.sampling
+    engine = Engine(synth.model, synth.codec, rows=rows, context=256,
+                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
+    with torch.no_grad():
+        engine.run(make_requests(synth, read_sentences(), rows, 8, "vivian"))
+    torch.cuda.synchronize()
+    return engine
 
 
 def kernel_times(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, tuple[float, int]]:
@@ -56,17 +70,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     synth = load_synthesizer(f"random:{args.size}", "cuda", torch.bfloat16)
-    sampling = synth.ckpt.sampling
-    sentences = [line.strip() for line in SENTENCES.read_text(encoding="utf-8").splitlines() if line.strip()]
-    requests = make_requests(synth, sentences, args.rows, 8, "vivian")
-    engine = Engine(synth.model, synth.codec, rows=args.rows, context=256,
-                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
+    engine = filled_engine(synth, args.rows)
     with torch.no_grad():
-        engine.run(requests)   # captures the graphs and fills the slots' state once
-        torch.cuda.synchronize()
         for name, graph in engine.step.graphs.items():
             graph.replay()
-            wall = replay_ms(graph, args.replays)
+            wall = median_ms(graph.replay, args.replays)
             kernels = kernel_times(graph, args.replays)
             busy = sum(us for us, _ in kernels.values()) / 1e3
             launches = sum(n for _, n in kernels.values())

@@ -74,6 +74,11 @@ def load_synthesizer(spec: str, device: str, dtype: torch.dtype) -> Synthesizer:
     return Synthesizer(ckpt, model, load_tokenizer(TINY), codec)
 
 
+def read_sentences(path: Path = SENTENCES) -> list[str]:
+    """The non-empty lines of a sentence list."""
+    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
 def auto_frames(text: str) -> int:
     return max(MIN_FRAMES, round(len(text) / CHARS_PER_SECOND * FRAMES_PER_SECOND))
 
@@ -145,7 +150,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     t0 = time.perf_counter()
     synth = load_synthesizer(spec, device, dtype)
     load_s = time.perf_counter() - t0
-    sentences = [line.strip() for line in sentences_path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    sentences = read_sentences(sentences_path)
     rows = []
     for c in concurrencies:
         count = requests or max(2 * c, 8)

@@ -195,9 +195,9 @@ class Synthesizer:
                 raise RequestError(f"{request.id}: its prompt and frame cap need {need} talker positions; within the "
                                    f"GPU memory budget {slots} slots hold {engine.context} each (fewer --rows, "
                                    f"a lower --max-frames or --segment-chars make room)")
-        results = {res.key: res for res in engine.run(longest_first(engine_requests))}
+        by_key = {res.key: res for res in engine.run(longest_first(engine_requests))}
         return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=res.pcm, hit_cap=res.hit_cap)
-                for r, res in zip(requests, (results[i] for i in range(len(requests))))]
+                for r, res in zip(requests, (by_key[i] for i in range(len(requests))))]
 
     def _engine(self, rows: int, context: int) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released

@@ -57,6 +57,32 @@ def test_rerun_skips_done_rows_and_rebuilds_the_same_report(fake, tmp_path):
     assert [e["id"] for e in _ledger(out)] == ["a", "b", "c", "d"]
 
 
+def test_a_row_that_cannot_be_written_fails_alone_and_the_ledger_keeps_row_order(fake, tmp_path, monkeypatch):
+    """A batch's files are written by several threads at once: one failing write fails that row
+    only, naming the file and the cause; the ledger records the failure, then the written rows in
+    manifest order (whichever thread finished first)."""
+    from tts_cli.output import formats
+    real_write = formats.write_audio
+
+    def write_audio(path, *args):
+        if path.name == "c.wav":
+            raise OSError("No space left on device")
+        real_write(path, *args)
+
+    monkeypatch.setattr(formats, "write_audio", write_audio)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"{name}\tRow {name}, spoken.\n" for name in "abcdefghij"))
+    out = tmp_path / "out"
+    result = _synth(manifest, out, "--batch-size", 10, model=tmp_path / "model")
+    assert result.exit_code == 1, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [(r["id"], r["error"]) for r in report["rows"] if r["error"]] == \
+        [("c", "cannot write c.wav: No space left on device")]
+    assert sorted(p.name for p in out.glob("*.wav")) == [f"{name}.wav" for name in "abdefghij"]
+    assert [(e["id"], e["status"]) for e in _ledger(out)] == \
+        [("c", "failed")] + [(name, "ok") for name in "abdefghij"]
+
+
 def test_a_missing_output_or_a_failed_row_is_redone(fake, tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("a\tOne.\nb\tboom two.\n")

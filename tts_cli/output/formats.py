@@ -1,7 +1,9 @@
 """Where finished rows go: one WAV or FLAC file per row, or parquet shards of many rows.
 
-A sink takes a row's ledger entry and audio, and hands entries back only once their output is
-durably on disk, so that the ledger never names an output that a crash could take away.
+A sink takes each row in two steps: `store(name, audio)`, the slow part (encoding, writing), safe
+to call from several threads at once, and `add(entry, name, stored)` with what store returned, in
+row order. It hands entries back only once their output is durably on disk, so that the ledger
+never names an output that a crash could take away.
 Parquet shards hold id, text, speaker, language, the audio as a Hugging Face `datasets` Audio
 column (struct {bytes: FLAC, path}), sampling_rate and duration; the schema metadata carries
 the `datasets` features, so `load_dataset("parquet", ...)` decodes the audio column as Audio.
@@ -34,9 +36,11 @@ class FileSink:
         self.audio_format = output_format.upper()
         self._written: list[dict] = []
 
-    def add(self, entry: dict, name: str, audio: np.ndarray) -> None:
-        """Raises OSError when the file cannot be written."""
+    def store(self, name: str, audio: np.ndarray) -> None:
+        """Writes the row's file; raises OSError when it cannot."""
         write_audio(self.out_dir / name, audio, self.sample_rate, self.audio_format)
+
+    def add(self, entry: dict, name: str, stored: None) -> None:
         self._written.append({**entry, "file": name})
 
     def durable_entries(self, final: bool = False) -> list[dict]:
@@ -59,12 +63,16 @@ class ParquetSink:
         self._rows: list[dict] = []
         self._entries: list[dict] = []
 
-    def add(self, entry: dict, name: str, audio: np.ndarray) -> None:
+    def store(self, name: str, audio: np.ndarray) -> tuple[bytes, float]:
+        """The row's FLAC bytes and duration (the shard is written by durable_entries)."""
+        return encode_audio(audio, self.sample_rate, "FLAC"), len(audio) / self.sample_rate
+
+    def add(self, entry: dict, name: str, stored: tuple[bytes, float]) -> None:
+        flac, duration = stored
         self._rows.append({
             "id": entry["id"], "text": entry["params"]["text"], "speaker": entry["params"]["speaker"],
-            "language": entry["params"]["language"],
-            "audio": {"bytes": encode_audio(audio, self.sample_rate, "FLAC"), "path": name},
-            "sampling_rate": self.sample_rate, "duration": len(audio) / self.sample_rate,
+            "language": entry["params"]["language"], "audio": {"bytes": flac, "path": name},
+            "sampling_rate": self.sample_rate, "duration": duration,
         })
         self._entries.append(entry)
 

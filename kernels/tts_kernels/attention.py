@@ -25,6 +25,19 @@ from tts_kernels.linear import load_parts, parts_dtype, store_parts
 
 
 @triton.jit
+def norm_and_rotate(x, x_partner, weight, weight_partner, first_half, cos, sin, eps, HEAD_DIM: tl.constexpr):
+    """Head vectors x [..., D] RMS-normed (times weight) and rotated by RoPE (rotate-half: the
+    partner of dimension i is i + D/2 for the first half, negated, else i - D/2); x_partner holds
+    each dimension's partner value; weight, weight_partner, first_half, cos, sin broadcast to x.
+    The last axis holds the head's dimensions (zeros past HEAD_DIM). Shared by the attention
+    kernel (2-D tiles) and the persistent depth kernel (3-D)."""
+    rstd = tl.expand_dims(1.0 / tl.sqrt(tl.sum(x * x, axis=len(x.shape) - 1) / HEAD_DIM + eps), len(x.shape) - 1)
+    normed = weight * (x * rstd)
+    normed_partner = weight_partner * (x_partner * rstd)
+    return normed * cos + tl.where(first_half, -normed_partner, normed_partner) * sin
+
+
+@triton.jit
 def _rotated_heads(qkv_ptr, base, part_stride, valid, norm_ptr, cos_ptr, sin_ptr, pos, eps,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PARTS: tl.constexpr):
     """Head vectors [R, BLOCK_D] of the q/k/v projection's output at offsets base [R] (its parts
@@ -36,16 +49,13 @@ def _rotated_heads(qkv_ptr, base, part_stride, valid, norm_ptr, cos_ptr, sin_ptr
     mask = valid[:, None] & in_head[None, :]
     x = load_parts(qkv_ptr, base[:, None] + dims[None, :], part_stride, mask, PARTS)
     x_partner = load_parts(qkv_ptr, base[:, None] + partner[None, :], part_stride, mask, PARTS)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
     weight = tl.load(norm_ptr + dims, mask=in_head, other=0.0).to(tl.float32)
     weight_partner = tl.load(norm_ptr + partner, mask=in_head, other=0.0).to(tl.float32)
-    normed = weight[None, :] * (x * rstd[:, None])
-    normed_partner = weight_partner[None, :] * (x_partner * rstd[:, None])
-    rotated = tl.where((dims < half)[None, :], -normed_partner, normed_partner)
     table = pos[:, None] * HEAD_DIM + dims[None, :]
     cos = tl.load(cos_ptr + table, mask=mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + table, mask=mask, other=0.0).to(tl.float32)
-    return normed * cos + rotated * sin
+    return norm_and_rotate(x, x_partner, weight[None, :], weight_partner[None, :], (dims < half)[None, :], cos, sin,
+                           eps, HEAD_DIM)
 
 
 @triton.jit

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from tts_kernels import compiled
 from tts_kernels import depth_schedule as plan
+from tts_kernels.attention import norm_and_rotate
 from tts_kernels.linear import parts_dtype, store_parts
 from tts_kernels.sampler import draw
 
@@ -146,13 +147,10 @@ def _head_vectors(qkv_ptr, r, valid_r, head, dims, partner, norm_ptr, cos, sin, 
         if NORM:
             x_partner += tl.load(base + partner_offsets, mask=mask, other=0.0, cache_modifier=".cg")
     if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=2) / HD + eps)
         weight = tl.load(norm_ptr + dims, mask=dims < HD, other=0.0).to(tl.float32)[None, None, :]
         weight_partner = tl.load(norm_ptr + partner, mask=dims < HD, other=0.0).to(tl.float32)[None, None, :]
-        normed = weight * (x * rstd[:, :, None])
-        normed_partner = weight_partner * (x_partner * rstd[:, :, None])
-        rotated = tl.where(dims[None, None, :] < HD // 2, -normed_partner, normed_partner)
-        x = normed * cos[None, None, :] + rotated * sin[None, None, :]
+        x = norm_and_rotate(x, x_partner, weight, weight_partner, dims[None, None, :] < HD // 2, cos[None, None, :],
+                            sin[None, None, :], eps, HD)
     return x
 
 

@@ -5,6 +5,13 @@ shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
     python tools/codec_bench.py [--rows 64] [--window 4]
     python tools/codec_bench.py --profile [--compile]   # fp32 + TF32: torch modules vs kernels,
                                                         # graphed variants, profile
+    python tools/codec_bench.py --emulate               # CPU: mixed precisions' SNR (below)
+
+--emulate runs anywhere (CPU here): the vocoder's convolutions with their inputs and weights
+rounded to TF32 / bf16 / fp16 and optionally their outputs too, the rest (the residual stream, the
+transformer, the upsampling) exact fp32, decoded as streamed windows of --window frames; SNR
+against the exact fp32 full decode. What a mixed-precision codec would cost in quality before any
+kernel for it is written (speed is not emulated).
 """
 from __future__ import annotations
 
@@ -157,13 +164,57 @@ def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: in
           flush=True)
 
 
+def _round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to TF32's 10 mantissa bits (half-way cases away from zero; close enough here)."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def emulate(rows: int, window: int) -> None:
+    """--emulate (module doc)."""
+    from torch import nn
+    import torch.nn.functional as F
+    _, codec = build_random("1.7b", "cpu", torch.float32)
+    codes = torch.randint(0, 2048, (rows, 6 * window, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = codec.decode(codes)
+    same = lambda x: x
+    rounding = {"tf32": _round_tf32, "bf16": lambda x: x.bfloat16().float(), "fp16": lambda x: x.half().float()}
+    arms = [("tf32", False), ("bf16", False), ("bf16", True), ("fp16", True)]
+    for name, outputs in arms:
+        cast_in, cast_out = rounding[name], rounding[name] if outputs else same
+
+        def conv(self, x):
+            return cast_out(F.conv1d(cast_in(x), cast_in(self.weight), self.bias, self.stride, self.padding,
+                                     self.dilation, self.groups))
+
+        def transposed(self, x, output_size=None):
+            return cast_out(F.conv_transpose1d(cast_in(x), cast_in(self.weight), self.bias, self.stride,
+                                               self.padding, 0, self.groups, self.dilation))
+
+        for module in codec.decoder.modules():
+            if isinstance(module, nn.ConvTranspose1d):
+                module.forward = transposed.__get__(module)
+            elif isinstance(module, nn.Conv1d):
+                module.forward = conv.__get__(module)
+        with torch.no_grad():
+            quality = snr_db(streamed(codec, codes, window), ref)
+        print(f"vocoder convolutions with {name} inputs and weights, {name if outputs else 'fp32'} outputs: "
+              f"streamed SNR {quality:5.1f} dB", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--rows", type=int, help="default: 64 on the GPU, 2 with --emulate")
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--compile", action="store_true", help="with --profile: torch.compile variants too")
+    parser.add_argument("--emulate", action="store_true", help="CPU: mixed precisions' SNR (module doc)")
     args = parser.parse_args()
+    if args.emulate:
+        emulate(args.rows or 2, args.window)
+        return
+    args.rows = args.rows or 64
     _, codec32 = build_random("1.7b", "cuda", torch.bfloat16)
     # the profile's SNR runs in calls of the timed shape, so that a compiled step compiles once
     shape = (args.rows, 6 * args.window, 16) if args.profile else (4, 96, 16)

@@ -196,11 +196,11 @@ def test_state_holds_every_history():
     state = model.new_state(3)
     assert isinstance(state, CodecState) and state.position.tolist() == [0, 0, 0]
     shapes = {name: tuple(t.shape) for name, t in state.history.items()}
-    assert shapes["pre_conv"] == (3, 16, 2)
+    assert shapes["pre_conv"] == (3, 2, 16)   # time-major: [rows, frames, channels]
     assert shapes["pre_transformer.layers.1.self_attn"] == (3, 2, 1, 7, 8)  # kv heads, window - 1
-    assert shapes["upsample.0.1.dwconv"] == (3, 24, 6)
-    assert shapes["decoder.1.block.1"] == (3, 32, 1)  # transposed conv: previous input frame
-    assert shapes["decoder.4.block.4.conv1"] == (3, 2, 54)  # k=7, dilation 9
+    assert shapes["upsample.0.1.dwconv"] == (3, 6, 24)
+    assert shapes["decoder.1.block.1"] == (3, 1, 32)  # transposed conv: previous input frame
+    assert shapes["decoder.4.block.4.conv1"] == (3, 54, 2)  # k=7, dilation 9
     assert "upsample.0.0" not in shapes and "decoder.1.block.2.conv2" not in shapes  # no context
 
 

@@ -111,40 +111,97 @@ for p_kv, f_kv in zip(a, b):
 print("layer kernels ok")
 """
 
-SNAKE_CHECK = """
+CONV_CHECK = """
+# tts_kernels.conv against torch's convolutions and SnakeBeta, in fp32: a dilated causal conv with
+# its history, a 1x1 conv with a residual, a transposed conv, a conv to one channel; outputs into
+# slices of larger buffers, whose other frames must stay untouched.
 import torch
-from tts_cli.model.codec import SnakeBeta
+import torch.nn.functional as F
+from tts_cli.model.codec import CausalConv1d, CausalConvTranspose1d, SnakeBeta
+from tts_kernels.conv import causal_conv
 
 g = torch.Generator().manual_seed(0)
-act = SnakeBeta(48)
+batch, frames, channels = 3, 37, 20   # channels: not a multiple of the kernel's K block
+act = SnakeBeta(channels)
 with torch.no_grad():
     act.alpha.normal_(0, 0.5, generator=g)
     act.beta.normal_(0, 0.5, generator=g)
-x = torch.randn(3, 100, 48, generator=g).transpose(1, 2) * 4    # strided, as convolutions may return
-expected = act(x)
-act.fused = True
-torch.testing.assert_close(act(x), expected, rtol=1e-5, atol=1e-5)
 
-# with a per-channel bias and a residual added first, written into a slice of a larger buffer
-from tts_kernels.snake import channel_pointwise
-bias, residual = torch.randn(48, generator=g), torch.randn(3, 48, 100, generator=g)
-act.fused = False
+
+def time_major(x):
+    return x.transpose(1, 2)
+
+
+for dilation in (1, 3):
+    conv = CausalConv1d(channels, channels, 7, dilation=dilation)
+    src = torch.randn(batch, conv.context + frames, channels, generator=g)   # history, then this call's inputs
+    with torch.no_grad():
+        expected = conv.conv(time_major(src))                                 # [B, C, frames]
+    out = torch.full((batch, frames, channels), float("nan"))
+    snaked = torch.zeros(batch, 5 + frames, channels)
+    causal_conv(src, conv.tap_matrix(), conv.conv.bias, frames, dilation, out=out, snake=act.kernel_args(),
+                snake_out=snaked[:, 5:])
+    torch.testing.assert_close(time_major(out), expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        torch.testing.assert_close(time_major(snaked[:, 5:]), act(expected), rtol=1e-5, atol=1e-5)
+    assert not snaked[:, :5].any()
+
+pointwise = CausalConv1d(channels, 16, 1)
+src, residual = torch.randn(batch, frames, channels, generator=g), torch.randn(batch, frames, 16, generator=g)
+out = torch.empty(batch, frames, 16)
+causal_conv(src, pointwise.tap_matrix(), pointwise.conv.bias, frames, residual=residual, out=out)
 with torch.no_grad():
-    expected = act(x + bias[:, None] + residual)
-buffer = torch.zeros(3, 48, 107)
-channel_pointwise(x, bias=bias, residual=residual, snake=act.kernel_args(), out=buffer[..., 7:])
-torch.testing.assert_close(buffer[..., 7:], expected, rtol=1e-5, atol=1e-5)
-assert not buffer[..., :7].any()
-torch.testing.assert_close(channel_pointwise(x, bias=bias, residual=residual), x + bias[:, None] + residual,
-                           rtol=0, atol=0)
-print("snake ok")
+    torch.testing.assert_close(out, time_major(pointwise.conv(time_major(src))) + residual, rtol=1e-5, atol=1e-5)
+
+up = CausalConvTranspose1d(channels, 8, 10, 5)
+src = torch.randn(batch, 1 + frames, channels, generator=g)
+out = torch.empty(batch, frames * 5, 8)
+causal_conv(src, *up.block_matrix(), frames, out=out)
+with torch.no_grad():
+    full = up.conv(time_major(src))                  # the history frame's blocks come first
+torch.testing.assert_close(time_major(out), full[..., 5:5 + frames * 5], rtol=1e-5, atol=1e-5)
+
+to_wave = CausalConv1d(channels, 1, 7)
+src = torch.randn(batch, 6 + frames, channels, generator=g)
+out = torch.empty(batch, frames, 1)
+causal_conv(src, to_wave.tap_matrix(), to_wave.conv.bias, frames, out=out)
+with torch.no_grad():
+    torch.testing.assert_close(time_major(out), to_wave.conv(time_major(src)), rtol=1e-5, atol=1e-5)
+
+# fp16 inputs and weights, fp16 snake_out: values beyond fp16's range are counted
+src = torch.randn(batch, 6 + frames, channels, generator=g)
+conv = CausalConv1d(channels, channels, 7)
+with torch.no_grad():
+    expected = act(F.conv1d(time_major(src.half().float()), conv.conv.weight.half().float(), conv.conv.bias))
+overflow = torch.zeros(1, dtype=torch.int32)
+snaked = torch.empty(batch, frames, channels, dtype=torch.float16)
+causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, snake=act.kernel_args(),
+            snake_out=snaked, overflow=overflow)
+torch.testing.assert_close(time_major(snaked.float()), expected, rtol=2e-3, atol=2e-3)
+assert overflow.item() == 0
+with torch.no_grad():
+    conv.conv.bias[3] = 1e6
+causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, snake=act.kernel_args(),
+            snake_out=snaked, overflow=overflow)
+assert overflow.item() == batch * frames, overflow   # channel 3 of every frame
+
+try:
+    causal_conv(src[:, 1:], to_wave.tap_matrix(), to_wave.conv.bias, frames, out=out)
+except ValueError as e:
+    assert "does not fit" in str(e), e
+else:
+    raise AssertionError("a source one frame short was accepted")
+print("conv ok")
 """
 
 
 CODEC_CHECK = """
-# The codec as the engine runs it on CUDA (use_kernels: SnakeBeta and the residual units' pointwise
-# work in the kernel, transposed convolutions as GEMMs) against the plain modules, in fp32.
+# The codec as the engine runs it on CUDA (use_kernels: the vocoder time-major, one tts_kernels.conv
+# launch per convolution; the upsampling's transposed convolutions as GEMMs) against the plain
+# modules: in fp32 the same function; with fp16 inputs within fp16's rounding, and values beyond
+# fp16's range refused.
 import torch
+from tts_cli.errors import CodecRangeError
 from tts_cli.cli import BUNDLED_MODEL_DIR
 from tts_cli.model.codec import load_codec
 from tts_cli.model.transformer import use_kernels
@@ -164,11 +221,29 @@ def streamed(window):
 
 
 full, in_windows = codec.decode(codes), streamed(2)
+codec.decoder.half = False
 use_kernels(codec, True)
-assert all(unit.fused for unit in codec.modules() if type(unit).__name__ == "ResidualUnit")
+assert codec.decoder.fused and len(codec.decoder.convs) == 2 + 4 * 7
+assert codec.decoder.convs[0].weight.dtype == torch.float32
 torch.testing.assert_close(codec.decode(codes), full, rtol=1e-5, atol=2e-6)
 for window in (1, 2):
     torch.testing.assert_close(streamed(window), in_windows, rtol=1e-5, atol=2e-6)
+
+codec.decoder.half = True
+use_kernels(codec, True)
+assert codec.decoder.convs[0].weight.dtype == torch.float16
+got = streamed(2)
+snr = 10 * torch.log10(full.pow(2).sum() / (got - full).pow(2).sum())
+assert snr > 40, f"fp16 vocoder: SNR {snr:.1f} dB"
+assert codec.decoder.overflow.item() == 0
+with torch.no_grad():
+    codec.decoder[0].conv.bias.add_(1e5)   # the first convolution's outputs beyond fp16's range
+try:
+    codec.decode(codes[:, :1])
+except CodecRangeError as e:
+    assert "beyond fp16's range" in str(e) and "--codec-precision fp32" in str(e), e
+else:
+    raise AssertionError("an fp16 overflow went unnoticed")
 print("codec ok")
 """
 
@@ -197,14 +272,14 @@ def test_fused_decoder_layers_equal_torch_in_the_interpreter():
 
 
 @needs_triton
-def test_snake_kernel_equals_torch_in_the_interpreter():
-    assert "snake ok" in _interpret(SNAKE_CHECK)
+def test_conv_kernel_equals_torch_in_the_interpreter():
+    assert "conv ok" in _interpret(CONV_CHECK)
 
 
 @needs_triton
 def test_engine_codec_equals_the_plain_modules_in_the_interpreter():
-    """Whole decode and streamed in windows of 1 and 2 frames (the residual units' history kept
-    by the fused path)."""
+    """Whole decode and streamed in windows of 1 and 2 frames (the convolutions' histories kept
+    by the fused vocoder)."""
     assert "codec ok" in _interpret(CODEC_CHECK)
 
 

@@ -58,7 +58,7 @@ def espeak(monkeypatch, tmp_path):
     _needs_espeak_and_asr()
     use_fake_synthesizer(monkeypatch, tmp_path)
     synth = EspeakSynthesizer()
-    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device, engine_rows=None, depth=None: synth)
+    monkeypatch.setattr(cli, "load_synthesizer", lambda model_dir, device, *engine_settings: synth)
     return synth
 
 

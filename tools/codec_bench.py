@@ -3,8 +3,9 @@ streamed call of the engine's shape (rows x K frames), random weights at the rea
 shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
 
     python tools/codec_bench.py [--rows 64] [--window 4]
-    python tools/codec_bench.py --profile [--compile]   # fp32 + TF32: torch modules vs kernels,
-                                                        # graphed variants, profile
+    python tools/codec_bench.py --profile [--compile]   # the torch modules (fp32 + TF32) vs the
+                                                        # engine's kernels (fp16 vocoder): eager,
+                                                        # graphed, profile
     python tools/codec_bench.py --emulate               # CPU: mixed precisions' SNR (below)
 
 --emulate runs anywhere (CPU here): the vocoder's convolutions with their inputs and weights
@@ -53,9 +54,9 @@ def per_call_ms(codec, rows: int, window: int, calls: int = 20) -> float:
 
 def module_times(codec, rows: int, window: int) -> None:
     """CUDA time of each top-level codec part and of each vocoder block's parts that runs (events
-    around the modules of one eager call, so launch gaps count)."""
+    around the modules of one eager call, so launch gaps count; the fused vocoder runs as a whole)."""
     parts = {"quantizer": codec.quantizer, "pre_conv": codec.pre_conv, "transformer": codec.pre_transformer,
-             "upsample": codec.upsample}
+             "upsample": codec.upsample, "vocoder": codec.decoder}
     for i, module in enumerate(codec.decoder):
         parts[f"decoder.{i}"] = module
         if hasattr(module, "block"):
@@ -101,21 +102,14 @@ def graphed_call_ms(codec, rows: int, window: int, replays: int = 50, step=None)
     return start.elapsed_time(end) / replays
 
 
-def transposed_gemm_variants(codec) -> dict[str, list]:
-    """Which transposed convolutions take the GEMM path, per variant (the rest take cuDNN's)."""
-    upsample = [m for m in codec.upsample.modules() if isinstance(m, CausalConvTranspose1d)]
-    vocoder = [m for m in codec.decoder.modules() if isinstance(m, CausalConvTranspose1d)]
-    return {"all as GEMMs (the engine)": upsample + vocoder, "vocoder block 1 and upsampling as GEMMs":
-            upsample + vocoder[:1], "none (cuDNN)": []}
-
-
 def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: int, compiled: bool) -> None:
-    """The engine's codec (fp32 + TF32) with the torch modules and with the kernels: SNR against
-    the exact fp32 full decode, eager time per call and per module; then the time per call
-    replayed from a CUDA graph for each choice of transposed-convolution path, and with
-    `compiled` for torch.compile of the plain modules (SnakeBeta in torch, so that inductor fuses
-    it with the bias and residual adds around it) with and without the GEMM path; last, with the
-    kernels on, the GPU time per kernel and per torch op with its input shapes."""
+    """The codec (fp32 + TF32) with the torch modules and with the engine's kernels (the vocoder's
+    convolutions with fp16 inputs: Vocoder.half): SNR against the exact fp32 full decode, eager
+    time per call and per module, time per call replayed from a CUDA graph (as the engine runs it);
+    with `compiled`, torch.compile of the plain modules (SnakeBeta in torch, so that inductor fuses
+    it with the bias and residual adds around it) with and without the GEMM path for the transposed
+    convolutions; last, with the kernels on, the GPU time per kernel and per torch op with its
+    input shapes."""
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     for kernels in (False, True):
         use_kernels(codec, kernels)
@@ -125,13 +119,10 @@ def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: in
         print(f"{'kernels' if kernels else 'torch'}: SNR {quality:5.1f} dB   {ms:6.2f} ms per call of {rows} rows x "
               f"{window} frames ({ms / window:5.2f} ms per step), eager", flush=True)
         module_times(codec, rows, window)
-    transposed = [m for m in codec.modules() if isinstance(m, CausalConvTranspose1d)]
-    for name, gemm in transposed_gemm_variants(codec).items():
-        for module in transposed:
-            module.fused = module in gemm
         ms = graphed_call_ms(codec, rows, window)
-        print(f"graphed, transposed convolutions {name}: {ms:6.2f} ms per call ({ms / window:5.2f} ms per step)",
+        print(f"{'kernels' if kernels else 'torch'}: graphed {ms:6.2f} ms per call ({ms / window:5.2f} ms per step)",
               flush=True)
+    transposed = [m for m in codec.modules() if isinstance(m, CausalConvTranspose1d)]
     if compiled:
         use_kernels(codec, False)
         for gemm in (True, False):

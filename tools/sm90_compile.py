@@ -7,11 +7,13 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler [--rows 64] [--tokens 1] [--warps 8] [--stages N]
-                                 [--ptx OUT.ptx]
+    python tools/sm90_compile.py depth|attention|sampler|conv [--rows 64] [--tokens 1] [--warps 8]
+                                 [--stages N] [--channels 96] [--ptx OUT.ptx]
 
 attention: the decoder layers' attention kernel at the 1.7B talker's shapes (bf16 cache, hi/lo
-parts), `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids.
+parts), `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids;
+conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
+wide (96 .. 768), over 4 frames' samples per row.
 """
 from __future__ import annotations
 
@@ -123,21 +125,35 @@ def sampler_launch(rows: int, warps: int, stages: int | None):
     return sampler._sample_rows, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
 
 
+def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None):
+    import tts_kernels.conv as conv
+    frames = 4 * 1920 * 96 // channels
+    weight, bias = torch.zeros(7 * channels, channels), torch.zeros(channels)
+    args, kwargs = captured_launch(conv._causal_conv, lambda: conv.causal_conv(
+        torch.zeros(rows, 54 + frames, channels), weight, bias, frames, 9, snake=(bias, bias, 1e-9),
+        snake_out=torch.zeros(rows, frames, channels)))
+    return conv._causal_conv, args, dict(kwargs, **({"num_warps": warps} if warps else {}),
+                                          **({"num_stages": stages} if stages else {}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernel", choices=["depth", "attention", "sampler"])
+    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv"])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--warps", type=int, default=8)
     parser.add_argument("--stages", type=int)
+    parser.add_argument("--channels", type=int, default=96)
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
     if args.kernel == "depth":
         launch = depth_launch(args.rows, args.warps, args.stages)
     elif args.kernel == "attention":
         launch = attention_launch(args.rows, args.tokens, args.warps, args.stages)
-    else:
+    elif args.kernel == "sampler":
         launch = sampler_launch(args.rows, args.warps, args.stages)
+    else:
+        launch = conv_launch(args.rows, args.channels, args.warps, args.stages)
     kernel = compile_for_sm90(*launch)
     print(report(kernel))
     if args.ptx:

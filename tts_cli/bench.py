@@ -31,7 +31,7 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
-from tts_cli.engine import DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH
+from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -102,7 +102,8 @@ def _percentile(values: list[float], q: float) -> float:
 
 @torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
-              codec_window: int = DEFAULT_CODEC_WINDOW, depth: str = DEFAULT_DEPTH) -> BenchRow:
+              codec_window: int = DEFAULT_CODEC_WINDOW, depth: str = DEFAULT_DEPTH,
+              codec_precision: str = DEFAULT_CODEC_PRECISION) -> BenchRow:
     cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
@@ -111,7 +112,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
     context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
-                    time_stages=True, codec_window=codec_window, depth=depth)
+                    time_stages=True, codec_window=codec_window, depth=depth, codec_precision=codec_precision)
     warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
                             min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
     engine.run(warmup)
@@ -143,7 +144,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW,
-              depth: str = DEFAULT_DEPTH) -> dict:
+              depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION) -> dict:
     dtype = weights_dtype(device)
     if device.startswith("cuda"):
         allow_tf32()
@@ -154,16 +155,17 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     rows = []
     for c in concurrencies:
         count = requests or max(2 * c, 8)
-        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth))
+        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
+                              codec_precision))
     return {
-        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device),
+        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "torch": torch.__version__, "load_s": round(load_s, 2),
         # the bundled list by name: its absolute path only says where tts was installed
         "sentences": f"bundled {SENTENCES.name}" if sentences_path.resolve() == SENTENCES else str(sentences_path),
         "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
-        "codec_window": codec_window, "depth_setting": depth,
+        "codec_window": codec_window, "depth_setting": depth, "codec_precision": codec_precision,
         "rows": [asdict(r) for r in rows],
     }
 

@@ -13,7 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
-from .engine import DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEPTH_CHOICES
+from .engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH,
+                     DEFAULT_ENGINE_ROWS, DEPTH_CHOICES)
 from .errors import TTSError
 from .recipe import load_recipe
 
@@ -27,6 +28,9 @@ DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel 
               "(one persistent kernel per frame, tts_kernels.depth_frame: Hopper GPUs with 128+ SMs, bf16, up to 64 "
               "rows, no top-p; elsewhere the loop runs and the log says why), auto (the kernel only where it "
               "measured faster than the loop: on the H200 nowhere yet, so auto runs the loop; docs/bench.md).")
+CODEC_PRECISION_HELP = ("The vocoder's convolution inputs on cuda: fp16 (fp32 accumulation and residual stream; "
+                        "a value beyond fp16's range is detected and its audio refused with an error that names "
+                        "this switch) or fp32 (TF32; slower: docs/bench.md).")
 INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
 
 app = typer.Typer(
@@ -76,13 +80,20 @@ def check_depth(depth: str) -> None:
         raise TTSError(f"--depth {depth}: one of {', '.join(DEPTH_CHOICES)}")
 
 
-def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH):
+def check_codec_precision(precision: str) -> None:
+    if precision not in CODEC_PRECISIONS:
+        raise TTSError(f"--codec-precision {precision}: one of {', '.join(CODEC_PRECISIONS)}")
+
+
+def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
+                     codec_precision: str = DEFAULT_CODEC_PRECISION):
     """Imported here, not at the top: torch and the model load only for commands that synthesize."""
     from .synthesizer import Synthesizer, allow_tf32
 
     if device.startswith("cuda"):
         allow_tf32()
-    return Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows, depth=depth)
+    return Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows, depth=depth,
+                                       codec_precision=codec_precision)
 
 
 def check_device(device: str) -> None:
@@ -152,13 +163,16 @@ def synth(
         help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
              "a seeded row's audio does not depend on its batch mates (for one --rows setting). Fewer "
              "only when CUDA out-of-memory halvings bring the segments per call below it. More rows, more "
-             "throughput for long corpora (tts bench, H200, random 1.7B weights: 375 audio-s/s at 64 rows, 501 at 128, "
-             "550 at 256; docs/bench.md)."),
+             "throughput for long corpora (tts bench, H200, random 1.7B weights: 414 audio-s/s at 64 rows, 573 at 128; "
+             "docs/bench.md)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
+    codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
+                                        metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
     device: str = typer.Option(
         "cpu", "--device", metavar="DEVICE",
         help="Torch device: cpu runs the plain model in fp32; cuda[:N] runs the slot engine (CUDA graphs, fused "
-             "kernels; bf16 weights with fp32 activations, the codec in fp32 with TF32)."),
+             "kernels; bf16 weights with fp32 activations, the codec in fp32 but for the vocoder's convolution "
+             "inputs: --codec-precision)."),
     output_format: str = typer.Option(
         "wav", "--format", metavar="wav|flac|parquet",
         help="wav or flac: one 24 kHz 16-bit file per row. parquet: shards part-NNNNN.parquet of up to "
@@ -216,8 +230,8 @@ def synth(
     run into DIR, a worker died), with one red line saying why; 130 interrupted (rerun to resume).
     """
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
-                   max_frames=max_frames, batch_size=batch_size, rows=rows, depth=depth, device=device,
-                   output_format=output_format,
+                   max_frames=max_frames, batch_size=batch_size, rows=rows, depth=depth,
+                   codec_precision=codec_precision, device=device, output_format=output_format,
                    max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
                    redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers)
     try:
@@ -247,7 +261,9 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
-              rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH, output_format: str = "wav", max_text_chars: int = 10_000, segment_chars: int = 300,
+              rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
+              codec_precision: str = DEFAULT_CODEC_PRECISION, output_format: str = "wav",
+              max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
               wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
@@ -276,6 +292,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
                      output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
     shard_rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
     check_depth(depth)
+    check_codec_precision(codec_precision)
     if devices:
         check_devices(devices)
     else:
@@ -296,14 +313,15 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     batch_size = batch_size or (CALL_ROWS_PER_SLOT * rows if on_cuda else 8)
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
                            segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows, depth=depth,
-                           model=str(choice.dir.resolve()), redo_changed=redo_changed)
+                           codec_precision=codec_precision, model=str(choice.dir.resolve()),
+                           redo_changed=redo_changed)
     load_seconds = 0.0
 
     def start_executor():
         nonlocal load_seconds
         load_start = perf_counter()
         executor = (WorkerPool(choice.dir, devices, settings) if devices
-                    else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth), settings))
+                    else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth, codec_precision), settings))
         load_seconds = perf_counter() - load_start
         return executor
 
@@ -447,11 +465,14 @@ def bench(
                                     "never end speech."),
     device: str = typer.Option(
         "cuda", "--device", metavar="DEVICE",
-        help="Torch device; on cuda bf16 weights with fp32 activations (codec fp32 with TF32), on cpu fp32."),
+        help="Torch device; on cuda bf16 weights with fp32 activations (the vocoder's convolutions: "
+             "--codec-precision), on cpu fp32."),
     codec_window: int = typer.Option(DEFAULT_CODEC_WINDOW, "--codec-window", min=1, metavar="K",
                                      help="Run the codec every K decode steps over the last K frames (the "
                                           "engine's default; larger K: faster codec, later first audio)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
+    codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
+                                        metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
@@ -469,8 +490,9 @@ def bench(
     try:
         check_device(device)
         check_depth(depth)
+        check_codec_precision(codec_precision)
         result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
-                           codec_window=codec_window, depth=depth)
+                           codec_window=codec_window, depth=depth, codec_precision=codec_precision)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
@@ -603,7 +625,8 @@ def verify_golden(
     dtype: str = typer.Option(
         "float32", "--dtype", metavar="DTYPE",
         help="float32: our model in fp32, held to relative L2 <= 1e-4 and exact codes. bfloat16: the engine's "
-             "numerics (bf16 weights, fp32 activations; on cuda the fused kernels and the codec with TF32, on "
+             "numerics (bf16 weights, fp32 activations; on cuda the fused kernels, the vocoder's convolutions in "
+             "fp16, on "
              "cpu the plain torch path), held to the engine issue's thresholds: cosine >= 0.9999 (code "
              "predictor 0.9995) and argmax agreement >= 0.9 for logits, SNR >= 35 dB for waveforms; free-running "
              "greedy codes are reported, not checked. Both against the same fp32 records."),

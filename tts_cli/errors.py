@@ -15,3 +15,8 @@ class UnsupportedModelError(TTSError):
 
 class RequestError(TTSError):
     """One manifest row cannot be synthesized (unknown speaker, empty text...); other rows go on."""
+
+
+class CodecRangeError(TTSError):
+    """The engine's fp16 vocoder met values beyond fp16's range: its audio would be wrong, so it is
+    refused (the message says how to run the vocoder in fp32 instead)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
-from tts_cli.engine import DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS
+from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS
 from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.engine.slots import talker_kv_bytes
@@ -65,11 +65,12 @@ def weights_dtype(device: str) -> torch.dtype:
     return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
 
 
-def numerics(device: str) -> str:
+def numerics(device: str, codec_precision: str = DEFAULT_CODEC_PRECISION) -> str:
     """What a run on `device` computes in, for reports."""
     if not str(device).startswith("cuda"):
         return "float32"
-    return "bf16 weights, fp32 activations; codec fp32 with TF32"
+    vocoder = "fp16 inputs, fp32 accumulation" if codec_precision == "fp16" else "fp32 with TF32"
+    return f"bf16 weights, fp32 activations; codec fp32, its vocoder's convolutions {vocoder}"
 
 
 def allow_tf32() -> None:
@@ -90,16 +91,18 @@ def longest_first(requests: list[EngineRequest]) -> list[EngineRequest]:
 
 class Synthesizer:
     def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None,
-                 engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH):
+                 engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
+                 codec_precision: str = DEFAULT_CODEC_PRECISION):
         """engine: run batches through the slot engine (CUDA graphs, streamed codec) instead of the
         plain loop; None: on CUDA devices only. engine_rows: the engine's slots. depth: how the
-        engine runs the code predictor (tts_cli.engine.DEPTH_CHOICES)."""
+        engine runs the code predictor (tts_cli.engine.DEPTH_CHOICES); codec_precision: its
+        vocoder's convolution inputs (CODEC_PRECISIONS)."""
         self.ckpt, self.model, self.tokenizer, self.codec = ckpt, model, tokenizer, codec
         self.cfg = ckpt.config
         self._warned_instruct = False
         device = model.talker.codec_embedding.weight.device
         self.uses_engine = engine if engine is not None else device.type == "cuda"
-        self.engine_rows, self.depth = engine_rows, depth
+        self.engine_rows, self.depth, self.codec_precision = engine_rows, depth, codec_precision
         log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self._engine_now: Engine | None = None
@@ -107,14 +110,15 @@ class Synthesizer:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
                         engine: bool | None = None, engine_rows: int = DEFAULT_ENGINE_ROWS,
-                        depth: str = DEFAULT_DEPTH) -> "Synthesizer":
+                        depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION) -> "Synthesizer":
         """dtype of the talker and code predictor weights; default: weights_dtype(device)."""
         dtype = dtype or weights_dtype(device)
         ckpt = open_checkpoint(model_dir)
         tokenizer = load_tokenizer(ckpt.root)
         model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)
         codec = load_codec(ckpt.speech_tokenizer_dir, device=device, dtype=torch.float32)
-        return cls(ckpt, model, tokenizer, codec, engine=engine, engine_rows=engine_rows, depth=depth)
+        return cls(ckpt, model, tokenizer, codec, engine=engine, engine_rows=engine_rows, depth=depth,
+                   codec_precision=codec_precision)
 
     @property
     def speakers(self) -> list[str]:
@@ -201,10 +205,11 @@ class Synthesizer:
 
     def _engine(self, rows: int, context: int) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released
-        first, for another slot count or a longer context. Its context: the call's rounded up, at
+        first, for another slot count, a longer context or another codec precision. Its context: the call's rounded up, at
         most what the KV budget holds (requests needing more are refused, each with its reason)."""
         engine = self._engine_now
-        if engine is not None and engine.rows == rows and engine.context >= context:
+        if (engine is not None and engine.rows == rows and engine.context >= context
+                and engine.codec_precision == self.codec_precision):
             return engine
         self._engine_now = engine = None
         context = ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP)
@@ -214,7 +219,8 @@ class Synthesizer:
         s = self.ckpt.sampling
         self._engine_now = Engine(self.model, self.codec, rows=rows, context=context,
                                   talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
-                                  top_p=s.top_p < 1 or s.subtalker_top_p < 1, depth=self.depth)
+                                  top_p=s.top_p < 1 or s.subtalker_top_p < 1, depth=self.depth,
+                                  codec_precision=self.codec_precision)
         return self._engine_now
 
     def _most_context(self, rows: int) -> int | None:

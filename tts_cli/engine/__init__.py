@@ -17,3 +17,7 @@ DEFAULT_ENGINE_ROWS = 64
 DEPTH_CHOICES = ("auto", "kernel", "loop")
 DEFAULT_DEPTH = "auto"
 DEPTH_KERNEL_AUTO_ROWS = 0
+# The vocoder's convolution inputs on the fused path (tts_kernels.conv): fp16 (fp32 accumulation and
+# residual stream; values beyond fp16's range are detected and the audio refused) or fp32 (TF32).
+CODEC_PRECISIONS = ("fp16", "fp32")
+DEFAULT_CODEC_PRECISION = "fp16"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tts_cli.engine import DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH
+from tts_cli.engine import CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
@@ -112,7 +112,7 @@ class Engine:
     def __init__(self, model, codec, rows: int, context: int, talker_defaults: SamplerSettings,
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
                  time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int = DEFAULT_CODEC_WINDOW,
-                 depth: str = DEFAULT_DEPTH):
+                 depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -120,6 +120,10 @@ class Engine:
         if not use_graphs:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device
+        if codec_precision not in CODEC_PRECISIONS:
+            raise ValueError(f"codec_precision must be one of {CODEC_PRECISIONS}, got {codec_precision!r}")
+        self.codec_precision = codec_precision
+        codec.decoder.half = codec_precision == "fp16"
         kernels = use_fused_kernels(model, codec, device, fused_kernels)
         if kernels:
             model.talker.decoder.cache_rope(context)
@@ -143,8 +147,15 @@ class Engine:
 
     def _host_buffers(self, pin: bool):
         st = self.state
-        return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-                for name, t in (("codes", st.out_codes), ("pcm", st.out_pcm), ("emit", st.out_emit))}
+        outputs = [("codes", st.out_codes), ("pcm", st.out_pcm), ("emit", st.out_emit)]
+        if self._vocoder_overflow() is not None:
+            outputs.append(("overflow", self._vocoder_overflow()))
+        return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in outputs}
+
+    def _vocoder_overflow(self):
+        """The fused fp16 vocoder's count of values beyond fp16's range, or None (no such count)."""
+        vocoder = self.codec.decoder
+        return vocoder.overflow if vocoder.fused and vocoder.half else None
 
     # -- admission ------------------------------------------------------------------------------
 
@@ -187,6 +198,8 @@ class Engine:
         """Synthesizes every request; results in request order (on_result sees each as it ends)."""
         for r in requests:
             self.check(r)
+        if self._vocoder_overflow() is not None:
+            self._vocoder_overflow().zero_()
         queue = deque(requests)
         # slot -> the request whose frames it holds; a stopped one stays until the slot is reused
         # or its last PCM is read
@@ -249,13 +262,18 @@ class Engine:
         buffers["codes"].copy_(st.out_codes, non_blocking=True)
         buffers["emit"].copy_(st.out_emit, non_blocking=True)
         if window_end:
-            buffers["pcm"].copy_(st.out_pcm, non_blocking=True)
+            self._copy_pcm(buffers)
 
     def _launch_window_close(self, buffers, columns: int) -> None:
         t0 = self._event()
         self.step.close_window(columns)
         self._add_time("codec", t0)
+        self._copy_pcm(buffers)
+
+    def _copy_pcm(self, buffers) -> None:
         buffers["pcm"].copy_(self.state.out_pcm, non_blocking=True)
+        if "overflow" in buffers:
+            buffers["overflow"].copy_(self._vocoder_overflow(), non_blocking=True)
 
     def _drain(self, launch: _Launch, running, results, on_result) -> None:
         """Reads one finished launch: appends a step's emitted frames and marks the requests it did
@@ -266,6 +284,8 @@ class Engine:
             launch.event.synchronize()
         now = time.perf_counter()
         emit, codes, pcm = (launch.buffers[name].numpy() for name in ("emit", "codes", "pcm"))
+        if launch.window_end and "overflow" in launch.buffers:
+            self.codec.decoder.check_range(int(launch.buffers["overflow"][0]))
         samples = self.codec.samples_per_frame
         for slot, run in enumerate(launch.owners):
             if run is None or run.ended:

@@ -37,7 +37,7 @@ from safetensors import safe_open
 from torch import nn
 
 from tts_cli.config_file import ConfigFields, read_json
-from tts_cli.errors import CheckpointError
+from tts_cli.errors import CheckpointError, CodecRangeError
 from tts_cli.model.transformer import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 
 # Architecture constants of the official decoder (not in config.json).
@@ -135,8 +135,9 @@ class CodecState:
 
     position: [B] int64, frames decoded so far by each row (= the RoPE position of its next frame).
     history: one [B, ...] tensor per stateful module, keyed by the module's name:
-      causal convs: their last (kernel - 1) * dilation inputs [B, C_in, (kernel - 1) * dilation];
-      transposed convs with kernel 2 * stride: their last input frame [B, C_in, 1];
+      causal convs: their last (kernel - 1) * dilation inputs [B, (kernel - 1) * dilation, C_in];
+      transposed convs with kernel 2 * stride: their last input frame [B, 1, C_in];
+      (time-major, as the fused vocoder reads its inputs: tts_kernels.conv)
       attention layers: their last sliding_window - 1 rotated keys and values
       [B, 2, kv_heads, sliding_window - 1, head_dim] (a row holds real ones only in its last
       min(position, sliding_window - 1) slots).
@@ -168,33 +169,37 @@ class StatefulModule(nn.Module):
     set by CodecDecoder) is where its tensor lives in CodecState.history."""
 
     state_key: str = ""
+    context: int = 0   # for convolutions: how many earlier input frames an output frame reads
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> Optional[torch.Tensor]:
         """The all-zero history of `batch_size` fresh rows, or None if the module needs none."""
         raise NotImplementedError
 
-    def prepend_history(self, x: torch.Tensor, state: Optional[CodecState], context: int) -> torch.Tensor:
+    def prepend_history(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
         """x [B, C, T] preceded by its `context` previous inputs: zeros for a whole sequence, the
         stored ones when streaming (which then become the last `context` inputs seen)."""
-        if context == 0:
+        if self.context == 0:
             return x
-        joined = self.history_then(x, state, context)
-        joined[..., context:] = x
-        self.keep_history(joined, state, context)
-        return joined
-
-    def history_then(self, x: torch.Tensor, state: Optional[CodecState], context: int) -> torch.Tensor:
-        """A buffer [B, C, context + T] for x's frames, its first `context` holding the previous
-        inputs (zeros for a whole sequence); the frames after them are for the caller to write."""
         batch, channels, frames = x.shape
-        joined = x.new_empty(batch, channels, context + frames)
-        joined[..., :context] = 0 if state is None else state.history[self.state_key]
+        joined = self.input_buffer(batch, channels, frames, state, x)
+        joined[:, self.context:] = x.transpose(1, 2)
+        self.keep_history(joined, state)
+        return joined.transpose(1, 2)
+
+    def input_buffer(self, batch: int, channels: int, frames: int, state: Optional[CodecState],
+                     like: torch.Tensor, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """A time-major buffer [B, context + frames, C] (of like's dtype, or `dtype`) for the inputs of
+        a call, its first `context` frames holding the previous inputs (zeros for a whole sequence);
+        the rest is for the caller to write."""
+        joined = like.new_empty(batch, self.context + frames, channels, dtype=dtype)
+        if self.context:
+            joined[:, :self.context] = 0 if state is None else state.history[self.state_key]
         return joined
 
-    def keep_history(self, joined: torch.Tensor, state: Optional[CodecState], context: int) -> None:
-        """When streaming, the last `context` inputs of a filled buffer become the history."""
-        if state is not None:
-            state.history[self.state_key].copy_(joined[..., joined.shape[-1] - context:])
+    def keep_history(self, joined: torch.Tensor, state: Optional[CodecState]) -> None:
+        """When streaming, the last `context` inputs of a filled input buffer become the history."""
+        if state is not None and self.context:
+            state.history[self.state_key].copy_(joined[:, joined.shape[1] - self.context:])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,10 +207,10 @@ class StatefulModule(nn.Module):
 
 
 def _zero_inputs(conv: nn.Module, context: int, batch_size: int, device, dtype) -> Optional[torch.Tensor]:
-    """`context` zero input frames of `conv` per row, or None when it needs no history."""
+    """`context` zero input frames of `conv` per row (time-major), or None when it needs no history."""
     if context == 0:
         return None
-    return torch.zeros(batch_size, conv.in_channels, context, device=device, dtype=dtype)
+    return torch.zeros(batch_size, context, conv.in_channels, device=device, dtype=dtype)
 
 
 class CausalConv1d(StatefulModule):
@@ -221,7 +226,13 @@ class CausalConv1d(StatefulModule):
         return _zero_inputs(self.conv, self.context, batch_size, device, dtype)
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
-        return self.conv(self.prepend_history(x, state, self.context))
+        return self.conv(self.prepend_history(x, state))
+
+    def tap_matrix(self) -> torch.Tensor:
+        """The weight as [kernel * C_in, C_out], row k * C_in + c for tap k, input channel c: the
+        time-major GEMM of tts_kernels.conv."""
+        assert self.conv.groups == 1, "grouped convolutions have no single tap matrix"
+        return self.conv.weight.permute(2, 1, 0).flatten(0, 1).contiguous()
 
 
 class CausalConvTranspose1d(StatefulModule):
@@ -244,21 +255,24 @@ class CausalConvTranspose1d(StatefulModule):
         return _zero_inputs(self.conv, self.context, batch_size, device, dtype)
 
     def prepare_fused(self) -> None:
-        """The weight as one matrix [taps * C_in, stride * C_out]: output block j is the input
-        frames j - context .. j (the taps) side by side, times this matrix; tap i reaches sample
-        p of the block through kernel position (context - i) * stride + p. Column p * C_out + c
-        is sample p in channel c."""
+        self.block_weight, self.block_bias = self.block_matrix()
+
+    def block_matrix(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight as one matrix [taps * C_in, stride * C_out] and the bias for its columns:
+        output block j is the input frames j - context .. j (the taps) side by side, times this
+        matrix; tap i reaches sample p of the block through kernel position (context - i) * stride + p.
+        Column p * C_out + c is sample p in channel c."""
         weight = self.conv.weight                                  # [C_in, C_out, kernel]
         taps = self.context + 1
         weight = F.pad(weight, (0, taps * self.stride - weight.shape[-1]))
         per_tap = [weight[..., (self.context - i) * self.stride:(self.context - i + 1) * self.stride]
                    for i in range(taps)]                           # each [C_in, C_out, stride]
-        self.block_weight = torch.stack(per_tap).transpose(2, 3).flatten(2).flatten(0, 1).contiguous()
-        self.block_bias = self.conv.bias.repeat(self.stride)
+        return (torch.stack(per_tap).transpose(2, 3).flatten(2).flatten(0, 1).contiguous(),
+                self.conv.bias.repeat(self.stride))
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
         batch, _, frames = x.shape
-        x = self.prepend_history(x, state, self.context)
+        x = self.prepend_history(x, state)
         if self.fused:
             time_major = x.transpose(1, 2)
             taps = torch.cat([time_major[:, i:i + frames] for i in range(self.context + 1)], dim=2)
@@ -276,18 +290,14 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
-        self.fused = False   # the engine switches this on: one Triton kernel instead of five
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState] = None) -> torch.Tensor:
-        if self.fused:
-            from tts_kernels.snake import channel_pointwise
-            return channel_pointwise(x, snake=self.kernel_args())
         alpha = self.alpha.exp()[:, None]
         beta = self.beta.exp()[:, None]
         return x + (1.0 / (beta + SNAKE_EPS)) * torch.sin(x * alpha).pow(2)
 
     def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """What tts_kernels.snake.channel_pointwise takes as `snake`."""
+        """What tts_kernels.conv.causal_conv takes as `snake`."""
         return self.alpha, self.beta, SNAKE_EPS
 
 
@@ -326,28 +336,10 @@ class ResidualUnit(nn.Module):
         self.conv1 = CausalConv1d(channels, channels, CONV_KERNEL, dilation=dilation)
         self.act2 = SnakeBeta(channels)
         self.conv2 = CausalConv1d(channels, channels, 1)
-        self.fused = False   # the engine switches this on (use_kernels): _forward_fused
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
-        if self.fused:
-            return self._forward_fused(x, state)
         h = self.conv1(self.act1(x), state)
         return x + self.conv2(self.act2(h), state)
-
-    def _forward_fused(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
-        """The same function in fewer passes over the activations, the codec's largest tensors:
-        act1 writes straight after conv1's history (no concatenation), and each convolution's
-        bias, which cuDNN would add in a broadcast pass of its own, is added by the pointwise
-        kernel after it (act2; the residual add)."""
-        from tts_kernels.snake import channel_pointwise
-        conv1, conv2 = self.conv1, self.conv2
-        context = conv1.context
-        joined = conv1.history_then(x, state, context)
-        channel_pointwise(x, snake=self.act1.kernel_args(), out=joined[..., context:])
-        conv1.keep_history(joined, state, context)
-        h = F.conv1d(joined, conv1.conv.weight, None, dilation=conv1.conv.dilation)
-        inner = channel_pointwise(h, bias=conv1.conv.bias, snake=self.act2.kernel_args())
-        return channel_pointwise(F.conv1d(inner, conv2.conv.weight), bias=conv2.conv.bias, residual=x)
 
 
 class DecoderBlock(nn.Module):
@@ -364,6 +356,116 @@ class DecoderBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
         return self.block(x, state)
+
+
+@dataclass
+class TimeMajorConv:
+    """One convolution of the fused vocoder: the GEMM of tts_kernels.conv and what its epilogue does."""
+
+    module: StatefulModule           # whose history heads the input buffer
+    weight: torch.Tensor             # [taps * C_in, N]
+    bias: torch.Tensor               # [N]
+    dilation: int
+    stride: int                      # output frames per input frame
+    out_channels: int
+    adds_residual: bool              # a residual unit's output: + the unit's input
+    keeps_output: bool               # the output is read again (the next units' residual, the waveform)
+    snake: Optional[SnakeBeta]       # of the output, written as the next convolution's input
+
+
+class Vocoder(Chain):
+    """Latent frames [B, latent, T] -> waveform [B, 1, T * prod(upsample_rates)]: causal conv (k=7),
+    the DecoderBlocks, SnakeBeta, causal conv to one channel.
+
+    Fused (the engine, use_kernels): the same function time-major, one kernel per convolution
+    (tts_kernels.conv), each SnakeBeta in the epilogue of the convolution before it and written
+    straight after the next convolution's history; no layout changes, no joining copies. With
+    `half` (the default) the convolutions' inputs and weights are fp16 (fp32 accumulation; the
+    residual stream, biases and outputs stay fp32); values beyond fp16's range are counted in
+    `overflow` (int32 [1]) and make the audio wrong: a whole decode then raises CodecRangeError,
+    a streamed one leaves the check to its caller (the engine zeroes the count per run and reads it
+    with each window's PCM)."""
+
+    def __init__(self, modules):
+        super().__init__(modules)
+        self.fused = False
+        self.half = True
+        self.convs: list[TimeMajorConv] = []
+        self.overflow: Optional[torch.Tensor] = None
+
+    def prepare_fused(self) -> None:
+        first, *blocks, final_act, last = self
+        if first.conv.weight.dtype != torch.float32:
+            raise ValueError(f"the fused vocoder runs from float32 weights, not {first.conv.weight.dtype}")
+        dtype = torch.float16 if self.half else torch.float32
+        self.overflow = torch.zeros(1, dtype=torch.int32, device=first.conv.weight.device)
+
+        def conv(module: CausalConv1d, **kind) -> TimeMajorConv:
+            return TimeMajorConv(module, module.tap_matrix().to(dtype), module.conv.bias, module.conv.dilation[0],
+                                 1, module.conv.out_channels, **kind)
+
+        convs = []
+        acts = [block.block[0] for block in blocks] + [final_act]   # the SnakeBeta before each block's input
+        convs.append(conv(first, adds_residual=False, keeps_output=False, snake=acts[0]))
+        for block, next_act in zip(blocks, acts[1:]):
+            _, upsample, *units = block.block
+            weight, bias = upsample.block_matrix()
+            convs.append(TimeMajorConv(upsample, weight.to(dtype), bias, 1, upsample.stride,
+                                       upsample.conv.out_channels, adds_residual=False, keeps_output=True,
+                                       snake=units[0].act1))
+            for i, unit in enumerate(units):
+                after = units[i + 1].act1 if i + 1 < len(units) else next_act
+                convs.append(conv(unit.conv1, adds_residual=False, keeps_output=False, snake=unit.act2))
+                convs.append(conv(unit.conv2, adds_residual=True, keeps_output=True, snake=after))
+        convs.append(conv(last, adds_residual=False, keeps_output=True, snake=None))
+        self.convs = convs
+
+    def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        if self.fused:
+            return self._forward_fused(x, state)
+        return super().forward(x, state)
+
+    def _forward_fused(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        from tts_kernels.conv import causal_conv
+        batch, channels, frames = x.shape
+        dtype = self.convs[0].weight.dtype
+        if state is None:   # a whole decode checks its own values (a stream's caller counts per run)
+            self.overflow.zero_()
+        first = self.convs[0].module
+        inputs = first.input_buffer(batch, channels, frames, state, x, dtype)
+        inputs[:, first.context:] = x.transpose(1, 2)
+        if dtype == torch.float16:
+            self.overflow.add_(torch.isfinite(inputs[:, first.context:]).logical_not().sum(dtype=torch.int32))
+        first.keep_history(inputs, state)
+        residual = out = None
+        for conv, following in zip(self.convs, self.convs[1:] + [None]):
+            out_frames = frames * conv.stride
+            out = x.new_empty(batch, out_frames, conv.out_channels) if conv.keeps_output else None
+            next_inputs = None
+            if following is not None:
+                next_inputs = following.module.input_buffer(batch, conv.out_channels, out_frames, state, x, dtype)
+            causal_conv(inputs, conv.weight, conv.bias, frames, conv.dilation,
+                        residual=residual if conv.adds_residual else None, out=out,
+                        snake=conv.snake.kernel_args() if conv.snake is not None else None,
+                        snake_out=next_inputs[:, following.module.context:] if following is not None else None,
+                        overflow=self.overflow)
+            if following is not None:
+                following.module.keep_history(next_inputs, state)
+            if conv.keeps_output:
+                residual = out
+            inputs, frames = next_inputs, out_frames
+        if state is None:
+            self.check_range()
+        return out.transpose(1, 2)
+
+    def check_range(self, overflow: Optional[int] = None) -> None:
+        """Raises CodecRangeError if the fp16 vocoder has met values beyond fp16's range (`overflow`:
+        the counter as read by the caller; default: read now, which waits for the GPU)."""
+        count = int(self.overflow.item()) if overflow is None else overflow
+        if count:
+            raise CodecRangeError(
+                f"the codec's fp16 vocoder met {count} values beyond fp16's range (65504): this audio "
+                f"would be wrong, so it is refused; --codec-precision fp32 runs the vocoder in fp32")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,7 +620,7 @@ class CodecDecoder(nn.Module):
             for ratio in config.upsampling_ratios
         )
         channels = [config.decoder_dim // 2 ** i for i in range(len(config.upsample_rates) + 1)]
-        self.decoder = Chain([
+        self.decoder = Vocoder([
             CausalConv1d(latent, channels[0], CONV_KERNEL),
             *(DecoderBlock(channels[i], channels[i + 1], rate) for i, rate in enumerate(config.upsample_rates)),
             SnakeBeta(channels[-1]),

@@ -1,0 +1,168 @@
+"""The vocoder's convolutions in time-major layout ([B, T, C]) as one Triton kernel each, with
+the pointwise work around them in the epilogue.
+
+A causal convolution of `taps` taps and dilation d over a buffer [B, context + T, C_in] whose
+first context = (taps - 1) * d frames are the history is an implicit GEMM: output frame t is
+sum_k src[t + k * d] @ W[k], W [taps * C_in, N]. The codec's transposed convolutions are the same
+GEMM (two taps, N = stride * C_out, an output row being `stride` samples side by side), and a
+1x1 convolution is one tap. Time-major, the GEMM's rows are the frames and its K axis is the
+channels, so nothing is transposed, concatenated or converted: in the channel-first layout cuDNN
+reformatted every activation twice per convolution and the streamed histories were joined by copies.
+
+The epilogue adds the bias, then optionally the residual, stores the result (`out`) and/or its
+SnakeBeta (`snake_out`, per-channel factors indexed by n mod snake_channels): the consumer's input,
+written straight after the consumer's history. Accumulation over K runs in a fixed order that does
+not depend on the rows in the tile, so a row's output does not depend on its batch mates.
+
+Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation,
+residual stream and outputs in fp32) or both fp32 (TF32 when torch allows it for convolutions, else
+exact). Triton's TF32 GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x
+faster (docs/bench.md). An fp16 input beyond fp16's range (65504) would be infinite: each fp16
+`snake_out` counts its out-of-range values (NaN included) into `overflow`, for the caller to refuse
+the audio instead of returning it.
+"""
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from tts_kernels import compiled
+
+BLOCK_M = 128
+FP16_MAX = tl.constexpr(65504.0)
+TWO_PI_HI = tl.constexpr(6.28125)        # 2 pi = hi + lo, hi with few bits: k * hi is exact
+TWO_PI_LO = tl.constexpr(1.9353071795864769253e-3)
+
+
+@triton.jit
+def _sin(x, LIBDEVICE: tl.constexpr):
+    """sin(x): on the GPU the hardware sine after reducing x to [-pi, pi] in two steps (absolute
+    error ~1e-6; with libdevice's exact sine a convolution and its SnakeBeta took 1.3-2.2x the time
+    of the convolution alone, docs/bench.md); in the interpreter numpy's."""
+    if LIBDEVICE:
+        k = libdevice.rint(x * 0.15915494309189535)
+        return tl.sin((x - k * TWO_PI_HI) - k * TWO_PI_LO)
+    else:
+        return tl.sin(x)
+
+
+@triton.jit
+def _snake_beta(v, log_alpha, log_beta, eps, LIBDEVICE: tl.constexpr):
+    """SnakeBeta in fp32 with torch's order of operations: v + (1 / (e^beta + eps)) * sin(v * e^alpha)^2.
+    The per-channel factors with libdevice's exp and division, like torch's (on the GPU tl.exp and
+    '/' are approximations); the interpreter has no libdevice and uses numpy's."""
+    if LIBDEVICE:
+        alpha, inv_beta = libdevice.exp(log_alpha), libdevice.div_rn(1.0, libdevice.exp(log_beta) + eps)
+    else:
+        alpha, inv_beta = tl.exp(log_alpha), 1.0 / (tl.exp(log_beta) + eps)
+    sin = _sin(v * alpha, LIBDEVICE)
+    return v + inv_beta * (sin * sin)
+
+
+@triton.jit
+def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
+                 overflow_ptr,
+                 rows, frames, n_out, snake_channels, eps,
+                 s_b, s_t, r_b, r_t, o_b, o_t, so_b, so_t,
+                 C_IN: tl.constexpr, C_IN_PADDED: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
+                 RESIDUAL: tl.constexpr, OUT: tl.constexpr, SNAKE_OUT: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+                 LIBDEVICE: tl.constexpr):
+    m = tl.program_id(0) * BM + tl.arange(0, BM)      # (row, frame) pairs, rows one after the other
+    n = tl.program_id(1) * BN + tl.arange(0, BN)
+    m_valid, n_valid = m < rows * frames, n < n_out
+    b, t = m // frames, m % frames
+    src_rows = src_ptr + b * s_b + t * s_t
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for i in range(0, TAPS * (C_IN_PADDED // BK)):
+        tap = i // (C_IN_PADDED // BK)
+        c = (i % (C_IN_PADDED // BK)) * BK + tl.arange(0, BK)   # a multiple of BK: aligned loads
+        c_valid = c < C_IN
+        a = tl.load(src_rows[:, None] + tap * DILATION * s_t + c[None, :],
+                    mask=m_valid[:, None] & c_valid[None, :], other=0.0)
+        w = tl.load(weight_ptr + (tap * C_IN + c)[:, None] * n_out + n[None, :],
+                    mask=c_valid[:, None] & n_valid[None, :], other=0.0)
+        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    valid = m_valid[:, None] & n_valid[None, :]
+    v = acc + tl.load(bias_ptr + n, mask=n_valid, other=0.0)[None, :]
+    if RESIDUAL:
+        v += tl.load(res_ptr + (b * r_b + t * r_t)[:, None] + n[None, :], mask=valid, other=0.0)
+    if OUT:
+        tl.store(out_ptr + (b * o_b + t * o_t)[:, None] + n[None, :], v.to(out_ptr.dtype.element_ty), mask=valid)
+    if SNAKE_OUT:
+        channel = n % snake_channels
+        log_alpha = tl.load(log_alpha_ptr + channel, mask=n_valid, other=0.0)[None, :]
+        log_beta = tl.load(log_beta_ptr + channel, mask=n_valid, other=0.0)[None, :]
+        v = _snake_beta(v, log_alpha, log_beta, eps, LIBDEVICE)
+        if snake_out_ptr.dtype.element_ty == tl.float16:
+            outside = tl.sum(tl.sum((valid & ((tl.abs(v) <= FP16_MAX) == 0)).to(tl.int32), 1), 0)   # NaN too
+            if outside > 0:   # (an atomic per tile cost as much as the convolution)
+                tl.atomic_add(overflow_ptr, outside)
+        tl.store(snake_out_ptr + (b * so_b + t * so_t)[:, None] + n[None, :], v.to(snake_out_ptr.dtype.element_ty),
+                 mask=valid)
+
+
+def tiles(c_in: int, n_out: int, half: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, stages) of a convolution. Measured on the H200 over the fp16
+    vocoder's 30 launches at 64 rows x 4 frames (docs/bench.md): N blocks of 64 9.9 ms against 11.6
+    with 128; 4 warps 20.7; K blocks of 32 everywhere instead of 64 where the channels allow 12.1."""
+    block_k = 64 if half and c_in % 64 == 0 else 32
+    block_k = max(16, min(block_k, triton.next_power_of_2(c_in)))
+    block_n = max(16, min(64, triton.next_power_of_2(n_out)))
+    return block_n, block_k, 8, 4 if block_k == 32 else 3
+
+
+def _rows_view(x: torch.Tensor, frames: int, n: int, name: str, dtypes=(torch.float32,)) -> tuple[int, int]:
+    """(batch stride, frame stride) of x [B, L, C] seen as [B, frames, n]: contiguous within each
+    row (any batch stride), L * C = frames * n."""
+    _, length, width = x.shape
+    if x.dtype not in dtypes or x.stride(2) != 1 or x.stride(1) != width or length * width != frames * n:
+        raise ValueError(f"{name} {list(x.shape)} ({x.dtype}, strides {x.stride()}) is not "
+                         f"{' or '.join(map(str, dtypes))} [B, {frames}, {n}] contiguous within each row")
+    return x.stride(0), n
+
+
+def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, frames: int, dilation: int = 1,
+                residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+                snake: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+                snake_out: torch.Tensor | None = None, overflow: torch.Tensor | None = None) -> None:
+    """src [B, context + frames, C_in] (history first) and weight [taps * C_in, N], both fp16 or
+    both fp32; bias [N] fp32. Writes out = conv + bias (+ residual) in fp32 and/or snake_out =
+    SnakeBeta(that) (snake = (log_alpha, log_beta, eps), per channel n mod len(log_alpha)) in fp32
+    or fp16, each [B, frames, N] or the same memory seen as [B, frames * N / C, C] (a transposed
+    convolution's samples), any batch stride. An fp16 snake_out adds its count of values outside
+    fp16's range to overflow (int32 [1], required then)."""
+    batch, _, c_in = src.shape
+    n_out = weight.shape[1]
+    taps = weight.shape[0] // c_in
+    if weight.shape[0] != taps * c_in or src.shape[1] != (taps - 1) * dilation + frames:
+        raise ValueError(f"src {list(src.shape)} does not fit weight {list(weight.shape)} with dilation "
+                         f"{dilation} and {frames} frames")
+    if src.dtype not in (torch.float16, torch.float32) or weight.dtype != src.dtype:
+        raise ValueError(f"src and weight must be both float16 or both float32, got {src.dtype} and {weight.dtype}")
+    if src.stride(2) != 1 or not weight.is_contiguous():
+        raise ValueError("src must be contiguous along channels and weight contiguous")
+    if out is None and snake_out is None:
+        raise ValueError("nothing to write: give out and/or snake_out")
+    r_b, r_t = _rows_view(residual, frames, n_out, "residual") if residual is not None else (0, 0)
+    o_b, o_t = _rows_view(out, frames, n_out, "out") if out is not None else (0, 0)
+    so_b, so_t = (_rows_view(snake_out, frames, n_out, "snake_out", (torch.float32, torch.float16))
+                  if snake_out is not None else (0, 0))
+    if snake_out is not None and snake_out.dtype == torch.float16 and overflow is None:
+        raise ValueError("an fp16 snake_out needs an overflow counter")
+    log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
+    block_n, block_k, warps, stages = tiles(c_in, n_out, src.dtype == torch.float16)
+    c_in_padded = triton.cdiv(c_in, block_k) * block_k
+    # TF32 exactly when torch would use it for a convolution (cuDNN's switch); fp16 inputs ignore it.
+    precision = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
+    grid = (triton.cdiv(batch * frames, BLOCK_M), triton.cdiv(n_out, block_n))
+    _causal_conv[grid](
+        src, weight, bias, residual if residual is not None else bias, out if out is not None else bias,
+        snake_out if snake_out is not None else bias, log_alpha, log_beta,
+        overflow if overflow is not None else bias,
+        batch, frames, n_out, log_alpha.shape[0], eps,
+        src.stride(0), src.stride(1), r_b, r_t, o_b, o_t, so_b, so_t,
+        C_IN=c_in, C_IN_PADDED=c_in_padded, TAPS=taps, DILATION=dilation,
+        RESIDUAL=residual is not None, OUT=out is not None, SNAKE_OUT=snake_out is not None,
+        BM=BLOCK_M, BN=block_n, BK=block_k, PRECISION=precision, LIBDEVICE=compiled(),
+        num_warps=warps, num_stages=stages)

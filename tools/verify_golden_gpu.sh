@@ -8,7 +8,8 @@
 #      weight checks and codec plus ~0.55 s per generated frame on the recorder's one thread, ~80
 #      frames here: ~1.5 min; the default record, ~560 frames, would take ~6 min);
 #   3. check our engine's numerics against them: bf16 weights, fp32 activations, the fused
-#      kernels, the codec in fp32 with TF32 (`tts verify-golden --device cuda --dtype bfloat16`).
+#      kernels, the codec in fp32 with TF32 and its vocoder's convolutions with fp16 inputs (the
+#      engine's default; `tts verify-golden --device cuda --dtype bfloat16`).
 #
 # Usage, from the repository root, with the repository, kernels/ and qwen-tts-hf (module qwen_tts)
 # importable:

@@ -372,7 +372,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     from .synthesizer import numerics
     report = build_report(RunInfo(
         manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
-        bundled_random_model=choice.bundled, device=",".join(devices) if devices else device, dtype=numerics(device),
+        bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
+        dtype=numerics(devices[0] if devices else device, codec_precision),
         greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
         skipped_empty=manifest.skipped_empty, load_seconds=load_seconds,
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,

@@ -29,7 +29,7 @@ def numerics_title(device: str, dtype: str) -> str:
         return f"{device}, float32"
     if device.startswith("cuda"):
         return (f"{device}, bfloat16: bf16 weights, fp32 activations, fused kernels; "
-                "codec fp32 with TF32 (the engine's numerics)")
+                "codec fp32 with TF32, its vocoder's convolutions with fp16 inputs (the engine's numerics)")
     return f"{device}, bfloat16: bf16 weights, fp32 activations, plain torch path; codec fp32"
 
 

@@ -75,14 +75,12 @@ def resolve_model(option: Optional[Path]) -> ModelChoice:
     return choice
 
 
-def check_depth(depth: str) -> None:
-    if depth not in DEPTH_CHOICES:
-        raise TTSError(f"--depth {depth}: one of {', '.join(DEPTH_CHOICES)}")
-
-
-def check_codec_precision(precision: str) -> None:
-    if precision not in CODEC_PRECISIONS:
-        raise TTSError(f"--codec-precision {precision}: one of {', '.join(CODEC_PRECISIONS)}")
+def check_engine_choices(depth: str, codec_precision: str) -> None:
+    """The engine options that take one of a fixed set of words."""
+    for option, value, choices in (("--depth", depth, DEPTH_CHOICES),
+                                   ("--codec-precision", codec_precision, CODEC_PRECISIONS)):
+        if value not in choices:
+            raise TTSError(f"{option} {value}: one of {', '.join(choices)}")
 
 
 def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
@@ -291,8 +289,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     names = dict(zip((row.index for row in manifest.rows),
                      output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
     shard_rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
-    check_depth(depth)
-    check_codec_precision(codec_precision)
+    check_engine_choices(depth, codec_precision)
     if devices:
         check_devices(devices)
     else:
@@ -490,8 +487,7 @@ def bench(
         raise typer.Exit(2)
     try:
         check_device(device)
-        check_depth(depth)
-        check_codec_precision(codec_precision)
+        check_engine_choices(depth, codec_precision)
         result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision)
     except (TTSError, ValueError) as e:

@@ -106,7 +106,7 @@ def _assert_same_audio(windowed, per_frame):
 
 # Lengths chosen so that each run below ends mid-window for K = 2, 3 and 4; one slot: every
 # request ends with the window closed early while the next one waits.
-WINDOW_CASES = {"4 slots, refilled": (4, [12, 30, 7, 20, 27, 11]), "1 slot": (1, [5, 11, 6])}
+WINDOW_CASES = {"4 slots, refilled": (4, [12, 30, 7, 20, 28, 11]), "1 slot": (1, [5, 11, 6])}
 
 
 @pytest.fixture(scope="module", params=list(WINDOW_CASES))
@@ -135,6 +135,19 @@ def test_codec_window_stops_on_eos_mid_window(synth, eos_case, window):
     _assert_same_audio(windowed, per_frame)
     # Admitted at a window boundary, a request's frame j lies in column j mod K.
     assert any(len(r.codes) % window for r in windowed if not r.hit_cap)
+
+
+def test_a_freed_slot_is_refilled_after_one_step_of_host_lag(synth):
+    """The step that emits a request's last frame also says that the slot emits no more, so the
+    host, reading it while the next step runs, refills the slot for the step after that: one idle
+    step per request (the host's one-step lag), not two."""
+    frames = [5, 11, 6]
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
+                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    engine = _engine(synth, rows=1, greedy=False)
+    results = engine.run(requests)
+    assert [len(r.codes) for r in results] == frames
+    assert engine.stats.steps == sum(frames) + len(frames)
 
 
 def test_a_request_that_cannot_fit_a_slot_is_refused(synth):

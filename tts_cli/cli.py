@@ -456,7 +456,8 @@ def bench(
     sentences: Path = typer.Option(None, "--sentences", metavar="FILE", show_default=False,
                                    help="One sentence per line. Default: the bundled 360 Harvard sentences."),
     requests: Optional[int] = typer.Option(None, "--requests", min=1, metavar="N", show_default=False,
-                                           help="Requests per concurrency. Default: 2 x concurrency, at least 8."),
+                                           help="Requests per concurrency. Default: 40 at concurrency 1, else 800 "
+                                                "(the protocol of the runtimes compared in docs/bench.md)."),
     frames: str = typer.Option("auto", "--frames", metavar="auto|N",
                                help="Forced length of every request: auto = characters / 14 per s x 12.5 frames "
                                     "per s (at least 8), or N frames. Lengths are forced because random weights "

@@ -62,7 +62,7 @@ class _Running:
     codes: list = field(default_factory=list)
     pcm: list = field(default_factory=list)
     decoded: int = 0                # frames whose PCM is in `pcm`
-    stopped: bool = False           # a step did not emit for it: no more frames (its slot may be reused)
+    stopped: bool = False           # it emits no more frames (its slot may be reused)
     ended: bool = False             # its result is out
     first_audio_at: float | None = None
 
@@ -276,10 +276,11 @@ class Engine:
             buffers["overflow"].copy_(self._vocoder_overflow(), non_blocking=True)
 
     def _drain(self, launch: _Launch, running, results, on_result) -> None:
-        """Reads one finished launch: appends a step's emitted frames and marks the requests it did
-        not emit for as stopped; at a window's end hands each request the PCM of its frames in that
-        window. A request ends once it has stopped and all its PCM is read. Slots are taken as they
-        were at launch: a slot reused since still owes its previous request that window's PCM."""
+        """Reads one finished launch: appends a step's emitted frames and marks the requests that
+        will not emit at the next step as stopped; at a window's end hands each request the PCM of
+        its frames in that window. A request ends once it has stopped and all its PCM is read. Slots
+        are taken as they were at launch: a slot reused since still owes its previous request that
+        window's PCM."""
         if launch.event is not None:
             launch.event.synchronize()
         now = time.perf_counter()
@@ -291,10 +292,11 @@ class Engine:
             if run is None or run.ended:
                 continue
             if launch.stepped:
-                if emit[slot]:
+                if emit[0, slot]:
                     run.codes.append(codes[slot].copy())
-                else:
-                    run.stopped = True
+                # stopped once a step says it emits no more (the next step's EOS or cap), so that
+                # its slot is free for the next window boundary without waiting for that step
+                run.stopped = run.stopped or not emit[1, slot]
             if launch.window_end:
                 # Admitted at a boundary and emitting until it stops, a request's frames of this
                 # window are its columns 0, 1, ...: the frames not decoded yet.

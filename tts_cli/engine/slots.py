@@ -59,7 +59,8 @@ class SlotState:
         # outputs of the last step (PCM: of the last window), copied to pinned host memory by the runner
         self.out_codes = torch.zeros(rows, cfg.num_code_groups, dtype=torch.int64, device=device)
         self.out_pcm = torch.zeros(rows, codec_window * codec.samples_per_frame, device=device)
-        self.out_emit = torch.zeros(rows, dtype=torch.bool, device=device)
+        # [0]: the slot emitted a frame at the last step; [1]: it emits one at the next
+        self.out_emit = torch.zeros(2, rows, dtype=torch.bool, device=device)
 
     def admit(self, slots: torch.Tensor, *, g0: torch.Tensor, hidden: torch.Tensor, prompt_lengths: torch.Tensor,
               caps: torch.Tensor, min_new_tokens: torch.Tensor, seeds: torch.Tensor, talker: RowSampling,

@@ -80,7 +80,7 @@ class DecodeStep:
     @torch.no_grad()
     def _depth(self) -> None:
         st, cp = self.st, self.model.code_predictor
-        self.emit.copy_(st.active & (st.g0 != self.eos) & (st.frame < st.cap))
+        self.emit.copy_(self._emits())
         self.code0_embed.copy_(self.model.talker.codec_track(st.g0))
         if self.depth_frame is not None:
             sampling = st.cp_sampling
@@ -99,6 +99,11 @@ class DecodeStep:
                                                    None if noise is None else noise[group - 1]),
             caches=st.cp_kv)
         self._emit_frame(residual)
+
+    def _emits(self) -> torch.Tensor:
+        """Which slots emit a frame at the step about to run (the others stay frozen)."""
+        st = self.st
+        return st.active & (st.g0 != self.eos) & (st.frame < st.cap)
 
     def _emit_frame(self, residual: torch.Tensor) -> None:
         """The frame's 16 codes into the codec window."""
@@ -131,13 +136,16 @@ class DecodeStep:
         g0 = self.draw(processed, st.talker_sampling, st.seeds, next_frame, 0)
         emit = self.emit
         st.out_codes.copy_(self.codes)
-        st.out_emit.copy_(emit)
+        st.out_emit[0].copy_(emit)
         # Slots that did not emit stay frozen: their state is what the host reads when it ends them.
         st.seen.scatter_(1, g0[:, None], emit[:, None] | st.seen.gather(1, g0[:, None]))
         st.g0.copy_(torch.where(emit, g0, st.g0))
         st.hidden.copy_(torch.where(emit[:, None], hidden[:, -1], st.hidden))
         st.position.add_(emit.long())
         st.frame.add_(emit.long())
+        # Said now rather than by the next step's emit flags: the host learns a step earlier
+        # that a slot is free (runner._drain).
+        st.out_emit[1].copy_(self._emits())
 
     def draw(self, logits, rows, seeds, frame, group: int, noise=None):
         """tts_cli.model.sampler.choose, as one kernel when the sampler kernel is on."""

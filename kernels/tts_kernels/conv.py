@@ -28,7 +28,6 @@ from triton.language.extra import libdevice
 
 from tts_kernels import compiled
 
-BLOCK_M = 128
 FP16_MAX = tl.constexpr(65504.0)
 TWO_PI_HI = tl.constexpr(6.28125)        # 2 pi = hi + lo, hi with few bits: k * hi is exact
 TWO_PI_LO = tl.constexpr(1.9353071795864769253e-3)
@@ -102,14 +101,20 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
                  mask=valid)
 
 
-def tiles(c_in: int, n_out: int, half: bool) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, stages) of a convolution. Measured on the H200 over the fp16
-    vocoder's 30 launches at 64 rows x 4 frames (docs/bench.md): N blocks of 64 9.9 ms against 11.6
-    with 128; 4 warps 20.7; K blocks of 32 everywhere instead of 64 where the channels allow 12.1."""
+def tiles(c_in: int, n_out: int, taps: int, half: bool) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of a convolution. Chosen on the H200 from a sweep
+    of ten tilings over every kind of the fp16 vocoder's convolutions at 64 rows x 4 frames
+    (docs/bench.md, ninth session): 64 x 64 tiles, 8 warps, 3 stages serve most (the 1x1
+    convolutions with the residual 1.5-1.6x faster than the earlier 128 x 64); 96 output channels
+    take N blocks of 32 (none idle: 2.0-2.3x for the 1x1s); the dilated 7-tap convolutions of 384
+    and 768 channels take 128 x 128 (1.2-1.4x). K blocks of 64 where the channels allow."""
     block_k = 64 if half and c_in % 64 == 0 else 32
     block_k = max(16, min(block_k, triton.next_power_of_2(c_in)))
-    block_n = max(16, min(64, triton.next_power_of_2(n_out)))
-    return block_n, block_k, 8, 4 if block_k == 32 else 3
+    if n_out == 96:
+        return 64, 32, block_k, 4, 4
+    if taps == 7 and c_in in (384, 768):
+        return 128, 128, block_k, 8, 3
+    return 64, max(16, min(64, triton.next_power_of_2(n_out))), block_k, 8, 3
 
 
 def _rows_view(x: torch.Tensor, frames: int, n: int, name: str, dtypes=(torch.float32,)) -> tuple[int, int]:
@@ -151,11 +156,11 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     if snake_out is not None and snake_out.dtype == torch.float16 and overflow is None:
         raise ValueError("an fp16 snake_out needs an overflow counter")
     log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
-    block_n, block_k, warps, stages = tiles(c_in, n_out, src.dtype == torch.float16)
+    block_m, block_n, block_k, warps, stages = tiles(c_in, n_out, taps, src.dtype == torch.float16)
     c_in_padded = triton.cdiv(c_in, block_k) * block_k
     # TF32 exactly when torch would use it for a convolution (cuDNN's switch); fp16 inputs ignore it.
     precision = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
-    grid = (triton.cdiv(batch * frames, BLOCK_M), triton.cdiv(n_out, block_n))
+    grid = (triton.cdiv(batch * frames, block_m), triton.cdiv(n_out, block_n))
     _causal_conv[grid](
         src, weight, bias, residual if residual is not None else bias, out if out is not None else bias,
         snake_out if snake_out is not None else bias, log_alpha, log_beta,
@@ -164,5 +169,5 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         src.stride(0), src.stride(1), r_b, r_t, o_b, o_t, so_b, so_t,
         C_IN=c_in, C_IN_PADDED=c_in_padded, TAPS=taps, DILATION=dilation,
         RESIDUAL=residual is not None, OUT=out is not None, SNAKE_OUT=snake_out is not None,
-        BM=BLOCK_M, BN=block_n, BK=block_k, PRECISION=precision, LIBDEVICE=compiled(),
+        BM=block_m, BN=block_n, BK=block_k, PRECISION=precision, LIBDEVICE=compiled(),
         num_warps=warps, num_stages=stages)

@@ -414,9 +414,11 @@ class Vocoder(Chain):
                                        upsample.conv.out_channels, adds_residual=False, keeps_output=True,
                                        snake=units[0].act1))
             for i, unit in enumerate(units):
-                after = units[i + 1].act1 if i + 1 < len(units) else next_act
+                last_unit = i + 1 == len(units)
                 convs.append(conv(unit.conv1, adds_residual=False, keeps_output=False, snake=unit.act2))
-                convs.append(conv(unit.conv2, adds_residual=True, keeps_output=True, snake=after))
+                # the last unit's output is only read through its SnakeBeta (the next block's input)
+                convs.append(conv(unit.conv2, adds_residual=True, keeps_output=not last_unit,
+                                  snake=next_act if last_unit else units[i + 1].act1))
         convs.append(conv(last, adds_residual=False, keeps_output=True, snake=None))
         self.convs = convs
 

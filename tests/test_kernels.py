@@ -248,6 +248,43 @@ print("codec ok")
 """
 
 
+WINDOW_ATTENTION_CHECK = """
+# The codec transformer's streamed window attention as one kernel (tts_kernels.window_attention)
+# against the torch module: rows at different positions (a fresh row, a partial window, a full one),
+# calls of 1 to 8 frames; the same output and the same cache afterwards.
+import torch
+from tts_cli.cli import BUNDLED_MODEL_DIR
+from tts_cli.model.codec import load_codec, sliding_window_mask
+from tts_cli.model.transformer import rope_cos_sin
+codec = load_codec(BUNDLED_MODEL_DIR / "speech_tokenizer")
+attn = codec.pre_transformer.layers[0].self_attn
+cfg = codec.config
+g = torch.Generator().manual_seed(0)
+rows = 3
+state_p = codec.new_state(rows); state_f = codec.new_state(rows)
+state_p.position[:] = torch.tensor([0, 5, 70]); state_f.position[:] = state_p.position
+for key in state_p.history:   # random caches: what lies at negative positions must stay unseen
+    if "self_attn" in key:
+        state_p.history[key].normal_(generator=g); state_f.history[key].copy_(state_p.history[key])
+
+for frames in [4, 1, 3, 4, 2, 8]:
+    x = torch.randn(rows, frames, cfg.hidden_size, generator=g)
+    positions = state_p.position[:, None] + torch.arange(frames)
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
+    rope = cos[:, None], sin[:, None]
+    mask = sliding_window_mask(positions, cfg.sliding_window - 1, cfg.sliding_window)
+    attn.fused = False
+    ref = attn(x, rope, mask, state_p)
+    attn.fused = True
+    got = attn(x, rope, mask, state_f)
+    key = attn.state_key
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state_f.history[key], state_p.history[key], rtol=0, atol=0)
+    state_p.position += frames; state_f.position += frames
+print("window attention ok")
+"""
+
+
 def _interpret(check: str) -> str:
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]))
@@ -311,6 +348,11 @@ def test_sampler_kernel_draws_what_the_torch_sampler_draws_in_the_interpreter():
     """Temperature, top-k with ties, suppressed ids, greedy rows, the counter-based noise for one
     frame for all rows and for per-row frames."""
     assert "sampler ok" in _interpret(SAMPLER_CHECK)
+
+
+@needs_triton
+def test_codec_window_attention_kernel_equals_torch_in_the_interpreter():
+    assert "window attention ok" in _interpret(WINDOW_ATTENTION_CHECK)
 
 
 def test_kernels_are_not_used_off_cuda():

@@ -7,7 +7,7 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler|conv [--rows 64] [--tokens 1] [--warps 8]
+    python tools/sm90_compile.py depth|attention|sampler|conv|window [--rows 64] [--tokens 1] [--warps 8]
                                  [--stages N] [--channels 96] [--ptx OUT.ptx]
 
 attention: the decoder layers' attention kernel at the 1.7B talker's shapes (bf16 cache, hi/lo
@@ -136,9 +136,21 @@ def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None)
                                           **({"num_stages": stages} if stages else {}))
 
 
+def window_launch(rows: int, tokens: int, warps: int, stages: int | None):
+    """The codec transformer's window attention (16 heads of 64, window 72), `tokens` frames per row."""
+    import tts_kernels.window_attention as window
+    heads, head_dim = 16, 64
+    x = torch.zeros(rows, tokens, heads * head_dim)
+    rope = torch.zeros(rows, tokens, head_dim)
+    args, kwargs = captured_launch(window._window_attention, lambda: window.window_attention(
+        x, x.clone(), x.clone(), rope, rope.clone(), torch.zeros(rows, 2, heads, 71, head_dim),
+        torch.zeros(rows, dtype=torch.long), 72))
+    return window._window_attention, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv"])
+    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "window"])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--warps", type=int, default=8)
@@ -150,6 +162,8 @@ def main() -> None:
         launch = depth_launch(args.rows, args.warps, args.stages)
     elif args.kernel == "attention":
         launch = attention_launch(args.rows, args.tokens, args.warps, args.stages)
+    elif args.kernel == "window":
+        launch = window_launch(args.rows, args.tokens, args.warps, args.stages)
     elif args.kernel == "sampler":
         launch = sampler_launch(args.rows, args.warps, args.stages)
     else:

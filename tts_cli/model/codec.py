@@ -509,6 +509,7 @@ class SlidingWindowAttention(StatefulModule):
         self.k_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=bias)
+        self.fused = False   # the engine switches this on: tts_kernels.window_attention when streaming
 
     def init_state(self, batch_size, device, dtype):
         # The newest frame is always part of the call, so window - 1 older ones suffice.
@@ -518,6 +519,12 @@ class SlidingWindowAttention(StatefulModule):
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor,
                 state: Optional[CodecState]) -> torch.Tensor:
         batch, frames, _ = x.shape
+        if self.fused and state is not None and frames < self.window and self.num_kv_heads == self.num_heads:
+            from tts_kernels.window_attention import window_attention
+            # the rows' positions: the state's (it advances after the whole call)
+            out = window_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), rope[0][:, 0], rope[1][:, 0],
+                                   state.history[self.state_key], state.position, self.window)
+            return self.o_proj(out)
         q = self.q_proj(x).view(batch, frames, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)

@@ -1,0 +1,118 @@
+"""The codec transformer's streamed sliding-window attention as one Triton kernel per layer: RoPE
+of the new queries and keys, attention over the row's cached window plus its new frames, and the
+cache moved along, in place. In torch the same is ~12 kernels (rotate-half with cats, two cats of
+the cache and the new keys, two copies back, two matmuls, mask and softmax).
+
+One program per (row, head). The cache holds a row's last KEPT = window - 1 rotated keys and
+values, oldest first, in the layout of tts_cli.model.codec.SlidingWindowAttention's state; its
+T new frames sit at positions start .. start + T - 1. A query at p sees keys at p - window + 1 .. p
+that exist (position >= 0). The kernel reads the T oldest cached entries (which leave the window)
+and the rest (which move T slots down) separately, so that every value it overwrites is already
+in registers and consumed before the barrier that precedes the writes.
+
+Numerics: fp32 throughout; the dot products in TF32 exactly when torch allows TF32 for matmuls
+(as the torch path would then run them), else exact fp32.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotated(ptr, base, valid, cos, sin, D: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [R, BLOCK_D] at ptr + base[R] rotated by RoPE (rotate-half: x * cos + [-x2, x1] * sin);
+    zeros past D."""
+    d = tl.arange(0, BLOCK_D)
+    partner = (d + D // 2) % D
+    mask = valid[:, None] & (d < D)[None, :]
+    x = tl.load(ptr + base[:, None] + d[None, :], mask=mask, other=0.0)
+    x_partner = tl.load(ptr + base[:, None] + partner[None, :], mask=mask, other=0.0)
+    return x * cos + tl.where((d < D // 2)[None, :], -x_partner, x_partner) * sin
+
+
+@triton.jit
+def _scores(q, keys, key_pos, key_valid, q_pos, scale, WINDOW: tl.constexpr, PRECISION: tl.constexpr):
+    """Scaled scores [TQ, R] of queries at q_pos against keys [R, D] at key_pos; -inf where a
+    query may not see the key."""
+    s = tl.dot(q, tl.trans(keys), input_precision=PRECISION) * scale
+    distance = q_pos[:, None] - key_pos[None, :]
+    visible = (distance >= 0) & (distance < WINDOW) & (key_pos >= 0)[None, :] & key_valid[None, :]
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _window_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_ptr, out_ptr, scale,
+                      s_b, s_t, cs_b, cs_t, c_b, c_kv, c_h, c_p,
+                      T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, KEPT: tl.constexpr,
+                      WINDOW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KEPT: tl.constexpr,
+                      BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(start_ptr + b)
+    d = tl.arange(0, BLOCK_D)   # BLOCK_D >= 16, what tl.dot needs; dimensions past D are zeros
+    in_head = (d < D)[None, :]
+    t = tl.arange(0, BLOCK_T)
+    t_valid = t < T
+    rope = b * cs_b + t[:, None] * cs_t + d[None, :]
+    cos = tl.load(cos_ptr + rope, mask=t_valid[:, None] & in_head, other=0.0)
+    sin = tl.load(sin_ptr + rope, mask=t_valid[:, None] & in_head, other=0.0)
+    rows = b * s_b + t * s_t + h * D
+    q = _rotated(q_ptr, rows, t_valid, cos, sin, D, BLOCK_D)
+    k_new = _rotated(k_ptr, rows, t_valid, cos, sin, D, BLOCK_D)
+    v_new = tl.load(v_ptr + rows[:, None] + d[None, :], mask=t_valid[:, None] & in_head, other=0.0)
+    q_pos = start + t
+
+    # the cache: entry j holds the key at position start - KEPT + j
+    keys_base = cache_ptr + b * c_b + h * c_h
+    values_base = keys_base + c_kv
+    leaving = t_valid & (t < KEPT)                 # entries 0 .. T-1 leave the window
+    j = tl.arange(0, BLOCK_KEPT)
+    staying = j < KEPT - T                         # entries T + j move to slot j
+    leave_at = t[:, None] * c_p + d[None, :]
+    stay_at = (T + j)[:, None] * c_p + d[None, :]
+    k_leave = tl.load(keys_base + leave_at, mask=leaving[:, None] & in_head, other=0.0)
+    v_leave = tl.load(values_base + leave_at, mask=leaving[:, None] & in_head, other=0.0)
+    k_stay = tl.load(keys_base + stay_at, mask=staying[:, None] & in_head, other=0.0)
+    v_stay = tl.load(values_base + stay_at, mask=staying[:, None] & in_head, other=0.0)
+
+    s_leave = _scores(q, k_leave, start - KEPT + t, leaving, q_pos, scale, WINDOW, PRECISION)
+    s_stay = _scores(q, k_stay, start - KEPT + T + j, staying, q_pos, scale, WINDOW, PRECISION)
+    s_new = _scores(q, k_new, q_pos, t_valid, q_pos, scale, WINDOW, PRECISION)
+    best = tl.maximum(tl.maximum(tl.max(s_leave, axis=1), tl.max(s_stay, axis=1)), tl.max(s_new, axis=1))
+    p_leave = tl.exp(s_leave - best[:, None])
+    p_stay = tl.exp(s_stay - best[:, None])
+    p_new = tl.exp(s_new - best[:, None])
+    total = tl.sum(p_leave, axis=1) + tl.sum(p_stay, axis=1) + tl.sum(p_new, axis=1)
+    out = (tl.dot(p_leave, v_leave, input_precision=PRECISION) + tl.dot(p_stay, v_stay, input_precision=PRECISION)
+           + tl.dot(p_new, v_new, input_precision=PRECISION)) / total[:, None]
+    tl.store(out_ptr + rows[:, None] + d[None, :], out, mask=t_valid[:, None] & in_head)
+
+    tl.debug_barrier()   # every cache entry read above is consumed: now the window moves
+    moved = j[:, None] * c_p + d[None, :]
+    tl.store(keys_base + moved, k_stay, mask=staying[:, None] & in_head)
+    tl.store(values_base + moved, v_stay, mask=staying[:, None] & in_head)
+    arriving = (KEPT - T + t)[:, None] * c_p + d[None, :]   # the new frames take the last T slots
+    tl.store(keys_base + arriving, k_new, mask=t_valid[:, None] & in_head)
+    tl.store(values_base + arriving, v_new, mask=t_valid[:, None] & in_head)
+
+
+def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     cache: torch.Tensor, start: torch.Tensor, window: int) -> torch.Tensor:
+    """q, k, v [B, T, H * D] fp32 (the projections, before RoPE); cos/sin [B, T, D]; cache
+    [B, 2, H, window - 1, D] (keys, values; updated in place); start [B]: each row's position of
+    its first new frame. T <= window - 1. Returns the attention output [B, T, H * D]."""
+    batch, frames, width = q.shape
+    _, _, heads, kept, head_dim = cache.shape
+    if frames > kept or kept != window - 1 or width != heads * head_dim:
+        raise ValueError(f"{frames} frames of width {width} do not fit a window cache {list(cache.shape)}")
+    q, k, v, cos, sin = (x.contiguous() for x in (q, k, v, cos, sin))
+    out = torch.empty_like(q)
+    precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    _window_attention[(batch, heads)](
+        q, k, v, cos, sin, cache, start.contiguous(), out, head_dim ** -0.5,
+        q.stride(0), q.stride(1), cos.stride(0), cos.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
+        T=frames, H=heads, D=head_dim, KEPT=kept, WINDOW=window, BLOCK_T=max(16, triton.next_power_of_2(frames)),
+        BLOCK_KEPT=triton.next_power_of_2(kept), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        PRECISION=precision, num_warps=8)   # 4 warps spill at the real shapes (tools/sm90_compile.py window)
+    return out

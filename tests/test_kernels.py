@@ -258,6 +258,7 @@ from tts_cli.model.codec import load_codec, sliding_window_mask
 from tts_cli.model.transformer import rope_cos_sin
 codec = load_codec(BUNDLED_MODEL_DIR / "speech_tokenizer")
 attn = codec.pre_transformer.layers[0].self_attn
+attn.prepare_fused()   # q, k and v as one projection, as the engine runs them
 cfg = codec.config
 g = torch.Generator().manual_seed(0)
 rows = 3

@@ -42,7 +42,7 @@ def _scores(q, keys, key_pos, key_valid, q_pos, scale, WINDOW: tl.constexpr, PRE
 
 @triton.jit
 def _window_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_ptr, out_ptr, scale,
-                      s_b, s_t, cs_b, cs_t, c_b, c_kv, c_h, c_p,
+                      s_b, s_t, o_b, o_t, cs_b, cs_t, c_b, c_kv, c_h, c_p,
                       T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, KEPT: tl.constexpr,
                       WINDOW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KEPT: tl.constexpr,
                       BLOCK_D: tl.constexpr, PRECISION: tl.constexpr):
@@ -85,7 +85,8 @@ def _window_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_pt
     total = tl.sum(p_leave, axis=1) + tl.sum(p_stay, axis=1) + tl.sum(p_new, axis=1)
     out = (tl.dot(p_leave, v_leave, input_precision=PRECISION) + tl.dot(p_stay, v_stay, input_precision=PRECISION)
            + tl.dot(p_new, v_new, input_precision=PRECISION)) / total[:, None]
-    tl.store(out_ptr + rows[:, None] + d[None, :], out, mask=t_valid[:, None] & in_head)
+    out_rows = b * o_b + t * o_t + h * D
+    tl.store(out_ptr + out_rows[:, None] + d[None, :], out, mask=t_valid[:, None] & in_head)
 
     tl.debug_barrier()   # every cache entry read above is consumed: now the window moves
     moved = j[:, None] * c_p + d[None, :]
@@ -98,21 +99,24 @@ def _window_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_pt
 
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                      cache: torch.Tensor, start: torch.Tensor, window: int) -> torch.Tensor:
-    """q, k, v [B, T, H * D] fp32 (the projections, before RoPE); cos/sin [B, T, D]; cache
+    """q, k, v [B, T, H * D] fp32 (the projections, before RoPE; views of one merged projection
+    are fine: any batch and frame strides, the same for the three); cos/sin [B, T, D]; cache
     [B, 2, H, window - 1, D] (keys, values; updated in place); start [B]: each row's position of
     its first new frame. T <= window - 1. Returns the attention output [B, T, H * D]."""
     batch, frames, width = q.shape
     _, _, heads, kept, head_dim = cache.shape
     if frames > kept or kept != window - 1 or width != heads * head_dim:
         raise ValueError(f"{frames} frames of width {width} do not fit a window cache {list(cache.shape)}")
-    q, k, v, cos, sin = (x.contiguous() for x in (q, k, v, cos, sin))
-    out = torch.empty_like(q)
+    if any(x.stride() != q.stride() or x.stride(2) != 1 for x in (k, v)) or q.stride(2) != 1:
+        raise ValueError("q, k and v must share their strides, contiguous along the channels")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = q.new_empty(batch, frames, width)
     precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
     _window_attention[(batch, heads)](
         q, k, v, cos, sin, cache, start.contiguous(), out, head_dim ** -0.5,
-        q.stride(0), q.stride(1), cos.stride(0), cos.stride(1),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), cos.stride(0), cos.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
         T=frames, H=heads, D=head_dim, KEPT=kept, WINDOW=window, BLOCK_T=max(16, triton.next_power_of_2(frames)),
         BLOCK_KEPT=triton.next_power_of_2(kept), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        PRECISION=precision, num_warps=8)   # 4 warps spill at the real shapes (tools/sm90_compile.py window)
+        PRECISION=precision, num_warps=16)   # 4 and 8 warps spill at the real shapes (tools/sm90_compile.py window)
     return out

@@ -38,7 +38,7 @@ from torch import nn
 
 from tts_cli.config_file import ConfigFields, read_json
 from tts_cli.errors import CheckpointError, CodecRangeError
-from tts_cli.model.transformer import RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from tts_cli.model.transformer import RMSNorm, SwiGLU, apply_rope, merge_linears, rope_cos_sin
 
 # Architecture constants of the official decoder (not in config.json).
 PRE_CONV_KERNEL = 3
@@ -510,6 +510,10 @@ class SlidingWindowAttention(StatefulModule):
         self.v_proj = nn.Linear(config.hidden_size, config.num_kv_heads * config.head_dim, bias=bias)
         self.o_proj = nn.Linear(config.num_heads * config.head_dim, config.hidden_size, bias=bias)
         self.fused = False   # the engine switches this on: tts_kernels.window_attention when streaming
+        self.qkv = None      # (weight, bias) of q, k, v as one projection, once merged (prepare_fused)
+
+    def prepare_fused(self) -> None:
+        self.qkv = merge_linears([self.q_proj, self.k_proj, self.v_proj], self.qkv)
 
     def init_state(self, batch_size, device, dtype):
         # The newest frame is always part of the call, so window - 1 older ones suffice.
@@ -522,8 +526,9 @@ class SlidingWindowAttention(StatefulModule):
         if self.fused and state is not None and frames < self.window and self.num_kv_heads == self.num_heads:
             from tts_kernels.window_attention import window_attention
             # the rows' positions: the state's (it advances after the whole call)
-            out = window_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), rope[0][:, 0], rope[1][:, 0],
-                                   state.history[self.state_key], state.position, self.window)
+            q, k, v = F.linear(x, *self.qkv).split(self.num_heads * self.head_dim, dim=-1)
+            out = window_attention(q, k, v, rope[0][:, 0], rope[1][:, 0], state.history[self.state_key],
+                                   state.position, self.window)
             return self.o_proj(out)
         q = self.q_proj(x).view(batch, frames, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)

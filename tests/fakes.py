@@ -52,9 +52,9 @@ class FakeSynthesizer:
 def use_fake_synthesizer(monkeypatch, tmp_path) -> FakeSynthesizer:
     """`tts synth --model tmp_path/model` then runs on a FakeSynthesizer."""
     synth = FakeSynthesizer()
-    def load(model_dir, device, engine_rows=None, depth=None, codec_precision=None):
+    def load(model_dir, device, engine_rows=None, depth=None, codec_precision=None, talker_precision=None):
         synth.loaded_with = {"device": device, "engine_rows": engine_rows, "depth": depth,
-                             "codec_precision": codec_precision}
+                             "codec_precision": codec_precision, "talker_precision": talker_precision}
         return synth
 
     monkeypatch.setattr(cli, "load_synthesizer", load)

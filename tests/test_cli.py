@@ -156,20 +156,22 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
     manifest = tmp_path / "m.txt"
     manifest.write_text("".join(f"Sentence {i}.\n" for i in range(50)))
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model",
-                     "--device", "cuda", "--rows", 3, "--codec-precision", "fp32")
+                     "--device", "cuda", "--rows", 3, "--codec-precision", "fp32", "--talker-precision", "bf16")
     assert result.exit_code == 0, result.output
-    assert fake.loaded_with == {"device": "cuda", "engine_rows": 3, "depth": "auto", "codec_precision": "fp32"}
+    assert fake.loaded_with == {"device": "cuda", "engine_rows": 3, "depth": "auto", "codec_precision": "fp32",
+                                "talker_precision": "bf16"}
     assert [len(batch) for batch in fake.batches] == [48, 2] and fake.max_rows == [48, 48]
     result = _invoke("synth", manifest, "--out", tmp_path / "out-cpu", "--model", tmp_path / "model", "--rows", 3)
     assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
 
 
-def test_unknown_codec_precision_is_refused_with_the_choices(fake, tmp_path):
+@pytest.mark.parametrize("option, value, choices", [("--codec-precision", "bf16", "fp16, fp32"),
+                                                    ("--talker-precision", "fp32", "fp16, bf16")])
+def test_unknown_precision_is_refused_with_the_choices(fake, tmp_path, option, value, choices):
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
-    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model",
-                     "--codec-precision", "bf16")
-    _assert_one_red_line(result, "--codec-precision bf16: one of fp16, fp32")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", option, value)
+    _assert_one_red_line(result, f"{option} {value}: one of {choices}")
 
 
 def test_bad_manifest_fails_before_the_model_loads(tmp_path, monkeypatch):
@@ -193,7 +195,7 @@ def test_manifest_of_empty_lines_is_an_error(fake, tmp_path):
 
 
 def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
-    def broken(model_dir, device, engine_rows=None, depth=None, codec_precision=None):
+    def broken(model_dir, device, engine_rows=None, depth=None, codec_precision=None, talker_precision=None):
         raise CheckpointError(f"{model_dir / 'config.json'}: not valid JSON")
 
     monkeypatch.setattr(cli, "load_synthesizer", broken)

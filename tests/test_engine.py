@@ -1,6 +1,7 @@
 """The slot engine computes what the plain model computes (CPU, fp32, no graphs): same codes for
 greedy and for seeded sampling, whatever the slot and the batch mates; streamed PCM equals the
 full decode of those codes, and decoding every K steps over K frames gives what K = 1 gives."""
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import torch
 
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.engine.slots import talker_kv_bytes
-from tts_cli.errors import RequestError
+from tts_cli.errors import NonFiniteError, RequestError
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -155,6 +156,20 @@ def test_a_request_that_cannot_fit_a_slot_is_refused(synth):
     too_long = EngineRequest(key=0, prompt_embeds=_embeds(synth, 0), seed=0, max_frames=170)
     with pytest.raises(RequestError, match="needs 196 talker positions; this engine's slots hold 192"):
         engine.run([too_long])
+
+
+def test_nan_logits_refuse_the_run_with_the_count(synth):
+    """A NaN upstream of a draw (what an activation beyond fp16's range becomes) would make codes
+    that mean nothing: the run is refused, saying how many logits were NaN or infinite."""
+    model = copy.deepcopy(synth.model)
+    with torch.no_grad():
+        model.code_predictor.heads[3].weight[5, 0] = float("nan")   # one logit of codebook 4, every row
+    sampling = synth.ckpt.sampling.greedy()
+    engine = Engine(model, synth.codec, rows=2, context=192, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling))
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=i, max_frames=6) for i in range(2)]
+    with pytest.raises(NonFiniteError, match=r"produced 2 NaN or infinite logits: this audio would be wrong$"):
+        engine.run(requests)
 
 
 def test_synthesizer_through_the_engine_equals_the_plain_path(synth):

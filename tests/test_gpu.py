@@ -58,13 +58,14 @@ def test_graphed_engine_equals_the_plain_model_in_fp32(greedy, exact_fp32):
         assert np.array_equal(r.codes, plain.codes.numpy()), f"row {i}"
 
 
-def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(exact_fp32):
-    """The engine's numbers (bf16 weights, fp32 activations, the fused kernels on static caches)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(dtype, exact_fp32):
+    """The engine's numbers (16-bit weights, fp32 activations, the fused kernels on static caches)
     against the plain fp32 model on the same random 1.7B-shaped weights, both fed the fp32 model's
     own greedy codes: talker and code-predictor logits by cosine similarity (the engine issue's
-    thresholds). The weights are bf16 values in both, as in the real checkpoint (stored in bf16):
-    what is measured is the activations' rounding, not the weights'."""
-    model16, _ = build_random("1.7b", "cuda", torch.bfloat16)
+    thresholds). The weights are bf16 values in both (in fp16: converted), as in the real checkpoint
+    (stored in bf16): what is measured is the activations' rounding, not the weights'."""
+    model16, _ = build_random("1.7b", "cuda", dtype)
     model32 = copy.deepcopy(model16).float()
     use_kernels(model16, True)
     synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
@@ -81,7 +82,7 @@ def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(exact_fp32):
     talker = min(_cosine(a, b) for a, b in zip(fast.talker_logits, ref.talker_logits))
     depth = min(_cosine(a, b) for a, b in zip(fast.cp_logits, ref.cp_logits))
     agree = np.mean([int(a.argmax() == b.argmax()) for a, b in zip(fast.talker_logits, ref.talker_logits)])
-    print(f"engine (bf16 weights, kernels) vs fp32 teacher-forced: talker logits cosine min {talker:.6f}, "
+    print(f"engine ({dtype} weights, kernels) vs fp32 teacher-forced: talker logits cosine min {talker:.7f}, "
           f"code predictor {depth:.6f}, talker argmax agreement {agree:.3f}")
     assert talker >= 0.9999 and depth >= 0.9995
 
@@ -136,13 +137,13 @@ def test_projections_read_fp32_inputs_to_16_bits_over_bf16_weights(shape, exact_
         return ((a - b).norm() / b.norm()).item()
 
     residual = x.clone()
-    halves = split(residual, 2, norm_w, 1e-6, delta=torch.cat([delta.bfloat16().float(), delta - delta.bfloat16().float()]))
+    halves = split(residual, torch.bfloat16, norm_w, 1e-6, delta=torch.cat([delta.bfloat16().float(), delta - delta.bfloat16().float()]))
     gate_up = project(halves, w, bias)
     errors = {
         "residual add": rel(residual, added),
         "lone linear": rel(linear(x, w[:n], bias[:n]), F.linear(x, wf[:n], bf[:n])),
         "add + norm + projection": rel(gate_up[:m] + gate_up[m:], F.linear(normed, wf, bf)),
-        "silu * up": rel(silu_mul(gate_up, 2, 1), F.silu(F.linear(normed, wf[:n], bf[:n])) * F.linear(normed, wf[n:], bf[n:])),
+        "silu * up": rel(silu_mul(gate_up, torch.bfloat16).float().view(2, m, n).sum(0), F.silu(F.linear(normed, wf[:n], bf[:n])) * F.linear(normed, wf[n:], bf[n:])),
         "bf16 input (for scale)": rel(F.linear(x.bfloat16(), w[:n]).float(), F.linear(x, wf[:n])),
     }
     print(shape, {k: f"{v:.1e}" for k, v in errors.items()})
@@ -183,8 +184,9 @@ def test_synthesizer_on_cuda_runs_the_graphed_engine_like_the_plain_model(exact_
         assert np.linalg.norm(a.audio - b.audio) / np.linalg.norm(b.audio) < 1e-5
 
 
-def _real_decoder_pair(cfg, layers: int):
-    """A torch reference and a fused copy of `layers` layers of a real-shaped decoder, bf16, N(0, 0.02)."""
+def _real_decoder_pair(cfg, layers: int, dtype: torch.dtype):
+    """A torch reference and a fused copy of `layers` layers of a real-shaped decoder in dtype, N(0, 0.02)
+    (bf16 values in both dtypes)."""
     from tts_cli.model.transformer import Decoder, use_kernels
     cfg = dataclasses.replace(cfg, num_layers=layers)
     g = torch.Generator("cuda").manual_seed(0)
@@ -194,26 +196,27 @@ def _real_decoder_pair(cfg, layers: int):
         for name, p in plain.named_parameters():
             p.copy_(torch.randn(p.shape, device="cuda", generator=g) * 0.02 if p.dim() > 1
                     else 1 + 0.1 * torch.randn(p.shape, device="cuda", generator=g))
-    plain = plain.bfloat16().requires_grad_(False)
+    plain = plain.bfloat16().to(dtype).requires_grad_(False)
     fused = copy.deepcopy(plain)
     use_kernels(fused, True)
     return plain, fused
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("which", ["talker", "code_predictor"])
-def test_fused_decoder_layers_follow_torch_at_real_shapes(which, exact_fp32):
-    """The engine's fused layers (tts_kernels) against the torch reference, both on bf16 weights
-    with fp32 activations and bf16 caches, in the caching pattern of each stack: a prefill of 30
-    tokens then single tokens at per-row positions (talker), 2 tokens then one per call at a shared
-    offset (code predictor). They differ by the kernels' bf16 queries and probabilities and the
-    16-bit reading of the projections' inputs."""
+def test_fused_decoder_layers_follow_torch_at_real_shapes(which, dtype, exact_fp32):
+    """The engine's fused layers (tts_kernels) against the torch reference, both on 16-bit weights
+    with fp32 activations and caches in the weights' dtype, in the caching pattern of each stack: a
+    prefill of 30 tokens then single tokens at per-row positions (talker), 2 tokens then one per
+    call at a shared offset (code predictor). They differ by the kernels' 16-bit queries and
+    probabilities and the rounding of the projections' inputs (fp16, or bf16 halves)."""
     from tts_cli.engine.random_model import random_config
     from tts_cli.model.transformer import StaticKV
     cfg = getattr(random_config("1.7b"), which)
-    plain, fused = _real_decoder_pair(cfg, 4)
+    plain, fused = _real_decoder_pair(cfg, 4, dtype)
     rows, capacity = 64, 64
     g = torch.Generator("cuda").manual_seed(1)
-    kvs = {m: [StaticKV(rows, cfg.num_kv_heads, capacity, cfg.head_dim, "cuda", torch.bfloat16)
+    kvs = {m: [StaticKV(rows, cfg.num_kv_heads, capacity, cfg.head_dim, "cuda", dtype)
                for _ in range(cfg.num_layers)] for m in ("plain", "fused")}
 
     def both(x, at):
@@ -236,7 +239,7 @@ def test_fused_decoder_layers_follow_torch_at_real_shapes(which, exact_fp32):
         # per row, so that one row attending to the wrong keys cannot hide among 63 good ones
         worst = min([worst] + [_cosine(got[r], ref[r]) for r in range(rows)])
         largest = max(largest, (got.float() - ref.float()).abs().max().item())
-    print(f"{which}: fused vs torch, worst row cosine {worst:.7f}, largest difference {largest:.5f}")
+    print(f"{which} {dtype}: fused vs torch, worst row cosine {worst:.7f}, largest difference {largest:.5f}")
     assert worst >= 0.99999
 
 
@@ -313,9 +316,10 @@ def test_graphed_codec_window_gives_the_audio_of_window_1(codec_window, exact_fp
 
 
 def test_seeded_row_is_bit_identical_whatever_its_batch_mates_and_slot():
-    """bf16, CUDA graphs, fused kernels: the same seeded request among other requests, in another
-    slot and another prefill tile, gives the same codes and the same PCM, bit for bit."""
-    synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=torch.bfloat16)
+    """The engine's defaults (fp16 weights, CUDA graphs, fused kernels): the same seeded request among
+    other requests, in another slot and another prefill tile, gives the same codes and the same PCM,
+    bit for bit."""
+    synth = Synthesizer.from_pretrained(TINY, device="cuda")
     sampling = synth.ckpt.sampling
     embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
               for i, t in enumerate(TEXTS)]
@@ -349,8 +353,25 @@ def test_engine_refuses_audio_from_an_fp16_vocoder_overflow():
     assert len(synth.synthesize(requests, max_frames=8, min_new_tokens=9)) == 2
 
 
+def test_engine_refuses_audio_from_an_fp16_talker_overflow():
+    """An activation beyond fp16's range in the talker (here: a norm weight made huge) becomes NaN
+    logits: with fp16 weights the run fails with an error that names the bf16 switch; with bf16
+    weights (the switch) the same run completes."""
+    from tts_cli.errors import NonFiniteError
+    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(TEXTS[:2])]
+    for dtype in (torch.float16, torch.bfloat16):
+        synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=dtype)
+        with torch.no_grad():
+            synth.model.talker.decoder.layers[1].post_attention_layernorm.weight.mul_(1e6)
+        if dtype == torch.float16:
+            with pytest.raises(NonFiniteError, match="--talker-precision bf16"):
+                synth.synthesize(requests, max_frames=8, min_new_tokens=9)
+        else:
+            assert len(synth.synthesize(requests, max_frames=8, min_new_tokens=9)) == 2
+
+
 def test_same_requests_twice_give_bit_identical_audio():
-    synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=torch.bfloat16)
+    synth = Synthesizer.from_pretrained(TINY, device="cuda")
     requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(TEXTS)]
     first = synth.synthesize(requests, max_frames=20, min_new_tokens=21)
     second = synth.synthesize(requests, max_frames=20, min_new_tokens=21)

@@ -32,6 +32,7 @@ print("rms_norm ok")
 """
 
 LAYER_KERNELS_CHECK = """
+import copy
 import torch
 from tts_cli.checkpoint import DecoderConfig
 from tts_cli.model.transformer import Decoder, StaticKV, use_kernels
@@ -44,7 +45,7 @@ g = torch.Generator().manual_seed(0)
 x, w = torch.randn(70, 96, generator=g), 0.1 * torch.randn(2 * 40, 96, generator=g)
 bias, norm_w, delta = torch.randn(80, generator=g), 1 + 0.1 * torch.randn(96, generator=g), torch.randn(70, 96, generator=g)
 updated = x.clone()
-normed = split(updated, 1, norm_w, 1e-6, delta=delta)
+normed = split(updated, torch.float32, norm_w, 1e-6, delta=delta)
 torch.testing.assert_close(updated, x + delta, rtol=0, atol=0)
 ref = (x + delta) * torch.rsqrt((x + delta).pow(2).mean(-1, keepdim=True) + 1e-6) * norm_w
 torch.testing.assert_close(normed, ref, rtol=1e-6, atol=1e-6)
@@ -108,6 +109,21 @@ for _ in range(3):
 for p_kv, f_kv in zip(a, b):
     torch.testing.assert_close(f_kv.k, p_kv.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(f_kv.v, p_kv.v, rtol=1e-5, atol=1e-5)   # one merged GEMM: other sum order
+
+# fp16 weights (the engine's default on CUDA): every projection's input rounded once to fp16, fp16
+# caches (the torch path rounds its keys and values there too), fp16 queries and probabilities
+plain16, fused16 = copy.deepcopy(plain).half(), copy.deepcopy(fused).half()
+use_kernels(fused16, True)
+a, b = ([StaticKV(rows, 2, capacity, cfg.head_dim, "cpu", torch.float16) for _ in range(cfg.num_layers)]
+        for _ in range(2))
+worst = 1.0
+for at in [0, 2, 3, 4]:
+    x = torch.randn(rows, 2 if at == 0 else 1, 64, generator=g)
+    got, ref = run(fused16, b, x, at), run(plain16, a, x, at)
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    worst = min(worst, F.cosine_similarity(got.flatten(1), ref.flatten(1)).min().item())
+    assert (got - ref).abs().max() > 0, "fp16 inputs left no trace: the fp32 path ran"
+assert worst > 0.99999, worst
 print("layer kernels ok")
 """
 
@@ -338,8 +354,17 @@ for vocab in (60, 300, 2048):   # 2048: the code predictor's vocabulary (the tal
     seeds = torch.randint(0, 2**62, (rows,), generator=g)
     for frame, group in ((0, 0), (torch.arange(rows) * 3 + 1, 15)):
         expected = choose(logits, sampling, seeds, frame, group, top_p=False)
-        got = sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, group)
+        nonfinite = torch.zeros(1, dtype=torch.int32)
+        got = sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, group,
+                          nonfinite=nonfinite)
         assert torch.equal(got, expected), (vocab, group, got, expected)
+        assert nonfinite.item() == 0
+# NaN and +inf logits are counted (-inf, a suppressed id, is not)
+logits[5, :3] = float("nan")
+logits[6, 7] = float("inf")
+nonfinite = torch.zeros(1, dtype=torch.int32)
+sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, 0, 1, nonfinite=nonfinite)
+assert nonfinite.item() == 4, nonfinite
 print("sampler ok")
 """
 
@@ -347,7 +372,7 @@ print("sampler ok")
 @needs_triton
 def test_sampler_kernel_draws_what_the_torch_sampler_draws_in_the_interpreter():
     """Temperature, top-k with ties, suppressed ids, greedy rows, the counter-based noise for one
-    frame for all rows and for per-row frames."""
+    frame for all rows and for per-row frames; the count of NaN and +inf logits."""
     assert "sampler ok" in _interpret(SAMPLER_CHECK)
 
 

@@ -89,8 +89,8 @@ def test_bfloat16_fails_on_a_perturbed_record_with_a_readable_table(tmp_path):
 
 
 def test_refusals_name_the_reason(tmp_path):
-    result = _invoke("--dtype", "float16")
-    assert result.exit_code == 2 and "thresholds for float32" in result.output
+    result = _invoke("--dtype", "float64")
+    assert result.exit_code == 2 and "thresholds for float32 (our model in fp32), float16 and bfloat16" in " ".join(result.output.split())
     result = _invoke("--model", TINY_06B)
     assert result.exit_code == 2 and "--golden DIR is needed" in result.output
     result = _invoke("--model", TINY_06B, "--golden", tmp_path)

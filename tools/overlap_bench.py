@@ -19,6 +19,7 @@ import torch
 
 from step_profile import filled_engine, median_ms
 from tts_cli.bench import load_synthesizer
+from tts_cli.synthesizer import weights_dtype
 
 STEPS = 4
 
@@ -54,7 +55,7 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=20)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    synth = load_synthesizer("random:1.7b", "cuda", torch.bfloat16)
+    synth = load_synthesizer("random:1.7b", "cuda", weights_dtype("cuda"))
     engine = filled_engine(synth, args.rows)
     fns = engine.step.stage_fns
 

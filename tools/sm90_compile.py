@@ -113,7 +113,7 @@ def attention_launch(rows: int, tokens: int, warps: int, stages: int | None):
     args, kwargs = captured_launch(attention._attention, lambda: attention.cached_attention(
         torch.zeros(2 * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
         torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),
-        torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, parts=2))
+        torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=torch.bfloat16))
     return attention._attention, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
 
 

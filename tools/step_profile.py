@@ -17,8 +17,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from tts_cli.bench import load_synthesizer, make_requests, read_sentences
+from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
 from tts_cli.engine.runner import Engine
-from tts_cli.synthesizer import code_predictor_settings, talker_settings
+from tts_cli.synthesizer import code_predictor_settings, talker_settings, weights_dtype
 
 
 def median_ms(launch, replays: int) -> float:
@@ -67,9 +68,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    synth = load_synthesizer(f"random:{args.size}", "cuda", torch.bfloat16)
+    synth = load_synthesizer(f"random:{args.size}", "cuda", weights_dtype("cuda", args.talker_precision))
     engine = filled_engine(synth, args.rows)
     with torch.no_grad():
         for name, graph in engine.step.graphs.items():

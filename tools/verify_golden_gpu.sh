@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `tts verify-golden --dtype bfloat16` on a GPU, at the real 1.7B shapes (random weights):
+# `tts verify-golden --dtype float16` and `--dtype bfloat16` on a GPU, at the real 1.7B shapes (random weights):
 #   1. build a random checkpoint with the official classes (tools/make_golden.py --build 1.7b-real;
 #      the tokenizer is trained on the bundled Harvard sentences, the file make_golden uses by default);
 #   2. record golden records of it with the official implementation on the GPU, in fp32 with TF32
@@ -7,9 +7,9 @@
 #      capped at 16 frames too. Should that fail, on CPU (measured on a 2-core VM: ~35 s of loading,
 #      weight checks and codec plus ~0.55 s per generated frame on the recorder's one thread, ~80
 #      frames here: ~1.5 min; the default record, ~560 frames, would take ~6 min);
-#   3. check our engine's numerics against them: bf16 weights, fp32 activations, the fused
-#      kernels, the codec in fp32 with TF32 and its vocoder's convolutions with fp16 inputs (the
-#      engine's default; `tts verify-golden --device cuda --dtype bfloat16`).
+#   3. check our engine's numerics against them: fp16 weights (the engine's default), then bf16
+#      weights, fp32 activations, the fused kernels, the codec in fp32 with TF32 and its vocoder's
+#      convolutions with fp16 inputs (`tts verify-golden --device cuda --dtype float16|bfloat16`).
 #
 # Usage, from the repository root, with the repository, kernels/ and qwen-tts-hf (module qwen_tts)
 # importable:
@@ -17,10 +17,10 @@
 #     bash tools/verify_golden_gpu.sh OUT_DIR
 #
 # Writes OUT_DIR/build.log, OUT_DIR/record.log (and record-cpu.log after a failed GPU recording),
-# OUT_DIR/verify-bf16.log (the table) and OUT_DIR/records/ (records.json + records.safetensors,
+# OUT_DIR/verify-fp16.log and verify-bf16.log (the tables) and OUT_DIR/records/ (records.json + records.safetensors,
 # ~3 MB). The checkpoint (~4 GB) goes to a temporary folder that is removed at the end
 # (TTS_GOLDEN_CKPT=DIR: build into DIR and keep it; an existing DIR/config.json skips the build). Exit status: that of the failing step, else of the
-# check (0 every check passed, 1 some check failed). Budget: a few minutes on one H200.
+# checks (0 every check passed, 1 some check failed). Budget: a few minutes on one H200.
 set -euo pipefail
 
 out=${1:?usage: bash tools/verify_golden_gpu.sh OUT_DIR}
@@ -56,5 +56,9 @@ if ! step record "$out/record.log" "${record[@]}" --device cuda; then
     # The official code on CUDA is untested here: then record on CPU (one thread, ~1.5 min at 2 x 16).
     step record-cpu "$out/record-cpu.log" "${record[@]}" --device cpu
 fi
-COLUMNS=200 step verify "$out/verify-bf16.log" "$python" -m tts_cli verify-golden --model "$ckpt" \
-    --golden "$out/records" --device cuda --dtype bfloat16
+status=0
+for precision in fp16:float16 bf16:bfloat16; do   # the engine's --talker-precision settings (fp16: the default)
+    COLUMNS=200 step verify "$out/verify-${precision%%:*}.log" "$python" -m tts_cli verify-golden \
+        --model "$ckpt" --golden "$out/records" --device cuda --dtype "${precision#*:}" || status=$?
+done
+exit "$status"

@@ -31,7 +31,7 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
-from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH
+from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -151,8 +151,9 @@ def default_requests(concurrency: int) -> int:
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW,
-              depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION) -> dict:
-    dtype = weights_dtype(device)
+              depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
+              talker_precision: str = DEFAULT_TALKER_PRECISION) -> dict:
+    dtype = weights_dtype(device, talker_precision)
     if device.startswith("cuda"):
         allow_tf32()
     t0 = time.perf_counter()
@@ -165,7 +166,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
                               codec_precision))
     return {
-        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision),
+        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "torch": torch.__version__, "load_s": round(load_s, 2),
         # the bundled list by name: its absolute path only says where tts was installed
@@ -173,6 +174,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
         "codec_window": codec_window, "depth_setting": depth, "codec_precision": codec_precision,
+        "talker_precision": talker_precision,
         "rows": [asdict(r) for r in rows],
     }
 

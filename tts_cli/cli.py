@@ -14,7 +14,7 @@ from rich.text import Text
 
 from . import __version__
 from .engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH,
-                     DEFAULT_ENGINE_ROWS, DEPTH_CHOICES)
+                     DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, TALKER_PRECISIONS)
 from .errors import TTSError
 from .recipe import load_recipe
 
@@ -31,6 +31,11 @@ DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel 
 CODEC_PRECISION_HELP = ("The vocoder's convolution inputs on cuda: fp16 (fp32 accumulation and residual stream; "
                         "a value beyond fp16's range is detected and its audio refused with an error that names "
                         "this switch) or fp32 (TF32; slower: docs/bench.md).")
+TALKER_PRECISION_HELP = ("The talker's and code predictor's weights on cuda, which set how their projections read "
+                         "their fp32 inputs: fp16 (the checkpoint's bf16 weights converted, exact within fp16's range; "
+                         "each input rounded once to fp16; NaN or infinite logits are detected and the run refused "
+                         "with an error that names this switch) or bf16 (each input as two bf16 halves, 16 bits; "
+                         "slower in the prefill and at 128+ rows: docs/bench.md).")
 INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
 
 app = typer.Typer(
@@ -75,23 +80,25 @@ def resolve_model(option: Optional[Path]) -> ModelChoice:
     return choice
 
 
-def check_engine_choices(depth: str, codec_precision: str) -> None:
+def check_engine_choices(depth: str, codec_precision: str, talker_precision: str = DEFAULT_TALKER_PRECISION) -> None:
     """The engine options that take one of a fixed set of words."""
     for option, value, choices in (("--depth", depth, DEPTH_CHOICES),
-                                   ("--codec-precision", codec_precision, CODEC_PRECISIONS)):
+                                   ("--codec-precision", codec_precision, CODEC_PRECISIONS),
+                                   ("--talker-precision", talker_precision, TALKER_PRECISIONS)):
         if value not in choices:
             raise TTSError(f"{option} {value}: one of {', '.join(choices)}")
 
 
 def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
-                     codec_precision: str = DEFAULT_CODEC_PRECISION):
+                     codec_precision: str = DEFAULT_CODEC_PRECISION,
+                     talker_precision: str = DEFAULT_TALKER_PRECISION):
     """Imported here, not at the top: torch and the model load only for commands that synthesize."""
     from .synthesizer import Synthesizer, allow_tf32
 
     if device.startswith("cuda"):
         allow_tf32()
     return Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows, depth=depth,
-                                       codec_precision=codec_precision)
+                                       codec_precision=codec_precision, talker_precision=talker_precision)
 
 
 def check_device(device: str) -> None:
@@ -166,11 +173,13 @@ def synth(
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
+    talker_precision: str = typer.Option(DEFAULT_TALKER_PRECISION, "--talker-precision",
+                                         metavar="|".join(TALKER_PRECISIONS), help=TALKER_PRECISION_HELP),
     device: str = typer.Option(
         "cpu", "--device", metavar="DEVICE",
         help="Torch device: cpu runs the plain model in fp32; cuda[:N] runs the slot engine (CUDA graphs, fused "
-             "kernels; bf16 weights with fp32 activations, the codec in fp32 but for the vocoder's convolution "
-             "inputs: --codec-precision)."),
+             "kernels; 16-bit weights with fp32 activations: --talker-precision; the codec in fp32 but for the "
+             "vocoder's convolution inputs: --codec-precision)."),
     output_format: str = typer.Option(
         "wav", "--format", metavar="wav|flac|parquet",
         help="wav or flac: one 24 kHz 16-bit file per row. parquet: shards part-NNNNN.parquet of up to "
@@ -229,7 +238,8 @@ def synth(
     """
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
                    max_frames=max_frames, batch_size=batch_size, rows=rows, depth=depth,
-                   codec_precision=codec_precision, device=device, output_format=output_format,
+                   codec_precision=codec_precision, talker_precision=talker_precision, device=device,
+                   output_format=output_format,
                    max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
                    redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers)
     try:
@@ -260,7 +270,8 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
               rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
-              codec_precision: str = DEFAULT_CODEC_PRECISION, output_format: str = "wav",
+              codec_precision: str = DEFAULT_CODEC_PRECISION,
+              talker_precision: str = DEFAULT_TALKER_PRECISION, output_format: str = "wav",
               max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
               wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None) -> int:
@@ -289,7 +300,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     names = dict(zip((row.index for row in manifest.rows),
                      output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
     shard_rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
-    check_engine_choices(depth, codec_precision)
+    check_engine_choices(depth, codec_precision, talker_precision)
     if devices:
         check_devices(devices)
     else:
@@ -310,7 +321,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     batch_size = batch_size or (CALL_ROWS_PER_SLOT * rows if on_cuda else 8)
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
                            segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows, depth=depth,
-                           codec_precision=codec_precision, model=str(choice.dir.resolve()),
+                           codec_precision=codec_precision, talker_precision=talker_precision,
+                           model=str(choice.dir.resolve()),
                            redo_changed=redo_changed)
     load_seconds = 0.0
 
@@ -318,7 +330,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         nonlocal load_seconds
         load_start = perf_counter()
         executor = (WorkerPool(choice.dir, devices, settings) if devices
-                    else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth, codec_precision), settings))
+                    else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth, codec_precision,
+                                                        talker_precision), settings))
         load_seconds = perf_counter() - load_start
         return executor
 
@@ -366,11 +379,12 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     for note in result.notes:
         say(f"note: {note}", "yellow")
 
-    from .synthesizer import numerics
+    from .synthesizer import numerics, weights_dtype
     report = build_report(RunInfo(
         manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
         bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
-        dtype=numerics(devices[0] if devices else device, codec_precision),
+        dtype=numerics(devices[0] if devices else device, codec_precision,
+                       weights_dtype(devices[0] if devices else device, talker_precision)),
         greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
         skipped_empty=manifest.skipped_empty, load_seconds=load_seconds,
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
@@ -464,14 +478,16 @@ def bench(
                                     "never end speech."),
     device: str = typer.Option(
         "cuda", "--device", metavar="DEVICE",
-        help="Torch device; on cuda bf16 weights with fp32 activations (the vocoder's convolutions: "
-             "--codec-precision), on cpu fp32."),
+        help="Torch device; on cuda 16-bit weights with fp32 activations (--talker-precision; the vocoder's "
+             "convolutions: --codec-precision), on cpu fp32."),
     codec_window: int = typer.Option(DEFAULT_CODEC_WINDOW, "--codec-window", min=1, metavar="K",
                                      help="Run the codec every K decode steps over the last K frames (the "
                                           "engine's default; larger K: faster codec, later first audio)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
+    talker_precision: str = typer.Option(DEFAULT_TALKER_PRECISION, "--talker-precision",
+                                         metavar="|".join(TALKER_PRECISIONS), help=TALKER_PRECISION_HELP),
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
@@ -488,9 +504,10 @@ def bench(
         raise typer.Exit(2)
     try:
         check_device(device)
-        check_engine_choices(depth, codec_precision)
+        check_engine_choices(depth, codec_precision, talker_precision)
         result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
-                           codec_window=codec_window, depth=depth, codec_precision=codec_precision)
+                           codec_window=codec_window, depth=depth, codec_precision=codec_precision,
+                           talker_precision=talker_precision)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
@@ -622,10 +639,10 @@ def verify_golden(
                                       "official implementation's)."),
     dtype: str = typer.Option(
         "float32", "--dtype", metavar="DTYPE",
-        help="float32: our model in fp32, held to relative L2 <= 1e-4 and exact codes. bfloat16: the engine's "
-             "numerics (bf16 weights, fp32 activations; on cuda the fused kernels, the vocoder's convolutions in "
-             "fp16, on "
-             "cpu the plain torch path), held to the engine issue's thresholds: cosine >= 0.9999 (code "
+        help="float32: our model in fp32, held to relative L2 <= 1e-4 and exact codes. float16 (the engine's "
+             "default on cuda, --talker-precision fp16) or bfloat16: the engine's numerics (16-bit weights, fp32 "
+             "activations; on cuda the fused kernels, the vocoder's convolutions in fp16, on cpu the plain torch "
+             "path), held to the engine issue's thresholds: cosine >= 0.9999 (code "
              "predictor 0.9995) and argmax agreement >= 0.9 for logits, SNR >= 35 dB for waveforms; free-running "
              "greedy codes are reported, not checked. Both against the same fp32 records."),
 ) -> None:

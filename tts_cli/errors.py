@@ -20,3 +20,8 @@ class RequestError(TTSError):
 class CodecRangeError(TTSError):
     """The engine's fp16 vocoder met values beyond fp16's range: its audio would be wrong, so it is
     refused (the message says how to run the vocoder in fp32 instead)."""
+
+
+class NonFiniteError(TTSError):
+    """The talker or code predictor produced NaN or infinite logits (with fp16 projections: most
+    likely an activation beyond fp16's range): the audio would be wrong, so it is refused."""

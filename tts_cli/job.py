@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 import torch
 
-from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS
+from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
 from .errors import RequestError, TTSError
 from .manifest import ManifestRow
 from .output.formats import make_sink, output_exists
@@ -48,13 +48,14 @@ class JobSettings:
     engine_rows: int = DEFAULT_ENGINE_ROWS   # the engine's slots (CUDA); calls queue their segments into them
     depth: str = DEFAULT_DEPTH    # how the engine runs the code predictor (CUDA)
     codec_precision: str = DEFAULT_CODEC_PRECISION   # the engine's vocoder convolution inputs (CUDA)
+    talker_precision: str = DEFAULT_TALKER_PRECISION   # the talker's and code predictor's weights (CUDA)
     model: str = ""               # the checkpoint folder, part of each row's key
     redo_changed: bool = False
 
     def audio_settings(self) -> dict:
         """The settings that shape a row's output, hashed into its ledger key (batch size, engine
-        rows, depth, codec precision and device are not among them: a row's audio does not depend on
-        its batch, and the code paths compute the same function, up to float rounding)."""
+        rows, depth, codec and talker precision and device are not among them: a row's audio does
+        not depend on its batch, and the code paths compute the same function, up to float rounding)."""
         return {"model": self.model, "greedy": self.greedy, "max_frames": self.max_frames,
                 "segment_chars": self.segment_chars, "format": self.output_format}
 

@@ -10,7 +10,7 @@ RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 # recipe key -> type; `model` may also be the word "bundled"
 SYNTH_KEYS = {"model": str, "speaker": str, "language": str, "seed": int, "greedy": bool,
               "max_frames": int, "batch_size": int, "rows": int, "depth": str, "codec_precision": str,
-              "device": str}
+              "talker_precision": str, "device": str}
 
 
 def available() -> list[str]:

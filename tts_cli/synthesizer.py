@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
-from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS
+from tts_cli.engine import (DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION,
+                            TALKER_PRECISIONS)
 from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.engine.slots import talker_kv_bytes
@@ -59,18 +60,27 @@ def code_predictor_settings(s: SamplingConfig) -> SamplerSettings:
     return SamplerSettings(s.subtalker_do_sample, s.subtalker_temperature, s.subtalker_top_k, s.subtalker_top_p)
 
 
-def weights_dtype(device: str) -> torch.dtype:
-    """bf16 on CUDA (as the checkpoint stores the talker; activations stay fp32 and the fused
-    kernels hold the fp32 model's numbers within 1e-4, docs/numerics.md), fp32 on CPU."""
-    return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+def weights_dtype(device: str, talker_precision: str = DEFAULT_TALKER_PRECISION) -> torch.dtype:
+    """The talker's and code predictor's weights: on CUDA fp16 or bf16 (tts_cli.engine.TALKER_PRECISIONS;
+    activations stay fp32 and the fused kernels hold the fp32 model's numbers within 1e-4,
+    docs/numerics.md), fp32 on CPU."""
+    if talker_precision not in TALKER_PRECISIONS:
+        raise ValueError(f"talker_precision must be one of {TALKER_PRECISIONS}, got {talker_precision!r}")
+    if not str(device).startswith("cuda"):
+        return torch.float32
+    return torch.float16 if talker_precision == "fp16" else torch.bfloat16
 
 
-def numerics(device: str, codec_precision: str = DEFAULT_CODEC_PRECISION) -> str:
-    """What a run on `device` computes in, for reports."""
+def numerics(device: str, codec_precision: str = DEFAULT_CODEC_PRECISION,
+             weights: torch.dtype | None = None) -> str:
+    """What a run on `device` computes in, for reports; weights: the talker's (default: weights_dtype)."""
     if not str(device).startswith("cuda"):
         return "float32"
+    weights = weights or weights_dtype(device)
+    inputs = "rounded to fp16" if weights == torch.float16 else "as two bf16 halves"
     vocoder = "fp16 inputs, fp32 accumulation" if codec_precision == "fp16" else "fp32 with TF32"
-    return f"bf16 weights, fp32 activations; codec fp32, its vocoder's convolutions {vocoder}"
+    return (f"{str(weights).replace('torch.', '')} weights, fp32 activations (projection inputs {inputs}); "
+            f"codec fp32, its vocoder's convolutions {vocoder}")
 
 
 def allow_tf32() -> None:
@@ -110,9 +120,10 @@ class Synthesizer:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
                         engine: bool | None = None, engine_rows: int = DEFAULT_ENGINE_ROWS,
-                        depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION) -> "Synthesizer":
-        """dtype of the talker and code predictor weights; default: weights_dtype(device)."""
-        dtype = dtype or weights_dtype(device)
+                        depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
+                        talker_precision: str = DEFAULT_TALKER_PRECISION) -> "Synthesizer":
+        """dtype of the talker and code predictor weights; default: weights_dtype(device, talker_precision)."""
+        dtype = dtype or weights_dtype(device, talker_precision)
         ckpt = open_checkpoint(model_dir)
         tokenizer = load_tokenizer(ckpt.root)
         model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)

@@ -13,15 +13,15 @@ A row's S new tokens go to cache positions start, start + 1, ...: `start` is one
 positions, read from cos/sin tables [capacity, head_dim]: no per-call position or mask tensors.
 
 Numerics: the q/k/v projection's output (parts, summed in fp32: tts_kernels.linear) and norm and
-RoPE are fp32; keys, values and queries are rounded once, to the cache's dtype (bf16 in the
-engine). Scores and the online softmax are fp32; the probabilities meet the values in the cache's
+RoPE are fp32; keys, values and queries are rounded once, to the cache's dtype (the weights'
+in the engine: fp16 or bf16). Scores and the online softmax are fp32; the probabilities meet the values in the cache's
 dtype; the output is written as parts for the o projection.
 """
 import torch
 import triton
 import triton.language as tl
 
-from tts_kernels.linear import load_parts, parts_dtype, store_parts
+from tts_kernels.linear import load_parts, parts_of, store_parts
 
 
 @triton.jit
@@ -139,17 +139,19 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
 def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: torch.Tensor,
                      k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, rows: torch.Tensor, start: int | torch.Tensor, tokens_per_row: int,
-                     scale: float, parts: int = 1) -> torch.Tensor:
-    """qkv [parts * B * S, (q_heads + 2 kv_heads) * head_dim] fp32 (one projection's output, as
-    parts: tts_kernels.linear) of B rows x S = tokens_per_row tokens; cos/sin tables [capacity, head_dim];
-    caches [R, kv_heads, capacity, head_dim]; rows [B]: each row's cache row; start: where each row's
-    first token goes (module doc). Writes the new keys and values to the caches; returns the attention
-    output [parts * B * S, q_heads * head_dim] as parts, for the o projection."""
+                     scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """qkv [P * B * S, (q_heads + 2 kv_heads) * head_dim] fp32 (the output of one projection whose
+    input had P = parts_of(dtype) parts: tts_kernels.linear) of B rows x S = tokens_per_row tokens;
+    cos/sin tables [capacity, head_dim]; caches [R, kv_heads, capacity, head_dim]; rows [B]: each row's
+    cache row; start: where each row's first token goes (module doc). Writes the new keys and values
+    to the caches; returns the attention output [P * B * S, q_heads * head_dim] in dtype, as parts,
+    for the o projection (over dtype weights)."""
     s, rows = tokens_per_row, rows.contiguous()
     b = rows.shape[0]
     groups = q_heads // kv_heads
     start_ptr, start_value = (start.contiguous(), 0) if torch.is_tensor(start) else (rows, start)
-    out = torch.empty(parts * b * s, q_heads * head_dim, device=qkv.device, dtype=parts_dtype(parts))
+    parts = parts_of(dtype)
+    out = torch.empty(parts * b * s, q_heads * head_dim, device=qkv.device, dtype=dtype)
     _attention[(b, kv_heads)](
         qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b * s, eps, scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -25,7 +25,7 @@ import triton.language as tl
 from tts_kernels import compiled
 from tts_kernels import depth_schedule as plan
 from tts_kernels.attention import norm_and_rotate
-from tts_kernels.linear import parts_dtype, store_parts
+from tts_kernels.linear import parts_of, store_parts
 from tts_kernels.sampler import draw
 
 _EMBED = tl.constexpr(plan.EMBED)
@@ -398,7 +398,7 @@ class DepthFrame:
         layers = decoder.layers
         stack = lambda get: torch.stack([get(layer).detach() for layer in layers]).contiguous()
         weight = layers[0].mlp.down_proj.weight
-        self.parts = 2 if weight.dtype == torch.bfloat16 else 1
+        self.parts = parts_of(weight.dtype)
         self.weights = dict(
             norm_1=torch.cat([stack(lambda l: l.input_layernorm.weight), decoder.norm.weight.detach()[None]]),
             norm_2=stack(lambda l: l.post_attention_layernorm.weight),
@@ -417,7 +417,7 @@ class DepthFrame:
         qkv_n = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
         f32 = dict(device=device, dtype=torch.float32)
         # the GEMMs' inputs as PARTS parts (bf16 hi and lo with bf16 weights), the rest fp32
-        parts = dict(device=device, dtype=parts_dtype(self.parts))
+        parts = dict(device=device, dtype=weight.dtype)
         self.scratch = dict(
             x_in=torch.zeros(2, m, d, **f32), h=torch.zeros(m, d, **f32), xn=torch.zeros(self.parts, m, d, **parts),
             qkv=torch.zeros(s.qkv_splits, m, qkv_n, **f32),

@@ -1,12 +1,15 @@
-"""Projections of fp32 activations over bf16 weights, at the cost of one pass over the weights.
+"""Projections of fp32 activations over 16-bit weights, at the cost of one pass over the weights.
 
-The engine keeps activations in fp32 and the weights in bf16 (as the checkpoint stores them). A
-bf16 GEMM would round its input to bf16 (~2^-9 relative error per projection: the talker's logits
-then drift below the engine issue's cosine 0.9999 against the fp32 model). Instead, the input x of
-every projection is written as PARTS = 2 bf16 halves, hi = bf16(x) and lo = bf16(x - hi), stacked
-as twice the rows, multiplied by cuBLAS with fp32 output, and the halves summed by whatever reads
-the result: x to ~16 significant bits. Decode GEMMs are bound by reading the weights, so twice the
-rows cost little. With fp32 weights PARTS = 1: the input itself and an fp32 GEMM.
+The engine keeps activations in fp32; a projection's input is written in its weights' dtype, the
+GEMM runs on the tensor cores with fp32 output. How many "parts" that input takes depends on it:
+- fp16 weights (the engine's default on CUDA: the checkpoint's bf16 values, converted exactly):
+  the input rounded once to fp16, 11 significant bits. PARTS = 1.
+- bf16 weights: rounding the input to bf16 (8 bits, ~2^-9 relative error per projection) would
+  drift the talker's logits below the engine issue's cosine 0.9999 against the fp32 model. Instead
+  the input is written as PARTS = 2 bf16 halves, hi = bf16(x) and lo = bf16(x - hi), stacked as
+  twice the rows, and the halves summed by whatever reads the result: x to ~16 significant bits,
+  for twice the rows (free while a GEMM is bound by reading its weights, not in a prefill).
+- fp32 weights: the input itself and an fp32 GEMM. PARTS = 1.
 
 `split` writes the parts (with the residual add of the previous projection's parts and the RMSNorm
 before this one folded in); `project` multiplies; the attention and SwiGLU kernels read and write
@@ -17,12 +20,9 @@ import triton
 import triton.language as tl
 
 
-def parts_for(weight: torch.Tensor) -> int:
-    return 2 if weight.dtype == torch.bfloat16 else 1
-
-
-def parts_dtype(parts: int) -> torch.dtype:
-    return torch.bfloat16 if parts == 2 else torch.float32
+def parts_of(dtype: torch.dtype) -> int:
+    """How many parts a GEMM input of this dtype (its weights') is written as (module doc)."""
+    return 2 if dtype == torch.bfloat16 else 1
 
 
 @triton.jit
@@ -36,7 +36,7 @@ def load_parts(ptr, offsets, part_stride, mask, PARTS: tl.constexpr):
 
 @triton.jit
 def store_parts(ptr, offsets, part_stride, value, mask, PARTS: tl.constexpr):
-    """fp32 value as PARTS parts: itself, or bf16 hi and the bf16 of what hi misses."""
+    """fp32 value as PARTS parts: itself in ptr's dtype, or bf16 hi and the bf16 of what hi misses."""
     if PARTS == 2:
         hi = value.to(tl.bfloat16, fp_downcast_rounding="rtne")
         tl.store(ptr + offsets, hi, mask=mask)
@@ -64,13 +64,14 @@ def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, rows, width, eps,
     store_parts(out_ptr, offsets, rows * width, x, valid, PARTS)
 
 
-def split(x: torch.Tensor, parts: int, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+def split(x: torch.Tensor, dtype: torch.dtype, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
           delta: torch.Tensor | None = None) -> torch.Tensor:
-    """x [M, D] fp32 -> [parts * M, D] (bf16 halves, or fp32 for parts = 1) of RMSNorm(x) (with
-    norm_weight) or of x. delta [delta_parts * M, D] fp32, a projection's output: first added to x,
-    in place (the residual add)."""
+    """x [M, D] fp32 -> RMSNorm(x) (with norm_weight) or x as the input of a GEMM over `dtype`
+    weights: [parts_of(dtype) * M, D] of that dtype (fp32: the values themselves). delta
+    [delta_parts * M, D] fp32, a projection's output: first added to x, in place (the residual add)."""
     rows, width = x.shape
-    out = torch.empty(parts * rows, width, device=x.device, dtype=parts_dtype(parts))
+    parts = parts_of(dtype)
+    out = torch.empty(parts * rows, width, device=x.device, dtype=dtype)
     _split[(rows,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x, out,
                     rows, width, eps, ADD=delta is not None,
                     DELTA_PARTS=1 if delta is None else delta.shape[0] // rows, NORM=norm_weight is not None,
@@ -80,20 +81,21 @@ def split(x: torch.Tensor, parts: int, norm_weight: torch.Tensor | None = None, 
 
 def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x_parts [P * M, K] (split's output) times weight.T: [P * M, N] fp32; the bias joins part 0."""
-    if x_parts.dtype == torch.bfloat16:
-        out = torch.mm(x_parts, weight.t(), out_dtype=torch.float32)
-    else:
+    if x_parts.device.type == "cpu":   # (Triton's interpreter) CPU torch has no 16-bit mm to fp32: widen, same sums
+        out = x_parts.float() @ weight.float().t()
+    elif x_parts.dtype == torch.float32:
         out = x_parts @ weight.t()
+    else:
+        out = torch.mm(x_parts, weight.t(), out_dtype=torch.float32)
     if bias is not None:
-        out[:x_parts.shape[0] // parts_for(weight)] += bias
+        out[:x_parts.shape[0] // parts_of(x_parts.dtype)] += bias
     return out
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] fp32 @ weight.T (+ bias) -> fp32 [..., N]."""
     rows = x.reshape(-1, x.shape[-1]).float().contiguous()
-    parts = parts_for(weight)
-    out = project(split(rows, parts), weight, bias)
-    if parts == 2:
+    out = project(split(rows, weight.dtype), weight, bias)
+    if parts_of(weight.dtype) == 2:
         out = out[:rows.shape[0]] + out[rows.shape[0]:]
     return out.view(*x.shape[:-1], weight.shape[0])

@@ -85,11 +85,14 @@ def draw(raw, tokens, valid, temperature, k, seed, frame, group, do_sample, voca
 
 @triton.jit
 def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr,
-                 frame_ptr, frame_stride, out_ptr, group, vocab, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr):
+                 frame_ptr, frame_stride, out_ptr, nonfinite_ptr, group, vocab, BLOCK: tl.constexpr,
+                 LIBDEVICE: tl.constexpr, COUNT: tl.constexpr):
     row = tl.program_id(0)
     tokens = tl.arange(0, BLOCK)
     valid = tokens < vocab
     raw = tl.load(logits_ptr + row * logits_stride + tokens, mask=valid, other=float("-inf")).to(tl.float32)
+    if COUNT:   # NaN or +inf: what a value beyond the range of a 16-bit activation anywhere upstream becomes
+        tl.atomic_add(nonfinite_ptr, tl.sum(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=0))
     token = draw(raw, tokens, valid, tl.load(temperature_ptr + row), tl.load(top_k_ptr + row),
                  tl.load(seeds_ptr + row), tl.load(frame_ptr + row * frame_stride), group,
                  tl.load(do_sample_ptr + row).to(tl.int1), vocab, LIBDEVICE)
@@ -97,15 +100,18 @@ def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sampl
 
 
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, do_sample: torch.Tensor,
-                seeds: torch.Tensor, frame: int | torch.Tensor, group: int) -> torch.Tensor:
+                seeds: torch.Tensor, frame: int | torch.Tensor, group: int,
+                nonfinite: torch.Tensor | None = None) -> torch.Tensor:
     """logits [B, V]; temperature [B, 1] fp32; top_k [B]; do_sample [B] bool; seeds [B] int64; frame:
-    an int or [B]. Returns the drawn ids [B] int64."""
+    an int or [B]. Returns the drawn ids [B] int64. nonfinite (int32 [1]): gets the count of NaN and
+    +inf logits added."""
     rows, vocab = logits.shape
     if not torch.is_tensor(frame):
         frame = torch.full((1,), frame, dtype=torch.int64, device=logits.device)
     frame_stride = 0 if frame.numel() == 1 else frame.stride(0)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     _sample_rows[(rows,)](logits, logits.stride(0), temperature.contiguous(), top_k.contiguous(),
-                          do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, out, group, vocab,
-                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled())
+                          do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, out,
+                          nonfinite if nonfinite is not None else out, group, vocab,
+                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled(), COUNT=nonfinite is not None)
     return out

@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tts_kernels.linear import load_parts, parts_dtype, store_parts
+from tts_kernels.linear import load_parts, parts_of, store_parts
 
 
 @triton.jit
@@ -19,15 +19,16 @@ def _silu_mul(gate_up_ptr, out_ptr, rows, width, IN_PARTS: tl.constexpr, OUT_PAR
     store_parts(out_ptr, row * width + cols, rows * width, gate / (1.0 + tl.exp(-gate)) * up, valid, OUT_PARTS)
 
 
-def silu_mul(gate_up: torch.Tensor, in_parts: int = 1, out_parts: int = 1) -> torch.Tensor:
-    """gate_up [in_parts * M, 2 I] (gate first; or [..., 2 I] with one part) -> silu(gate) * up as
-    [out_parts * M, I] (bf16 halves for 2 parts; one part: gate_up's dtype, [..., I])."""
+def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """gate_up [..., 2 I] (gate first) -> silu(gate) * up [..., I] of gate_up's dtype; or, with
+    `dtype` (the engine's projections, tts_kernels.linear), gate_up [P * M, 2 I] fp32, the output of a
+    GEMM whose input had P = parts_of(dtype) parts -> the down projection's input [P * M, I] in dtype."""
     width = gate_up.shape[-1] // 2
     flat = gate_up.reshape(-1, 2 * width).contiguous()
+    in_parts = out_parts = 1 if dtype is None else parts_of(dtype)
     rows = flat.shape[0] // in_parts
-    dtype = parts_dtype(out_parts) if out_parts == 2 else gate_up.dtype
-    out = torch.empty(out_parts * rows, width, device=flat.device, dtype=dtype)
+    out = torch.empty(out_parts * rows, width, device=flat.device, dtype=dtype or gate_up.dtype)
     block = 1024
     _silu_mul[(rows, triton.cdiv(width, block))](flat, out, rows, width, IN_PARTS=in_parts, OUT_PARTS=out_parts,
                                                   BLOCK=block)
-    return out if in_parts > 1 or out_parts > 1 else out.view(*gate_up.shape[:-1], width)
+    return out if dtype is not None else out.view(*gate_up.shape[:-1], width)

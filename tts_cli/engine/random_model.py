@@ -69,14 +69,16 @@ def _randomize(module: torch.nn.Module, generator: torch.Generator) -> None:
 
 
 def build_random(size: str, device, dtype, seed: int = 0):
-    """(model, codec) with random weights on `device`: the talker and code predictor in `dtype`,
-    the codec in fp32 (as the real speech tokenizer is stored and as `tts synth` runs it)."""
+    """(model, codec) with random weights on `device`: the talker and code predictor in `dtype` (for
+    float16: bf16 values converted, as a real checkpoint loads), the codec in fp32 (as the real speech
+    tokenizer is stored and as `tts synth` runs it)."""
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
-        model = Qwen3TTS(random_config(size)).to(dtype)
+        model = Qwen3TTS(random_config(size)).to(torch.bfloat16 if dtype == torch.float16 else dtype)
         codec_cfg = CodecConfig.parse({"output_sample_rate": 24000, "decoder_config": CODEC}, Path("random codec"))
         codec = CodecDecoder(codec_cfg)
     _randomize(model, generator)
+    model = model.to(dtype)
     _randomize(codec, generator)
     tables = codec.quantizer.tables
     codec.quantizer.tables = torch.randn(tables.shape, generator=generator, device=device) * 0.02

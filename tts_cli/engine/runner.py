@@ -25,7 +25,7 @@ from tts_cli.engine import CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_CO
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
-from tts_cli.errors import RequestError
+from tts_cli.errors import NonFiniteError, RequestError
 from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import use_kernels
 
@@ -147,7 +147,7 @@ class Engine:
 
     def _host_buffers(self, pin: bool):
         st = self.state
-        outputs = [("codes", st.out_codes), ("pcm", st.out_pcm), ("emit", st.out_emit)]
+        outputs = [("codes", st.out_codes), ("pcm", st.out_pcm), ("emit", st.out_emit), ("nonfinite", st.nonfinite)]
         if self._vocoder_overflow() is not None:
             outputs.append(("overflow", self._vocoder_overflow()))
         return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in outputs}
@@ -200,6 +200,7 @@ class Engine:
             self.check(r)
         if self._vocoder_overflow() is not None:
             self._vocoder_overflow().zero_()
+        self.state.nonfinite.zero_()
         queue = deque(requests)
         # slot -> the request whose frames it holds; a stopped one stays until the slot is reused
         # or its last PCM is read
@@ -261,6 +262,7 @@ class Engine:
         self.stats.steps += 1
         buffers["codes"].copy_(st.out_codes, non_blocking=True)
         buffers["emit"].copy_(st.out_emit, non_blocking=True)
+        buffers["nonfinite"].copy_(st.nonfinite, non_blocking=True)
         if window_end:
             self._copy_pcm(buffers)
 
@@ -287,6 +289,8 @@ class Engine:
         emit, codes, pcm = (launch.buffers[name].numpy() for name in ("emit", "codes", "pcm"))
         if launch.window_end and "overflow" in launch.buffers:
             self.codec.decoder.check_range(int(launch.buffers["overflow"][0]))
+        if launch.stepped and int(launch.buffers["nonfinite"][0]):
+            raise NonFiniteError(self._non_finite_message(int(launch.buffers["nonfinite"][0])))
         samples = self.codec.samples_per_frame
         for slot, run in enumerate(launch.owners):
             if run is None or run.ended:
@@ -308,6 +312,13 @@ class Engine:
                         run.first_audio_at = now
             if run.stopped and run.decoded == len(run.codes):
                 self._end(slot, run, running, results, now, on_result)
+
+    def _non_finite_message(self, count: int) -> str:
+        message = f"the talker and code predictor produced {count} NaN or infinite logits: this audio would be wrong"
+        if self.model.talker.codec_embedding.weight.dtype == torch.float16:
+            return (message + "; with fp16 weights an activation most likely went beyond fp16's range (65504): "
+                    "--talker-precision bf16 runs them in bf16 with 16-bit inputs instead")
+        return message
 
     def _end(self, slot: int, run: _Running, running, results, now: float, on_result) -> None:
         frames = len(run.codes)

@@ -61,6 +61,8 @@ class SlotState:
         self.out_pcm = torch.zeros(rows, codec_window * codec.samples_per_frame, device=device)
         # [0]: the slot emitted a frame at the last step; [1]: it emits one at the next
         self.out_emit = torch.zeros(2, rows, dtype=torch.bool, device=device)
+        # NaN and +inf logits met by the draws since the run began (the engine refuses the run's audio)
+        self.nonfinite = torch.zeros(1, dtype=torch.int32, device=device)
 
     def admit(self, slots: torch.Tensor, *, g0: torch.Tensor, hidden: torch.Tensor, prompt_lengths: torch.Tensor,
               caps: torch.Tensor, min_new_tokens: torch.Tensor, seeds: torch.Tensor, talker: RowSampling,

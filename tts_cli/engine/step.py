@@ -148,10 +148,13 @@ class DecodeStep:
         st.out_emit[1].copy_(self._emits())
 
     def draw(self, logits, rows, seeds, frame, group: int, noise=None):
-        """tts_cli.model.sampler.choose, as one kernel when the sampler kernel is on."""
+        """tts_cli.model.sampler.choose, as one kernel when the sampler kernel is on. Either way NaN
+        and +inf logits are counted into the state's `nonfinite` (runner: the run is refused)."""
         if self.sampler_kernel:
             from tts_kernels.sampler import sample_rows
-            return sample_rows(logits, rows.temperature, rows.top_k, rows.do_sample, seeds, frame, group)
+            return sample_rows(logits, rows.temperature, rows.top_k, rows.do_sample, seeds, frame, group,
+                               nonfinite=self.st.nonfinite)
+        self.st.nonfinite.add_((logits.isnan() | logits.isposinf()).sum(dtype=torch.int32))
         return choose(logits, rows, seeds, frame, group, self.top_p, noise=noise)
 
     def _capture(self) -> None:

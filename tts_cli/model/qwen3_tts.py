@@ -1,6 +1,8 @@
 """The whole Qwen3-TTS CustomVoice model (talker + code predictor) and its weight loading."""
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -8,6 +10,8 @@ from tts_cli.checkpoint import Checkpoint, ModelConfig
 from tts_cli.errors import CheckpointError
 from tts_cli.model.depth import CodePredictor
 from tts_cli.model.talker import Talker
+
+log = logging.getLogger(__name__)
 
 # official key prefix -> our module path (longest prefixes first)
 _KEY_PREFIXES = (
@@ -23,6 +27,14 @@ _KEY_PREFIXES = (
     ("talker.text_projection.", "talker.text_projection."),
     ("talker.codec_head.", "talker.codec_head."),
 )
+
+
+def beyond_fp16(module: nn.Module) -> str | None:
+    """The name of the first weight with a value beyond fp16's range (65504), or None."""
+    for name, p in module.named_parameters():
+        if p.is_floating_point() and p.abs().amax() > torch.finfo(torch.float16).max:
+            return name
+    return None
 
 
 def official_to_local(key: str) -> str | None:
@@ -41,10 +53,18 @@ class Qwen3TTS(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, ckpt: Checkpoint, device="cpu", dtype=torch.float32) -> "Qwen3TTS":
+        """dtype float16: the stored (bf16) weights converted, unless one lies beyond fp16's range:
+        then they stay bf16 (logged)."""
         with torch.device("meta"):
             model = cls(ckpt.config)
-        model.load_official_state(ckpt.tensors(), source=ckpt.root / "model.safetensors")
-        return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
+        source = ckpt.root / "model.safetensors"
+        model.load_official_state(ckpt.tensors(), source=source)
+        model = model.to(device=device)
+        if dtype == torch.float16 and (beyond := beyond_fp16(model)) is not None:
+            log.warning("%s: %s has values beyond fp16's range (65504): the talker and code predictor "
+                        "run on bf16 weights instead", source, beyond)
+            dtype = torch.bfloat16
+        return model.to(dtype=dtype).eval().requires_grad_(False)
 
     def load_official_state(self, tensors: dict[str, torch.Tensor], source) -> None:
         """Loads official-layout tensors, naming any missing, unexpected or misshapen tensor."""

@@ -11,7 +11,9 @@ from tts_cli.model.transformer import Decoder, Linear
 
 
 class TextProjection(nn.Module):
-    """text_embedding width -> talker width through a biased 2-layer SiLU MLP."""
+    """text_embedding width -> talker width through a biased 2-layer SiLU MLP. Always the torch
+    path: it runs on prompts, outside the engine's step, and a prompt's embeddings must not depend
+    on whether an engine has switched the fused kernels on (with fp16 inputs they would differ)."""
 
     def __init__(self, text_hidden: int, hidden: int):
         super().__init__()
@@ -19,7 +21,7 @@ class TextProjection(nn.Module):
         self.linear_fc2 = Linear(text_hidden, hidden, bias=True)
 
     def forward(self, x):
-        return self.linear_fc2(F.silu(self.linear_fc1(x)))
+        return self.linear_fc2.reference(F.silu(self.linear_fc1.reference(x)))
 
 
 class Talker(nn.Module):

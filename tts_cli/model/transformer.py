@@ -12,9 +12,10 @@ weights, the reference that the fast path is held to (docs/numerics.md).
 Fast path (the engine switches it on with `use_kernels`): for new tokens against StaticKV caches,
 each layer runs as eight kernels: residual add + norm, one q/k/v projection, attention (with the
 q/k norms, RoPE and the cache write), o projection, residual add + norm, one gate/up projection, SiLU * up, down
-projection (tts_kernels; cuBLAS for the projections). Projections read the bf16 weights once and
-their fp32 input as two bf16 halves (tts_kernels.linear); the KV cache, and the queries and
-probabilities that meet it, are bf16.
+projection (tts_kernels; cuBLAS for the projections). Projections read the 16-bit weights once and
+their fp32 input rounded to the weights' dtype: once to fp16 over fp16 weights, as two bf16 halves
+over bf16 ones (tts_kernels.linear); the KV cache, and the queries and probabilities that meet it,
+are in the weights' dtype.
 The torch code is the reference it is tested against (tests/test_kernels.py, tests/test_gpu.py).
 """
 from __future__ import annotations
@@ -35,11 +36,15 @@ class Linear(nn.Linear):
     fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == self.weight.dtype:
-            return super().forward(x)
-        if self.fused:
+        if self.fused and x.dtype != self.weight.dtype:
             from tts_kernels.linear import linear
             return linear(x, self.weight, self.bias)
+        return self.reference(x)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The torch path, whatever `fused` says."""
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
         return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
 
 
@@ -274,7 +279,7 @@ class Decoder(nn.Module):
         of a row go to cache positions at, at + 1, ... and RoPE uses those; attention is causal by
         cache position."""
         from tts_kernels.attention import cached_attention
-        from tts_kernels.linear import parts_for, project, split
+        from tts_kernels.linear import project, split
         from tts_kernels.swiglu import silu_mul
         cfg = self.cfg
         cache = caches[0]
@@ -282,20 +287,20 @@ class Decoder(nn.Module):
         cos, sin = self.rope_tables[-1]
         rows, start = cache.row_index().contiguous(), cache.at
         eps = cfg.rms_norm_eps
-        parts = parts_for(self.norm.weight)
+        dtype = self.layers[0].mlp.down_proj.weight.dtype   # of the projections' inputs (tts_kernels.linear)
         b, s, width = x.shape
         x = x.reshape(b * s, width).clone()   # the residual stream, updated in place by split
         delta = None                          # the last projection's output, not yet added to x
         for layer, cache in zip(self.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = project(split(x, parts, layer.input_layernorm.weight, eps, delta=delta), *attn.qkv)
+            qkv = project(split(x, dtype, layer.input_layernorm.weight, eps, delta=delta), *attn.qkv)
             heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
                                      attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
-                                     cfg.head_dim ** -0.5, parts)
+                                     cfg.head_dim ** -0.5, dtype)
             delta = project(heads, attn.o_proj.weight, attn.o_proj.bias)
-            gate_up = project(split(x, parts, layer.post_attention_layernorm.weight, eps, delta=delta), mlp.gate_up[0])
-            delta = project(silu_mul(gate_up, parts, parts), mlp.down_proj.weight)
-        return split(x, 1, self.norm.weight, eps, delta=delta).view(b, s, width)
+            gate_up = project(split(x, dtype, layer.post_attention_layernorm.weight, eps, delta=delta), mlp.gate_up[0])
+            delta = project(silu_mul(gate_up, dtype), mlp.down_proj.weight)
+        return split(x, torch.float32, self.norm.weight, eps, delta=delta).view(b, s, width)
 
 
 def use_kernels(root: nn.Module, on: bool) -> None:

@@ -4,8 +4,9 @@ Each check compares one quantity with a stated threshold, in one of two modes (`
 
 - float32 (FP32): our model in fp32 against the fp32 records: relative L2 error <= 1e-4 for
   embeddings, logits, hidden states and waveforms, exact equality for token ids and greedy codes.
-- bfloat16 (BF16): the engine's numerics (bf16 weights, fp32 activations; bf16 KV caches, and on
-  CUDA the fused kernels and the codec with TF32) against the same fp32 records, with the engine
+- bfloat16 (BF16) and float16 (FP16): the engine's numerics (16-bit weights, fp32 activations; KV
+  caches in the weights' dtype, and on CUDA the fused kernels and the codec with TF32) against the
+  same fp32 records, with the engine
   issue's thresholds: cosine for embeddings and logits (min over steps / frames), argmax
   agreement for logits, SNR for waveforms; greedy free-running codes are reported, not checked
   (see BF16_NOTES).
@@ -167,7 +168,8 @@ FP32 = Numerics("float32", REL_L2, REL_L2_MAX, REL_L2_MAX, REL_L2_MAX, REL_L2, R
 # record's 34-120 steps, and still fails errors that sit on the top logits (docs/parity.md).
 BF16 = Numerics("bfloat16", COSINE, 0.9999, 0.9999, 0.9995, SNR_DB, 35.0, 35.0,
                 argmax_min=0.9, exact_greedy=False, static_caches=True)
-NUMERICS = {n.name: n for n in (FP32, BF16)}
+FP16 = replace(BF16, name="float16")   # the engine's default weights on CUDA, held to the same thresholds
+NUMERICS = {n.name: n for n in (FP32, FP16, BF16)}
 
 
 def load_records(golden_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:

@@ -14,23 +14,24 @@ from .golden import Check
 
 BUNDLED_GOLDEN_DIR = Path(__file__).resolve().parents[1] / "assets" / "golden" / "tiny-1.7b-customvoice"
 RECORD_FILES = ("records.safetensors", "records.json")
-CHECKED_DTYPES = ("float32", "bfloat16")
+CHECKED_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def check_dtype(dtype: str) -> None:
     if dtype not in CHECKED_DTYPES:
         raise TTSError(f"--dtype {dtype}: not checkable: the checks have thresholds for float32 (our model in "
-                       "fp32) and bfloat16 (the engine's numerics) only")
+                       "fp32), float16 and bfloat16 (the engine's numerics) only")
 
 
 def numerics_title(device: str, dtype: str) -> str:
     """What the checked model computes in, for the table's title."""
     if dtype == "float32":
         return f"{device}, float32"
+    weights = {"float16": "fp16", "bfloat16": "bf16"}[dtype]
     if device.startswith("cuda"):
-        return (f"{device}, bfloat16: bf16 weights, fp32 activations, fused kernels; "
+        return (f"{device}, {dtype}: {weights} weights, fp32 activations, fused kernels; "
                 "codec fp32 with TF32, its vocoder's convolutions with fp16 inputs (the engine's numerics)")
-    return f"{device}, bfloat16: bf16 weights, fp32 activations, plain torch path; codec fp32"
+    return f"{device}, {dtype}: {weights} weights, fp32 activations, plain torch path; codec fp32"
 
 
 @contextmanager
@@ -60,13 +61,13 @@ def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32
     tensors, meta = load_records(golden_dir)
     synth = Synthesizer.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype))
     cuda = device.startswith("cuda")
-    if dtype == "bfloat16" and cuda:
+    if dtype != "float32" and cuda:
         from ..engine.runner import use_fused_kernels
         use_fused_kernels(synth.model, synth.codec, torch.device(device), True)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the records' reduction order (recorded with one thread), for exact codes on CPU
     try:
-        with _tf32(dtype == "bfloat16" and cuda):
+        with _tf32(dtype != "float32" and cuda):
             return compare(synth, tensors, meta, NUMERICS[dtype])
     finally:
         torch.set_num_threads(threads)

@@ -57,7 +57,8 @@ class WorkerPool:
         self.processes = [
             context.Process(target=worker_main, daemon=True, name=f"tts-worker-{device}", args=(
                 str(model_dir), device, cpu_threads, settings.greedy, settings.max_frames, settings.batch_size,
-                settings.engine_rows, settings.depth, settings.codec_precision, os.getpid(), self.tasks,
+                settings.engine_rows, settings.depth, settings.codec_precision, settings.talker_precision,
+                os.getpid(), self.tasks,
                 self.results))
             for device in devices]
         for process in self.processes:
@@ -106,7 +107,8 @@ class WorkerPool:
 
 
 def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max_frames: int | None,
-                batch_size: int, engine_rows: int, depth: str, codec_precision: str, parent_pid: int, tasks,
+                batch_size: int, engine_rows: int, depth: str, codec_precision: str, talker_precision: str,
+                parent_pid: int, tasks,
                 results) -> None:
     import torch
 
@@ -119,7 +121,7 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
         allow_tf32()
     try:
         synth = Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows, depth=depth,
-                                            codec_precision=codec_precision)
+                                            codec_precision=codec_precision, talker_precision=talker_precision)
     except Exception as e:  # reported to the parent, which stops the run with it
         results.put(("failed", device, f"{type(e).__name__}: {e}"))
         return

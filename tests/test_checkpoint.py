@@ -151,3 +151,20 @@ def test_small_model_ignores_instructs_with_a_warning(caplog):
     big = Synthesizer.from_pretrained(TINY)
     with_instruct = big.prompt(Request(id="b", text="Hello there.", speaker="aiden", instruct="Whisper."))
     assert len(with_instruct) > len(big.prompt(Request(id="a", text="Hello there.", speaker="aiden")))
+
+
+def test_fp16_weights_are_the_bf16_ones_unless_one_is_beyond_fp16s_range(ckpt, caplog):
+    from tts_cli.model.qwen3_tts import Qwen3TTS
+    stored = load_file(str(ckpt / "model.safetensors"))
+    model = Qwen3TTS.from_checkpoint(open_checkpoint(ckpt), dtype=torch.float16)
+    weight, bf16 = model.talker.codec_head.weight, stored["talker.codec_head.weight"].float()
+    # bf16 values convert exactly down to 2^-17; below, fp16's subnormals keep multiples of 2^-24
+    normal = bf16.abs() >= 2 ** -17
+    assert weight.dtype == torch.float16 and torch.equal(weight.float()[normal], bf16[normal])
+    assert (weight.float() - bf16).abs().max() <= 2 ** -25
+    stored["talker.codec_head.weight"][3, 5] = 1e5
+    save_file(stored, str(ckpt / "model.safetensors"))
+    with caplog.at_level(logging.WARNING):
+        model = Qwen3TTS.from_checkpoint(open_checkpoint(ckpt), dtype=torch.float16)
+    assert model.talker.codec_head.weight.dtype == torch.bfloat16
+    assert "talker.codec_head.weight has values beyond fp16's range" in caplog.text

@@ -32,7 +32,7 @@ CODEC_PRECISION_HELP = ("The vocoder's convolution inputs on cuda: fp16 (fp32 ac
                         "a value beyond fp16's range is detected and its audio refused with an error that names "
                         "this switch) or fp32 (TF32; slower: docs/bench.md).")
 TALKER_PRECISION_HELP = ("The talker's and code predictor's weights on cuda, which set how their projections read "
-                         "their fp32 inputs: fp16 (the checkpoint's bf16 weights converted, exact within fp16's range; "
+                         "their fp32 inputs: fp16 (the checkpoint's bf16 weights converted, exact from 2^-17 to fp16's maximum; "
                          "each input rounded once to fp16; NaN or infinite logits are detected and the run refused "
                          "with an error that names this switch) or bf16 (each input as two bf16 halves, 16 bits; "
                          "slower in the prefill and at 128+ rows: docs/bench.md).")

@@ -2,7 +2,8 @@
 
 The engine keeps activations in fp32; a projection's input is written in its weights' dtype, the
 GEMM runs on the tensor cores with fp32 output. How many "parts" that input takes depends on it:
-- fp16 weights (the engine's default on CUDA: the checkpoint's bf16 values, converted exactly):
+- fp16 weights (the engine's default on CUDA: the checkpoint's bf16 values, converted: exact
+  down to 2^-17 in magnitude, below that rounded to fp16's subnormal step of 2^-24):
   the input rounded once to fp16, 11 significant bits. PARTS = 1.
 - bf16 weights: rounding the input to bf16 (8 bits, ~2^-9 relative error per projection) would
   drift the talker's logits below the engine issue's cosine 0.9999 against the fp32 model. Instead

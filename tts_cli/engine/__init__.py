@@ -22,9 +22,10 @@ DEPTH_KERNEL_AUTO_ROWS = 0
 CODEC_PRECISIONS = ("fp16", "fp32")
 DEFAULT_CODEC_PRECISION = "fp16"
 # The talker's and code predictor's weights on CUDA, which set how their projections read their fp32
-# inputs (tts_kernels.linear): fp16 (the checkpoint's bf16 values converted, exact within fp16's
-# range; each input rounded once to fp16; NaN or infinite logits are detected and the run refused) or
-# bf16 (each input as two bf16 halves, 16 bits, for twice the GEMM rows: slower in the prefill and at
-# 128+ rows, docs/bench.md). A checkpoint with weights beyond fp16's range loads as bf16 (logged).
+# inputs (tts_kernels.linear): fp16 (the checkpoint's bf16 values converted, exact from 2^-17 to
+# fp16's maximum, smaller ones rounded to multiples of 2^-24; each input rounded once to fp16; NaN
+# or infinite logits are detected and the run refused) or bf16 (each input as two bf16 halves, 16
+# bits, for twice the GEMM rows: slower in the prefill and at 128+ rows, docs/bench.md). A
+# checkpoint with weights beyond fp16's range loads as bf16 (logged).
 TALKER_PRECISIONS = ("fp16", "bf16")
 DEFAULT_TALKER_PRECISION = "fp16"

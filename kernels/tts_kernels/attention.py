@@ -13,9 +13,9 @@ A row's S new tokens go to cache positions start, start + 1, ...: `start` is one
 positions, read from cos/sin tables [capacity, head_dim]: no per-call position or mask tensors.
 
 Numerics: the q/k/v projection's output (parts, summed in fp32: tts_kernels.linear) and norm and
-RoPE are fp32; keys, values and queries are rounded once, to the cache's dtype (the weights'
-in the engine: fp16 or bf16). Scores and the online softmax are fp32; the probabilities meet the values in the cache's
-dtype; the output is written as parts for the o projection.
+RoPE are fp32; keys, values and queries are rounded once, to the cache's dtype (in the engine the
+weights': fp16 or bf16). Scores and the online softmax are fp32; the probabilities meet the values
+in the cache's dtype; the output is written as parts for the o projection.
 """
 import torch
 import triton

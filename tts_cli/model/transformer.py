@@ -174,7 +174,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v)
-            k, v = k.to(q.dtype), v.to(q.dtype)   # the engine keeps bf16 caches under fp32 activations
+            k, v = k.to(q.dtype), v.to(q.dtype)   # the engine keeps 16-bit caches under fp32 activations
         # Grouped-query attention without copying keys: the query heads that share a kv head
         # (consecutive heads, as in repeat_interleave) are stacked along the query axis.
         # (SDPA here was no faster on the H200 and its fp32 GPU kernels broke exact equality

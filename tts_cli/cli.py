@@ -380,11 +380,11 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         say(f"note: {note}", "yellow")
 
     from .synthesizer import numerics, weights_dtype
+    first_device = devices[0] if devices else device
     report = build_report(RunInfo(
         manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
         bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
-        dtype=numerics(devices[0] if devices else device, codec_precision,
-                       weights_dtype(devices[0] if devices else device, talker_precision)),
+        dtype=numerics(first_device, codec_precision, weights_dtype(first_device, talker_precision)),
         greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
         skipped_empty=manifest.skipped_empty, load_seconds=load_seconds,
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,

@@ -9,14 +9,13 @@ from tts_kernels.linear import load_parts, parts_of, store_parts
 
 
 @triton.jit
-def _silu_mul(gate_up_ptr, out_ptr, rows, width, IN_PARTS: tl.constexpr, OUT_PARTS: tl.constexpr,
-              BLOCK: tl.constexpr):
+def _silu_mul(gate_up_ptr, out_ptr, rows, width, PARTS: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     valid = cols < width
-    gate = load_parts(gate_up_ptr, row * 2 * width + cols, rows * 2 * width, valid, IN_PARTS)
-    up = load_parts(gate_up_ptr, row * 2 * width + width + cols, rows * 2 * width, valid, IN_PARTS)
-    store_parts(out_ptr, row * width + cols, rows * width, gate / (1.0 + tl.exp(-gate)) * up, valid, OUT_PARTS)
+    gate = load_parts(gate_up_ptr, row * 2 * width + cols, rows * 2 * width, valid, PARTS)
+    up = load_parts(gate_up_ptr, row * 2 * width + width + cols, rows * 2 * width, valid, PARTS)
+    store_parts(out_ptr, row * width + cols, rows * width, gate / (1.0 + tl.exp(-gate)) * up, valid, PARTS)
 
 
 def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -25,10 +24,9 @@ def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
     GEMM whose input had P = parts_of(dtype) parts -> the down projection's input [P * M, I] in dtype."""
     width = gate_up.shape[-1] // 2
     flat = gate_up.reshape(-1, 2 * width).contiguous()
-    in_parts = out_parts = 1 if dtype is None else parts_of(dtype)
-    rows = flat.shape[0] // in_parts
-    out = torch.empty(out_parts * rows, width, device=flat.device, dtype=dtype or gate_up.dtype)
+    parts = 1 if dtype is None else parts_of(dtype)   # the input's and the output's
+    rows = flat.shape[0] // parts
+    out = torch.empty(parts * rows, width, device=flat.device, dtype=dtype or gate_up.dtype)
     block = 1024
-    _silu_mul[(rows, triton.cdiv(width, block))](flat, out, rows, width, IN_PARTS=in_parts, OUT_PARTS=out_parts,
-                                                  BLOCK=block)
+    _silu_mul[(rows, triton.cdiv(width, block))](flat, out, rows, width, PARTS=parts, BLOCK=block)
     return out if dtype is not None else out.view(*gate_up.shape[:-1], width)

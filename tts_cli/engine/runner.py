@@ -289,8 +289,9 @@ class Engine:
         emit, codes, pcm = (launch.buffers[name].numpy() for name in ("emit", "codes", "pcm"))
         if launch.window_end and "overflow" in launch.buffers:
             self.codec.decoder.check_range(int(launch.buffers["overflow"][0]))
-        if launch.stepped and int(launch.buffers["nonfinite"][0]):
-            raise NonFiniteError(self._non_finite_message(int(launch.buffers["nonfinite"][0])))
+        nonfinite = int(launch.buffers["nonfinite"][0]) if launch.stepped else 0
+        if nonfinite:
+            raise NonFiniteError(self._non_finite_message(nonfinite))
         samples = self.codec.samples_per_frame
         for slot, run in enumerate(launch.owners):
             if run is None or run.ended:

@@ -129,8 +129,41 @@ def check(cfg, teacher_forced: bool) -> None:
         assert result["logit_error_of_max"] < 1e-5 and result["greedy_agreement"] == 1.0, result
 
 
+def check_fp16(cfg) -> None:
+    # fp16 weights (the engine's default on CUDA): the inputs of every projection rounded to fp16,
+    # fp16 caches. Against the loop's fused path (the same roundings; sums in another order).
+    from tts_cli.engine.depth_check import kernel_against_loop
+    from tts_cli.model.transformer import use_kernels
+    torch.manual_seed(1)
+    cp = CodePredictor(cfg).eval()
+    with torch.no_grad():
+        for name, p in cp.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.3)
+    cp = cp.half()
+    use_kernels(cp, True)
+    rows = 5
+    hidden, code0_embed = torch.randn(rows, cfg.talker.hidden_size), torch.randn(rows, cfg.talker.hidden_size)
+    forced = torch.randint(0, 64, (rows, 15))
+    kernel = DepthFrame(cp, rows)
+    assert kernel.scratch["xn"].dtype == kernel.scratch["k_cache"].dtype == torch.float16
+    result = kernel_against_loop(cp, hidden, code0_embed, forced, kernel)
+    # measured 1.4e-4 (an fp32 sum in another order, rounded to fp16, moves by one unit at times);
+    # the kernel against the plain fp32 path, whose inputs are not rounded: 1.6e-3
+    assert result["logit_error_of_max"] < 5e-4 and result["greedy_agreement"] == 1.0, result
+    sampling = RowSampling.stack([SamplerSettings(do_sample=True, temperature=0.8, top_k=20, top_p=1.0)] * rows, "cpu")
+    seeds, frame = torch.randint(0, 2**62, (rows,)), torch.arange(rows) + 3
+    with torch.no_grad():
+        x_in = cp.input_projection(torch.stack((hidden, code0_embed)))
+        got = kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame,
+                         store_logits=True).clone()
+    own = torch.stack([choose(kernel.logits[:rows, g], sampling, seeds, frame, g + 1, top_p=False) for g in range(15)], 1)
+    assert torch.equal(got, own), (got, own)
+    print("fp16", result)
+
+
 check(tiny, teacher_forced=True)
 check(as_06b, teacher_forced=False)
+check_fp16(tiny)
 print("depth frame ok")
 """
 
@@ -139,8 +172,12 @@ print("depth frame ok")
 def test_depth_frame_equals_the_loop_in_the_interpreter():
     """fp32 (one part): the kernel's draws equal the torch sampler's over the loop's logits (greedy
     rows, temperatures, top-k), its logits equal the loop's, and teacher forcing takes given codes;
-    for a code predictor with an input projection (1.7B) and without (0.6B)."""
-    assert "depth frame ok" in _interpret(FRAME_CHECK)
+    for a code predictor with an input projection (1.7B) and without (0.6B). fp16 weights: logits
+    within 5e-4 of the largest of the loop's fused path, and every in-kernel draw is the torch
+    sampler's draw from the kernel's logits."""
+    out = _interpret(FRAME_CHECK)
+    print(out)
+    assert "depth frame ok" in out
 
 
 def test_the_engine_runs_the_loop_where_the_kernel_cannot_run_and_says_why(caplog, monkeypatch):

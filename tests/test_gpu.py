@@ -401,16 +401,17 @@ def test_sampler_kernel_draws_what_the_torch_sampler_draws_at_real_vocab_sizes()
     assert differ == 0, f"{differ} of {2 * 16 * rows} draws differ"
 
 
-@pytest.mark.parametrize("size, rows", [("1.7b", 13), ("1.7b", 64), ("0.6b", 64)])
-def test_depth_kernel_follows_the_loop_at_real_shapes(size, rows):
+@pytest.mark.parametrize("size, rows, dtype", [("1.7b", 13, torch.float16), ("1.7b", 64, torch.float16),
+                                               ("1.7b", 64, torch.bfloat16), ("0.6b", 64, torch.float16)])
+def test_depth_kernel_follows_the_loop_at_real_shapes(size, rows, dtype):
     """The persistent depth kernel against the engine's code-predictor loop (random 1.7B and 0.6B
-    shapes, bf16; the 0.6B code predictor has no input projection): with the loop's codes given, logits within 1% of the largest logit and the draws from
+    shapes, fp16 and bf16 weights; the 0.6B code predictor has no input projection): with the loop's codes given, logits within 1% of the largest logit and the draws from
     both agree but for near-ties; sampled, every in-kernel draw is the sampler kernel's draw from the kernel's
     logits; two runs are bit-identical (tools/depth_bench.py also times it)."""
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
     import depth_bench
-    model, _ = build_random(size, "cuda", torch.bfloat16)
+    model, _ = build_random(size, "cuda", dtype)
     use_kernels(model, True)
     result = depth_bench.compare(model.code_predictor, model.talker, rows)
     print(result)

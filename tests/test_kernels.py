@@ -365,6 +365,24 @@ logits[6, 7] = float("inf")
 nonfinite = torch.zeros(1, dtype=torch.int32)
 sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, 0, 1, nonfinite=nonfinite)
 assert nonfinite.item() == 4, nonfinite
+
+# the top-k threshold itself: the k-th largest value with multiplicity, for every k of a row
+import triton
+import triton.language as tl
+from tts_kernels.sampler import kth_largest
+
+
+@triton.jit
+def _kth(values_ptr, out_ptr, BLOCK: tl.constexpr):
+    k = tl.program_id(0) + 1
+    tl.store(out_ptr + k - 1, kth_largest(tl.load(values_ptr + tl.arange(0, BLOCK)), k))
+
+
+for values in (torch.randn(64, generator=g) * 1e3, torch.randint(-2, 2, (64,), generator=g).float(),
+               torch.tensor([float("-inf")] * 60 + [-0.0, 0.0, 1e-38, -3e38])):
+    out = torch.empty(64)
+    _kth[(64,)](values, out, BLOCK=64)
+    assert torch.equal(out, values.sort(descending=True).values), (values, out)
 print("sampler ok")
 """
 

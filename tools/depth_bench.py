@@ -1,8 +1,9 @@
 """The persistent depth kernel (tts_kernels.depth_frame) against the code predictor's loop (the
-engine's fused path) on random weights with the real 1.7B (or --size 0.6b) code predictor shapes, bf16, on one GPU:
+engine's fused path) on random weights with the real 1.7B (or --size 0.6b) code predictor shapes, fp16 (or
+--talker-precision bf16) weights as the engine holds them, on one GPU:
 numerics with given codes, draws, determinism, and the frame time of each as a CUDA graph.
 
-    python tools/depth_bench.py [--rows 1,16,32,64] [--size 1.7b|0.6b] [--json OUT.json]
+    python tools/depth_bench.py [--rows 1,16,32,64] [--size 1.7b|0.6b] [--talker-precision fp16|bf16] [--json OUT.json]
 
 Per rows: the largest logit difference over the largest logit (given codes: the loop's own
 sampled codes), the share of greedy codes (argmax) the two sets of logits agree on, whether the kernel's
@@ -18,11 +19,13 @@ import statistics
 
 import torch
 
+from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
 from tts_cli.engine.depth_check import kernel_against_loop
 from tts_cli.engine.graphs import capture
 from tts_cli.engine.random_model import build_random
 from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import StaticKV, use_kernels
+from tts_cli.synthesizer import weights_dtype
 from tts_kernels.depth_frame import DepthFrame
 from tts_kernels.sampler import sample_rows
 
@@ -41,7 +44,8 @@ def setup(cp, talker, rows: int, seed: int):
                                  "cuda")
     seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
     frame = torch.full((rows,), 7, device="cuda")
-    caches = [StaticKV(rows, cfg.num_kv_heads, 16, cfg.head_dim, "cuda", torch.bfloat16) for _ in cp.decoder.layers]
+    dtype = cp.decoder.layers[0].mlp.down_proj.weight.dtype   # the engine's caches are in the weights' dtype
+    caches = [StaticKV(rows, cfg.num_kv_heads, 16, cfg.head_dim, "cuda", dtype) for _ in cp.decoder.layers]
     return hidden, code0_embed, sampling, seeds, frame, caches
 
 
@@ -102,6 +106,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,16,32,64")
     ap.add_argument("--size", default="1.7b", choices=("1.7b", "0.6b"), help="the 0.6B code predictor has no input projection")
+    ap.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS,
+                    help="the weights' dtype, as `tts bench --talker-precision`")
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the timed runs (each is another compile)")
@@ -109,7 +115,7 @@ def main(argv=None) -> int:
                     "each 'field=value,...' of depth_schedule.Shapes, num_warps or num_stages, e.g. "
                     "'gate_up_block_k=256' or 'num_warps=4,num_stages=1'")
     args = ap.parse_args(argv)
-    model, _ = build_random(args.size, "cuda", torch.bfloat16)
+    model, _ = build_random(args.size, "cuda", weights_dtype("cuda", args.talker_precision))
     use_kernels(model, True)
     results = []
     for rows in [int(r) for r in args.rows.split(",")]:
@@ -124,7 +130,8 @@ def main(argv=None) -> int:
         print(json.dumps(results[-1]), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), size=args.size, results=results), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name(), size=args.size, talker_precision=args.talker_precision,
+                           results=results), f, indent=1)
     return 0
 
 

@@ -89,13 +89,13 @@ def report(kernel) -> str:
     return "\n".join(lines)
 
 
-def depth_launch(rows: int, warps: int, stages: int | None):
-    """The persistent depth kernel's launch at the real 1.7B code-predictor shapes (bf16)."""
+def depth_launch(rows: int, warps: int, stages: int | None, dtype: torch.dtype):
+    """The persistent depth kernel's launch at the real 1.7B code-predictor shapes, weights of `dtype`."""
     import tts_kernels.depth_frame as depth_frame
     from tts_cli.engine.random_model import random_config
     from tts_cli.model.depth import CodePredictor
     from tts_cli.model.transformer import use_kernels
-    cp = CodePredictor(random_config("1.7b")).to(torch.bfloat16).eval()
+    cp = CodePredictor(random_config("1.7b")).to(dtype).eval()
     use_kernels(cp, True)
     frame = depth_frame.DepthFrame(cp, rows, sync=True, ctas=132, num_warps=warps, num_stages=stages)
     hidden = cp.decoder.cfg.hidden_size
@@ -105,15 +105,16 @@ def depth_launch(rows: int, warps: int, stages: int | None):
     return depth_frame._depth_frame, args, kwargs
 
 
-def attention_launch(rows: int, tokens: int, warps: int, stages: int | None):
+def attention_launch(rows: int, tokens: int, warps: int, stages: int | None, dtype: torch.dtype):
     import tts_kernels.attention as attention
+    from tts_kernels.linear import parts_of
     heads, kv_heads, head_dim, capacity = 16, 8, 128, 256
-    cache = torch.zeros(rows, kv_heads, capacity, head_dim, dtype=torch.bfloat16)
+    cache = torch.zeros(rows, kv_heads, capacity, head_dim, dtype=dtype)
     table = torch.zeros(capacity, head_dim)
     args, kwargs = captured_launch(attention._attention, lambda: attention.cached_attention(
-        torch.zeros(2 * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
+        torch.zeros(parts_of(dtype) * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
         torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),
-        torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=torch.bfloat16))
+        torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=dtype))
     return attention._attention, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
 
 
@@ -156,12 +157,15 @@ def main() -> None:
     parser.add_argument("--warps", type=int, default=8)
     parser.add_argument("--stages", type=int)
     parser.add_argument("--channels", type=int, default=96)
+    parser.add_argument("--weights", default="fp16", choices=["fp16", "bf16"],
+                        help="depth, attention: the weights' dtype (the engine's --talker-precision)")
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
+    dtype = torch.float16 if args.weights == "fp16" else torch.bfloat16
     if args.kernel == "depth":
-        launch = depth_launch(args.rows, args.warps, args.stages)
+        launch = depth_launch(args.rows, args.warps, args.stages, dtype)
     elif args.kernel == "attention":
-        launch = attention_launch(args.rows, args.tokens, args.warps, args.stages)
+        launch = attention_launch(args.rows, args.tokens, args.warps, args.stages, dtype)
     elif args.kernel == "window":
         launch = window_launch(args.rows, args.tokens, args.warps, args.stages)
     elif args.kernel == "sampler":

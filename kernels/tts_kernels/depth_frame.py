@@ -4,11 +4,12 @@ tts_kernels.depth_schedule, each task waiting on a counter in global memory for 
 it. The loop it replaces (tts_cli.model.depth, fused path) launches ~850 kernels per frame, each
 paying launch, memory latency and ramp-up; here a phase hand-off costs a counter round trip.
 
-Numerics follow the loop's: activations fp32; every projection reads its fp32 input as bf16
-hi + lo halves (tts_kernels.linear) against bf16 weights, with fp32 sums; q, k and v rounded to
-the cache dtype; the attention's probabilities meet the values in that dtype; the draw is
+Numerics follow the loop's: activations fp32; every projection reads its fp32 input as the
+loop's projections do (tts_kernels.linear: rounded once to fp16 over fp16 weights, as bf16 hi + lo
+halves over bf16 ones, itself over fp32 ones), with fp32 sums; q, k and v rounded to the cache
+dtype (the weights'); the attention's probabilities meet the values in that dtype; the draw is
 tts_kernels.sampler.draw. Split-K partial sums are added in a fixed order by their consumer, so a
-frame gives the same result every run. With fp32 weights (PARTS = 1) the projections are fp32.
+frame gives the same result every run.
 
 Without SYNC (CPU, Triton's interpreter, which runs programs one after another) the host launches
 one phase at a time instead, with that phase's tasks: the same task code, the launch boundary as
@@ -53,8 +54,9 @@ def _gemm(x_ptr, x_cols, w_ptr, w_cols, w2_offset, rows, n0, k0, K_LEN: tl.const
           PAIR: tl.constexpr):
     """x[:, k0:k0+K_LEN] @ w[n0:n0+BLOCK_N, k0:k0+K_LEN].T as fp32 [BLOCK_M, BLOCK_N]; with PAIR
     also the same for the weight rows w2_offset further (gate and up share one read of x). x is
-    PARTS parts [PARTS, BLOCK_M, x_cols] (tts_kernels.linear): with bf16 weights its bf16 hi and lo,
-    written so by the task that made x, so that both go to the tensor cores as loaded."""
+    PARTS parts [PARTS, BLOCK_M, x_cols] (tts_kernels.linear), written so by the task that made x,
+    so that they go to the tensor cores as loaded: with bf16 weights its bf16 hi and lo, with fp16
+    weights x in fp16, with fp32 weights x itself."""
     r = tl.arange(0, BLOCK_M)
     n = n0 + tl.arange(0, BLOCK_N)
     kk = tl.arange(0, BLOCK_K)
@@ -76,11 +78,14 @@ def _gemm(x_ptr, x_cols, w_ptr, w_cols, w2_offset, rows, n0, k0, K_LEN: tl.const
                 w2 = tl.load(w_ptr + w2_offset + w_offsets)
                 acc2 = tl.dot(hi, w2, acc2)
                 acc2 = tl.dot(lo, w2, acc2)
-        else:
-            acc = tl.dot(x, w.to(tl.float32), acc, input_precision="ieee")
+        elif w.dtype == tl.float32:   # fp32 weights: fp32 products
+            acc = tl.dot(x, w, acc, input_precision="ieee")
             if PAIR:
-                w2 = tl.load(w_ptr + w2_offset + w_offsets)
-                acc2 = tl.dot(x, w2.to(tl.float32), acc2, input_precision="ieee")
+                acc2 = tl.dot(x, tl.load(w_ptr + w2_offset + w_offsets), acc2, input_precision="ieee")
+        else:   # fp16 weights: the input as written, rounded once to fp16
+            acc = tl.dot(x, w, acc)
+            if PAIR:
+                acc2 = tl.dot(x, tl.load(w_ptr + w2_offset + w_offsets), acc2)
     return acc, acc2
 
 
@@ -514,8 +519,8 @@ class DepthFrame:
 
 def unsupported(cp, rows: int) -> str | None:
     """Why the persistent frame cannot run for this code predictor and row count here, or None.
-    It needs every CTA resident at once on a Hopper GPU of at least 128 SMs, bf16 weights, at most
-    64 rows, and shapes its tiles divide."""
+    It needs every CTA resident at once on a Hopper GPU of at least 128 SMs, fp16 or bf16 weights,
+    at most 64 rows, and shapes its tiles divide."""
     weight = cp.decoder.norm.weight
     if weight.device.type != "cuda":
         return f"it runs on CUDA GPUs, not {weight.device.type}"
@@ -526,8 +531,9 @@ def unsupported(cp, rows: int) -> str | None:
         return f"it is built and measured for Hopper (sm_90), not sm_{props.major}{props.minor}"
     if props.multi_processor_count < 128:
         return f"the GPU has {props.multi_processor_count} SMs, the kernel's tiles are planned for 128 or more"
-    if cp.decoder.layers[0].mlp.down_proj.weight.dtype != torch.bfloat16:
-        return f"the weights are {cp.decoder.layers[0].mlp.down_proj.weight.dtype}, the kernel reads bf16"
+    dtype = cp.decoder.layers[0].mlp.down_proj.weight.dtype
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"the weights are {dtype}, the kernel reads fp16 or bf16"
     if rows > 64:
         return f"{rows} rows: the kernel runs up to 64 rows"
     cfg = cp.decoder.cfg

@@ -377,13 +377,13 @@ class DepthFrame:
     1..15, as CodePredictor.predict_frame does with the sampler kernel's draws."""
 
     def __init__(self, cp, rows: int, sync: bool | None = None, ctas: int | None = None, timed: bool = False,
-                 tiles: dict | None = None, num_warps: int = 4, num_stages: int | None = None):
+                 tiles: dict | None = None, num_warps: int | None = None, num_stages: int | None = None):
         """timed (GPU only): every task records when it started waiting, started and ended (the
         global timer, ns) into self.times [ctas, tasks, 3], for breakdown(). tiles: Shapes fields
-        to override (tools/depth_bench.py tries tilings). num_warps: 4 (H200, 64 rows: 4.63 ms per
-        frame against 5.01 with 8, both correct and reproducible; an earlier variant with 128-wide
-        K chunks gave wrong results with 4, cause not found: docs/bench.md).
-        num_stages: Triton's software pipelining of the K loops (None: its default)."""
+        to override (tools/depth_bench.py tries tilings). num_warps: by default 8 over fp16
+        weights, 4 over bf16 ones (H200, 64 rows, ms per frame: fp16 3.29 with 8, 4.38 with 4;
+        bf16 4.63 with 4, 5.01 with 8; docs/bench.md). num_stages: Triton's software pipelining
+        of the K loops (None: its default)."""
         decoder, cfg = cp.decoder, cp.decoder.cfg
         device = decoder.norm.weight.device
         self.sync = device.type == "cuda" and compiled() if sync is None else sync
@@ -391,6 +391,9 @@ class DepthFrame:
             ctas = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else ctas
         self.rows = rows
+        weight = decoder.layers[0].mlp.down_proj.weight
+        if num_warps is None:
+            num_warps = 8 if weight.dtype == torch.float16 else 4
         self.launch_options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps,
                                                                                         num_stages=num_stages)
         vocab = cp.heads[0].weight.shape[0]
@@ -402,7 +405,6 @@ class DepthFrame:
         self.schedule = plan.build(self.shapes, ctas, sms)
         layers = decoder.layers
         stack = lambda get: torch.stack([get(layer).detach() for layer in layers]).contiguous()
-        weight = layers[0].mlp.down_proj.weight
         self.parts = parts_of(weight.dtype)
         self.weights = dict(
             norm_1=torch.cat([stack(lambda l: l.input_layernorm.weight), decoder.norm.weight.detach()[None]]),

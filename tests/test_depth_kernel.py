@@ -158,6 +158,14 @@ def check_fp16(cfg) -> None:
                          store_logits=True).clone()
     own = torch.stack([choose(kernel.logits[:rows, g], sampling, seeds, frame, g + 1, top_p=False) for g in range(15)], 1)
     assert torch.equal(got, own), (got, own)
+    # NaN logits are counted, as the sampler kernel counts them: one NaN weight of one head, one
+    # NaN logit per row
+    nonfinite = torch.zeros(1, dtype=torch.int32)
+    kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, nonfinite=nonfinite)
+    assert nonfinite.item() == 0
+    kernel.weights["heads"][3, 0, 0] = float("nan")
+    kernel.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, nonfinite=nonfinite)
+    assert nonfinite.item() == rows, nonfinite
     print("fp16", result)
 
 
@@ -173,8 +181,8 @@ def test_depth_frame_equals_the_loop_in_the_interpreter():
     """fp32 (one part): the kernel's draws equal the torch sampler's over the loop's logits (greedy
     rows, temperatures, top-k), its logits equal the loop's, and teacher forcing takes given codes;
     for a code predictor with an input projection (1.7B) and without (0.6B). fp16 weights: logits
-    within 5e-4 of the largest of the loop's fused path, and every in-kernel draw is the torch
-    sampler's draw from the kernel's logits."""
+    within 5e-4 of the largest of the loop's fused path, every in-kernel draw is the torch
+    sampler's draw from the kernel's logits, and NaN logits are counted."""
     out = _interpret(FRAME_CHECK)
     print(out)
     assert "depth frame ok" in out

@@ -370,6 +370,18 @@ def test_engine_refuses_audio_from_an_fp16_talker_overflow():
             assert len(synth.synthesize(requests, max_frames=8, min_new_tokens=9)) == 2
 
 
+def test_engine_refuses_audio_from_an_fp16_code_predictor_overflow():
+    """As above, in the code predictor (whose logits the persistent depth kernel draws from, by
+    default over fp16 weights on the H200): the run fails with the error that names the bf16 switch."""
+    from tts_cli.errors import NonFiniteError
+    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(TEXTS[:2])]
+    synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=torch.float16)
+    with torch.no_grad():
+        synth.model.code_predictor.decoder.layers[1].post_attention_layernorm.weight.mul_(1e6)
+    with pytest.raises(NonFiniteError, match="--talker-precision bf16"):
+        synth.synthesize(requests, max_frames=8, min_new_tokens=9)
+
+
 def test_same_requests_twice_give_bit_identical_audio():
     synth = Synthesizer.from_pretrained(TINY, device="cuda")
     requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(TEXTS)]

@@ -218,13 +218,14 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
 
 @triton.jit
 def _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forced_ptr, h_ptr, xn_ptr, norm_ptr,
-           temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
+           temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride, nonfinite_ptr,
            row, position, rows, eps,
            D: tl.constexpr, DB: tl.constexpr, V: tl.constexpr, VB: tl.constexpr, HEAD_SPLITS: tl.constexpr,
            BLOCK_M: tl.constexpr, FORCED: tl.constexpr, STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr,
-           PARTS: tl.constexpr):
+           PARTS: tl.constexpr, COUNT: tl.constexpr):
     """One row at `position`: from position 2 on, first the draw of codebook position - 1 from the
-    head's partial logits; then (positions 0..15) the input, h = it and xn = norm_1 of layer 0."""
+    head's partial logits (with COUNT, its NaN and +inf logits added to the count at nonfinite_ptr,
+    as the sampler kernel does); then (positions 0..15) the input, h = it and xn = norm_1 of layer 0."""
     if row < rows:
         code = tl.zeros([], tl.int64)
         if position >= 2:
@@ -237,6 +238,8 @@ def _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forc
                                   cache_modifier=".cg")
             if STORE_LOGITS:
                 tl.store(logits_out_ptr + (row * 15 + group - 1) * V + tokens, logits, mask=valid)
+            if COUNT:
+                tl.atomic_add(nonfinite_ptr, tl.sum(((logits != logits) | (logits == float("inf"))).to(tl.int32), axis=0))
             if FORCED:
                 code = tl.load(forced_ptr + row * 15 + group - 1)
             else:
@@ -261,7 +264,7 @@ def _depth_frame(table_ptr, counters_ptr,
                  k_cache_ptr, v_cache_ptr, logits_out_ptr, codes_ptr, forced_ptr, times_ptr,
                  norm_1_ptr, norm_2_ptr, q_norm_ptr, k_norm_ptr, w_qkv_ptr, w_o_ptr, w_gate_up_ptr, w_down_ptr,
                  heads_ptr, tables_ptr, cos_ptr, sin_ptr,
-                 temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
+                 temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride, nonfinite_ptr,
                  rows, eps, scale,
                  D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr, QH: tl.constexpr, KVH: tl.constexpr,
                  HD: tl.constexpr, HDB: tl.constexpr, GB: tl.constexpr, V: tl.constexpr, VB: tl.constexpr,
@@ -271,7 +274,7 @@ def _depth_frame(table_ptr, counters_ptr,
                  DOWN_SPLITS: tl.constexpr, DOWN_BLOCK_K: tl.constexpr,
                  HEAD_N_TILE: tl.constexpr, HEAD_SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr,
                  MAX_TASKS: tl.constexpr, PARTS: tl.constexpr, SYNC: tl.constexpr, FORCED: tl.constexpr,
-                 STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr, TIMING: tl.constexpr):
+                 STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr, TIMING: tl.constexpr, COUNT: tl.constexpr):
     QKV_N: tl.constexpr = (QH + 2 * KVH) * HD
     cta = tl.program_id(0)
     for t in range(MAX_TASKS):
@@ -298,8 +301,8 @@ def _depth_frame(table_ptr, counters_ptr,
             if kind == _EMBED:
                 _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forced_ptr, h_ptr, xn_ptr,
                        norm_1_ptr, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride,
-                       tile, position, rows, eps, D, DB, V, VB, HEAD_SPLITS, BLOCK_M, FORCED, STORE_LOGITS,
-                       LIBDEVICE, PARTS)
+                       nonfinite_ptr, tile, position, rows, eps, D, DB, V, VB, HEAD_SPLITS, BLOCK_M, FORCED, STORE_LOGITS,
+                       LIBDEVICE, PARTS, COUNT)
             elif kind == _QKV:
                 _projection(xn_ptr, w_qkv_ptr + layer * QKV_N * D, qkv_ptr, tile, rows, QKV_N, D, QKV_N_TILE,
                             QKV_SPLITS, BLOCK_M, BLOCK_K, PARTS)
@@ -452,11 +455,12 @@ class DepthFrame:
     @torch.no_grad()
     def run(self, x_in: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, do_sample: torch.Tensor,
             seeds: torch.Tensor, frame: torch.Tensor, forced_codes: torch.Tensor | None = None,
-            store_logits: bool = False) -> torch.Tensor:
+            store_logits: bool = False, nonfinite: torch.Tensor | None = None) -> torch.Tensor:
         """x_in [2, B, D] fp32: the projected talker state and codebook-0 embedding of each row;
         temperature [B, 1] or [B]; top_k, do_sample, seeds, frame [B]. forced_codes [B, 15]:
         teacher forcing (the draws are skipped). Returns codes [B, 15] (a view of a buffer the next
-        run overwrites); with store_logits, self.logits[:B] holds the 15 heads' logits."""
+        run overwrites); with store_logits, self.logits[:B] holds the 15 heads' logits. nonfinite
+        (int32 [1]): gets the count of NaN and +inf logits added, as tts_kernels.sampler does."""
         b = x_in.shape[1]
         if b > self.shapes.rows:
             raise ValueError(f"{b} rows in a depth frame built for {self.rows}")
@@ -474,7 +478,8 @@ class DepthFrame:
                 weights["q_norm"], weights["k_norm"], weights["w_qkv"], weights["w_o"], weights["w_gate_up"],
                 weights["w_down"], weights["heads"], self.tables, self.cos, self.sin,
                 temperature.reshape(-1).contiguous(), top_k.contiguous(), do_sample.contiguous(), seeds.contiguous(),
-                frame, frame.stride(0) if frame.numel() > 1 else 0, b, self.eps, self.scale,
+                frame, frame.stride(0) if frame.numel() > 1 else 0, nonfinite if nonfinite is not None else self.counters,
+                b, self.eps, self.scale,
                 D=s.hidden, DB=triton.next_power_of_2(s.hidden), I=s.intermediate, QH=s.q_heads, KVH=s.kv_heads,
                 HD=s.head_dim, HDB=max(2, triton.next_power_of_2(s.head_dim)),
                 GB=max(2, triton.next_power_of_2(s.q_heads // s.kv_heads)), V=s.vocab,
@@ -484,7 +489,7 @@ class DepthFrame:
                 DOWN_SPLITS=s.down_splits, DOWN_BLOCK_K=s.down_block_k,
                 HEAD_N_TILE=s.head_n, HEAD_SPLITS=s.head_splits, ATTN_ROWS=s.attn_rows, MAX_TASKS=most,
                 PARTS=self.parts, SYNC=self.sync, FORCED=forced_codes is not None, STORE_LOGITS=store_logits,
-                LIBDEVICE=compiled(), TIMING=self.timed, **self.launch_options)
+                LIBDEVICE=compiled(), TIMING=self.timed, COUNT=nonfinite is not None, **self.launch_options)
         return self.codes[:b]
 
     def breakdown(self) -> dict[str, dict[str, float]]:

@@ -70,6 +70,9 @@ class DecodeStep:
             why = "the step draws with the torch sampler (top-p, or the fused kernels are off)"
         if why is None and depth == "auto" and rows > DEPTH_KERNEL_AUTO_ROWS:
             why = f"auto: at {rows} rows the loop measured faster (docs/bench.md)"
+        weights = cp.decoder.layers[0].mlp.down_proj.weight.dtype
+        if why is None and depth == "auto" and weights != torch.float16:
+            why = f"auto: over {weights} weights the loop measured faster (docs/bench.md)"
         if why is not None:
             _log_once(f"engine: code-predictor loop, not the persistent depth kernel ({why})")
             return None
@@ -86,7 +89,7 @@ class DecodeStep:
             sampling = st.cp_sampling
             residual = self.depth_frame.run(cp.input_projection(torch.stack((st.hidden, self.code0_embed))),
                                             sampling.temperature, sampling.top_k, sampling.do_sample, st.seeds,
-                                            st.frame)
+                                            st.frame, nonfinite=st.nonfinite)
             self._emit_frame(residual)
             return
         noise = None

@@ -18,6 +18,7 @@ class FakeSynthesizer:
     languages = ["auto", "chinese", "english"]
     supports_instruct = True
     sample_rate = 24000
+    numerics = "float32 (the fake's)"
 
     def __init__(self):
         self.batches = []

@@ -65,6 +65,7 @@ def test_synth_writes_a_wav_per_row_and_both_reports(fake, tmp_path):
         ".tts-lock", "000001.wav", "ledger.jsonl", "report.json", "report.md", "second.wav", "spaced_out.wav"]
     assert report["totals"]["skipped_empty"] == 1
     assert report["model"] == {"dir": str(tmp_path / "model"), "source": "--model", "bundled_random_model": False}
+    assert report["dtype"] == fake.numerics   # what the loaded model computes in, not what was asked for
     assert fake.batches == [["000001", "second"], ["spaced out"]]
     _assert_outputs_consistent(out, report)
     assert "3 rows ok (0 from an earlier run), 0 failed, 1 empty skipped" in result.stdout

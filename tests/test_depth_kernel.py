@@ -210,6 +210,21 @@ def test_the_engine_runs_the_loop_where_the_kernel_cannot_run_and_says_why(caplo
         build("fast")
 
 
+def test_auto_runs_the_kernel_where_it_measured_faster():
+    """--depth auto: the kernel over fp16 weights at row counts whose row tile measured faster on
+    the H200 (1-16 and 33-64 rows), the loop elsewhere, with the reason."""
+    import torch
+
+    from tts_cli.engine.step import auto_prefers_loop
+    from tts_kernels.depth_schedule import row_tile
+    assert [row_tile(r) for r in (1, 16, 17, 32, 33, 64, 65)] == [16, 16, 32, 32, 64, 64, 128]
+    for rows in (1, 8, 16, 33, 64):
+        assert auto_prefers_loop(torch.float16, rows) is None
+    assert auto_prefers_loop(torch.float16, 24) == \
+        "auto: at 24 rows (a 32-row tile) the loop measured faster (docs/bench.md)"
+    assert "over torch.bfloat16 weights the loop measured faster" in auto_prefers_loop(torch.bfloat16, 64)
+
+
 def test_synth_takes_the_depth_setting_from_the_command_line_and_recipes(monkeypatch, tmp_path):
     """--depth reaches the synthesizer (a recipe's `depth` too), and an unknown value stops the run
     before anything loads, naming the choices."""

@@ -77,6 +77,7 @@ def test_gpus_list_runs_one_worker_process_each(tmp_path, monkeypatch):
     assert result.exit_code == 1, result.output
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["devices"] == ["cpu", "cpu"]
+    assert report["dtype"] == "float32"   # as the workers loaded it
     assert [row["error"] is None for row in report["rows"]] == [True] * 3 + [False]
     assert "unknown speaker 'nobody'" in report["rows"][3]["error"]   # checked in the parent, from config.json
     single = tmp_path / "single"

@@ -27,8 +27,8 @@ CALL_ROWS_PER_SLOT = 16
 DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel sequence per position), kernel "
               "(one persistent kernel per frame, tts_kernels.depth_frame: Hopper GPUs with 128+ SMs, fp16 or bf16, up to 64 "
               "rows, no top-p; elsewhere the loop runs and the log says why), auto (the kernel only where it "
-              "measured faster than the loop: on the H200 up to 64 rows over fp16 weights, so with the default "
-              "--talker-precision fp16; docs/bench.md).")
+              "measured faster than the loop: on the H200 over fp16 weights, the default --talker-precision, at "
+              "1-16 and 33-64 rows; docs/bench.md).")
 CODEC_PRECISION_HELP = ("The vocoder's convolution inputs on cuda: fp16 (fp32 accumulation and residual stream; "
                         "a value beyond fp16's range is detected and its audio refused with an error that names "
                         "this switch) or fp32 (TF32; slower: docs/bench.md).")
@@ -326,14 +326,16 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
                            model=str(choice.dir.resolve()),
                            redo_changed=redo_changed)
     load_seconds = 0.0
+    loaded_numerics = None   # what the loaded model computes in (its weights may differ from the request's)
 
     def start_executor():
-        nonlocal load_seconds
+        nonlocal load_seconds, loaded_numerics
         load_start = perf_counter()
         executor = (WorkerPool(choice.dir, devices, settings) if devices
                     else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth, codec_precision,
                                                         talker_precision), settings))
         load_seconds = perf_counter() - load_start
+        loaded_numerics = executor.numerics
         return executor
 
     # Started once the model is loaded, so that a load error stays the only line on stderr.
@@ -385,7 +387,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     report = build_report(RunInfo(
         manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
         bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
-        dtype=numerics(first_device, codec_precision, weights_dtype(first_device, talker_precision)),
+        dtype=loaded_numerics or numerics(first_device, codec_precision, weights_dtype(first_device, talker_precision)),
         greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
         skipped_empty=manifest.skipped_empty, load_seconds=load_seconds,
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,

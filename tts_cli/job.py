@@ -79,6 +79,7 @@ class Executor(Protocol):
     """Runs batches of requests somewhere (this process, worker processes) and yields, for each
     batch as it finishes, (batch index, one outcome per request, wall seconds)."""
     sample_rate: int
+    numerics: str     # what the loaded model computes in (Synthesizer.numerics), for the report
 
     def validate(self, request: Request) -> None: ...
 
@@ -100,7 +101,7 @@ class LocalExecutor:
 
     def __init__(self, synth, settings: JobSettings):
         self.synth, self.settings = synth, settings
-        self.sample_rate = synth.sample_rate
+        self.sample_rate, self.numerics = synth.sample_rate, synth.numerics
         self.limit = RowLimit(settings.batch_size)
 
     def validate(self, request: Request) -> None:

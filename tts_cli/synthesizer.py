@@ -132,6 +132,13 @@ class Synthesizer:
                    codec_precision=codec_precision)
 
     @property
+    def numerics(self) -> str:
+        """What this synthesizer computes in (for reports): its weights' actual dtype, which is
+        bf16 where an fp16 run's checkpoint holds weights beyond fp16's range."""
+        weights = self.model.talker.codec_embedding.weight
+        return numerics(str(weights.device), self.codec_precision, weights.dtype)
+
+    @property
     def speakers(self) -> list[str]:
         return self.cfg.speakers
 

@@ -343,7 +343,7 @@ def shapes_for(hidden: int, intermediate: int, q_heads: int, kv_heads: int, head
     """The tiles for a code predictor's shapes: depth_schedule.Shapes' defaults (the 1.7B and 0.6B
     code predictors), halved where they do not divide smaller shapes (block_k down to 16, what a
     tensor-core dot needs)."""
-    block_m = max(16, triton.next_power_of_2(rows))
+    block_m = plan.row_tile(rows)
     default = plan.Shapes(hidden, intermediate, q_heads, kv_heads, head_dim, vocab, layers, block_m)
     tiles = {}
     for kind, (n, k, n_tile, splits, block_k) in default.gemms().items():

@@ -42,6 +42,12 @@ POSITIONS = 16   # the talker hidden state, codebook 0, codebooks 1..14
 GROUPS = 15      # codebooks drawn per frame (1..15)
 
 
+def row_tile(rows: int) -> int:
+    """The rows one launch computes for `rows` rows (BLOCK_M): a power of two, at least 16 (what a
+    tensor-core dot needs)."""
+    return max(16, 1 << (rows - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class Shapes:
     """The code predictor's shapes and the kernel's tiles. k splits divide K into whole chunks of

@@ -12,14 +12,15 @@ DEFAULT_ENGINE_ROWS = 64
 # How the code predictor's 16 positions run in a decode step: `loop` (one CUDA-graphed kernel
 # sequence per position), `kernel` (tts_kernels.depth_frame, one persistent kernel per frame, where
 # it can run: else the loop, with the reason logged), `auto` (the kernel where it can run and was
-# measured faster: up to DEPTH_KERNEL_AUTO_ROWS rows over fp16 weights). On the H200 over fp16
-# weights (docs/bench.md, eleventh session) the kernel's frame took 2.85 / 2.94 / 3.20 ms at
-# 1 / 16 / 64 rows against the loop's 3.17 / 3.05 / 3.28, and `tts bench` gave c1 15.8 against
-# 14.1 audio-s/s, c64 562.3 against 537.8 and 553.4; over bf16 weights it was slower (4.6 against
-# 3.3 ms at 64 rows). It runs up to 64 rows.
+# measured faster: over fp16 weights, at row counts whose kernel row tile is in
+# DEPTH_KERNEL_AUTO_TILES). The kernel runs rows in a tile of 16, 32 or 64 (the next power of two,
+# at least 16). On the H200 over fp16 weights (docs/bench.md, eleventh session), `tts bench`
+# alternated, audio-s/s kernel against loop: c1 15.8 / 14.1, c8 106.7 and 106.4 / 105.2 and 105.2,
+# c32 326.8 and 332.1 / 342.9 and 342.1 (the 32-row tile is slower), c64 567.0 and 569.1 / 561.5
+# and 561.3. Over bf16 weights it was slower (4.6 against 3.3 ms per 64-row frame).
 DEPTH_CHOICES = ("auto", "kernel", "loop")
 DEFAULT_DEPTH = "auto"
-DEPTH_KERNEL_AUTO_ROWS = 64
+DEPTH_KERNEL_AUTO_TILES = (16, 64)
 # The vocoder's convolution inputs on the fused path (tts_kernels.conv): fp16 (fp32 accumulation and
 # residual stream; values beyond fp16's range are detected and the audio refused) or fp32 (TF32).
 CODEC_PRECISIONS = ("fp16", "fp32")

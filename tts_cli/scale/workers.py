@@ -63,8 +63,9 @@ class WorkerPool:
             for device in devices]
         for process in self.processes:
             process.start()
-        rates = [self._next_message("ready")[2] for _ in self.processes]
-        self.sample_rate = rates[0]
+        ready = [self._next_message("ready")[2] for _ in self.processes]
+        self.sample_rate = ready[0][0]
+        self.numerics = "; ".join(sorted({numerics for _, numerics in ready}))   # the same model on every device
 
     def validate(self, request: Request) -> None:
         from ..synthesizer import Synthesizer
@@ -125,7 +126,7 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
     except Exception as e:  # reported to the parent, which stops the run with it
         results.put(("failed", device, f"{type(e).__name__}: {e}"))
         return
-    results.put(("ready", device, synth.sample_rate))
+    results.put(("ready", device, (synth.sample_rate, synth.numerics)))
     limit = RowLimit(batch_size)
     while True:
         try:

@@ -75,8 +75,10 @@ def test_tiles_shrink_to_fit_small_code_predictors():
     from tts_kernels.depth_frame import shapes_for
     shapes = shapes_for(hidden=16, intermediate=32, q_heads=4, kv_heads=2, head_dim=8, vocab=64, layers=2, rows=5)
     shapes.check()
-    assert shapes.rows == 16 and shapes.block_k == 16
+    assert shapes.rows == 16 and shapes.block_k == 16 and shapes.attn_rows == 1
     assert shapes_for(1024, 3072, 16, 8, 128, 2048, 5, 64) == REAL_1_7B
+    # attention tasks: one per CTA, as few rows each as that allows (128 tasks at 8 kv heads)
+    assert [shapes_for(1024, 3072, 16, 8, 128, 2048, 5, rows).attn_rows for rows in (1, 16, 17, 64)] == [1, 1, 2, 4]
 
 
 FRAME_CHECK = """

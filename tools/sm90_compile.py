@@ -8,10 +8,11 @@ pointers and integers divisible by 16), so kernel changes can be checked for spi
 tensor-core or async-copy use before spending device time.
 
     python tools/sm90_compile.py depth|attention|sampler|conv|window [--rows 64] [--tokens 1] [--warps 8]
-                                 [--stages N] [--channels 96] [--ptx OUT.ptx]
+                                 [--stages N] [--channels 96] [--talker-precision fp16|bf16] [--ptx OUT.ptx]
 
-attention: the decoder layers' attention kernel at the 1.7B talker's shapes (bf16 cache, hi/lo
-parts), `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids;
+depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache and GEMM inputs;
+bf16: bf16 cache, hi/lo parts); attention: the decoder layers' attention kernel at the 1.7B
+talker's shapes, `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids;
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
 wide (96 .. 768), over 4 frames' samples per row.
 """
@@ -28,6 +29,9 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
+from tts_cli.synthesizer import weights_dtype
 
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
                  torch.int32: "*i32", torch.bool: "*i1", torch.uint8: "*u8"}
@@ -157,11 +161,11 @@ def main() -> None:
     parser.add_argument("--warps", type=int, default=8)
     parser.add_argument("--stages", type=int)
     parser.add_argument("--channels", type=int, default=96)
-    parser.add_argument("--weights", default="fp16", choices=["fp16", "bf16"],
-                        help="depth, attention: the weights' dtype (the engine's --talker-precision)")
+    parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS,
+                        help="depth, attention: the weights' dtype, as the engine's --talker-precision")
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
-    dtype = torch.float16 if args.weights == "fp16" else torch.bfloat16
+    dtype = weights_dtype("cuda", args.talker_precision)
     if args.kernel == "depth":
         launch = depth_launch(args.rows, args.warps, args.stages, dtype)
     elif args.kernel == "attention":

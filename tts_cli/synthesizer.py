@@ -71,13 +71,11 @@ def weights_dtype(device: str, talker_precision: str = DEFAULT_TALKER_PRECISION)
     return torch.float16 if talker_precision == "fp16" else torch.bfloat16
 
 
-def numerics(device: str, codec_precision: str = DEFAULT_CODEC_PRECISION,
-             weights: torch.dtype | None = None) -> str:
-    """What a run on `device` computes in, for reports; weights: the talker's (default: weights_dtype)."""
+def numerics(device: str, codec_precision: str, weights: torch.dtype) -> str:
+    """What a run on `device` computes in, for reports; weights: the talker's dtype."""
     if not str(device).startswith("cuda"):
         return "float32"
-    weights = weights or weights_dtype(device)
-    inputs = "rounded to fp16" if weights == torch.float16 else "as two bf16 halves"
+    inputs = {torch.float16: "rounded to fp16", torch.bfloat16: "as two bf16 halves"}.get(weights, "in fp32")
     vocoder = "fp16 inputs, fp32 accumulation" if codec_precision == "fp16" else "fp32 with TF32"
     return (f"{str(weights).replace('torch.', '')} weights, fp32 activations (projection inputs {inputs}); "
             f"codec fp32, its vocoder's convolutions {vocoder}")

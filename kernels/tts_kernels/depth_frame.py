@@ -138,83 +138,102 @@ def _store_normed(h, h_ptr, xn_ptr, norm_ptr, row, eps, D: tl.constexpr, DB: tl.
 
 
 @triton.jit
-def _head_vectors(qkv_ptr, r, valid_r, head, dims, partner, norm_ptr, cos, sin, eps, NORM: tl.constexpr,
+def _head_vectors(qkv_ptr, r, valid, head, dims, partner, norm_ptr, cos, sin, eps, NORM: tl.constexpr,
                   QKV_N: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, HD: tl.constexpr):
-    """Head vectors [rows, heads, HDB] of rows r from the q/k/v partial sums: with NORM, RMS-normed
-    and rotated (RoPE, rotate-half) as the loop's attention kernel does; else raw (v)."""
-    mask = valid_r[:, None, None] & (dims < HD)[None, None, :]
-    offsets = head[None, :, None] * HD + dims[None, None, :]
-    partner_offsets = head[None, :, None] * HD + partner[None, None, :]
-    x = tl.zeros([r.shape[0], head.shape[0], dims.shape[0]], tl.float32)
-    x_partner = tl.zeros([r.shape[0], head.shape[0], dims.shape[0]], tl.float32)
+    """Head vectors [entries, HDB] from the q/k/v partial sums, entry e head head[e] of row r[e]
+    (zeros where not valid): with NORM, RMS-normed and rotated (RoPE, rotate-half) as the loop's
+    attention kernel does; else raw (v)."""
+    mask = valid[:, None] & (dims < HD)[None, :]
+    offsets = head[:, None] * HD + dims[None, :]
+    partner_offsets = head[:, None] * HD + partner[None, :]
+    x = tl.zeros([r.shape[0], dims.shape[0]], tl.float32)
+    x_partner = tl.zeros([r.shape[0], dims.shape[0]], tl.float32)
     for s in range(SPLITS):
-        base = qkv_ptr + (s * BLOCK_M + r)[:, None, None] * QKV_N
+        base = qkv_ptr + ((s * BLOCK_M + r) * QKV_N)[:, None]
         x += tl.load(base + offsets, mask=mask, other=0.0, cache_modifier=".cg")
         if NORM:
             x_partner += tl.load(base + partner_offsets, mask=mask, other=0.0, cache_modifier=".cg")
     if NORM:
-        weight = tl.load(norm_ptr + dims, mask=dims < HD, other=0.0).to(tl.float32)[None, None, :]
-        weight_partner = tl.load(norm_ptr + partner, mask=dims < HD, other=0.0).to(tl.float32)[None, None, :]
-        x = norm_and_rotate(x, x_partner, weight, weight_partner, dims[None, None, :] < HD // 2, cos[None, None, :],
-                            sin[None, None, :], eps, HD)
+        weight = tl.load(norm_ptr + dims, mask=dims < HD, other=0.0).to(tl.float32)[None, :]
+        weight_partner = tl.load(norm_ptr + partner, mask=dims < HD, other=0.0).to(tl.float32)[None, :]
+        x = norm_and_rotate(x, x_partner, weight, weight_partner, (dims < HD // 2)[None, :], cos[None, :],
+                            sin[None, :], eps, HD)
     return x
+
+
+@triton.jit
+def _per_entry(x, ROWS: tl.constexpr, EACH: tl.constexpr, HDB: tl.constexpr):
+    """x [ROWS, HDB] repeated EACH times per row: [ROWS * EACH, HDB]."""
+    return tl.reshape(tl.broadcast_to(x[:, None, :], (ROWS, EACH, HDB)), (ROWS * EACH, HDB))
 
 
 @triton.jit
 def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
                tile, position, rows, eps, scale,
-               QH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDB: tl.constexpr, GB: tl.constexpr,
-               QKV_N: tl.constexpr, SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+               QH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, HDB: tl.constexpr, QKV_N: tl.constexpr,
+               SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr, ATTN_Q: tl.constexpr, BLOCK_M: tl.constexpr,
                PARTS: tl.constexpr):
-    """One kv head for ATTN_ROWS rows at once at `position`: q/k norm + RoPE, k and v into the
-    frame's cache ([BLOCK_M, KVH, POSITIONS, HD] of this layer), causal attention over positions
-    0..position. Tensors are [rows, heads, positions, dims]."""
+    """One kv head for ATTN_ROWS rows at `position`: q/k norm + RoPE, k and v into the frame's
+    cache ([BLOCK_M, KVH, POSITIONS, HD] of this layer), causal attention over positions
+    0..position. The rows' query heads (ATTN_Q entries, padded) meet every key of the task's rows
+    in one tensor-core product and keys of other rows are masked: at these sizes wasted products
+    cost less than per-row tensors."""
     GROUPS: tl.constexpr = QH // KVH
     kv_head = tile % KVH
-    r = (tile // KVH) * ATTN_ROWS + tl.arange(0, ATTN_ROWS)
-    valid_r = r < rows
+    first = (tile // KVH) * ATTN_ROWS
     dims = tl.arange(0, HDB)
     partner = (dims + HD // 2) % HD
     in_head = dims < HD
-    g = tl.arange(0, GB)
-    q_heads = kv_head * GROUPS + tl.minimum(g, GROUPS - 1)   # padding lanes repeat the last head
-    one = tl.zeros([1], tl.int32)
-    keys = tl.arange(0, _POSITIONS)
     cos = tl.load(cos_ptr + position * HD + dims, mask=in_head, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + position * HD + dims, mask=in_head, other=0.0).to(tl.float32)
     cache_type = k_cache_ptr.dtype.element_ty
-    # the earlier positions' keys and values first: no dependency on this task's stores below
-    base = ((r * KVH + kv_head) * _POSITIONS * HD)[:, None, None]
-    earlier = valid_r[:, None, None] & (keys < position)[None, :, None] & in_head[None, None, :]
-    cached = base + keys[None, :, None] * HD + dims[None, None, :]
-    cached_keys = tl.load(k_cache_ptr + cached, mask=earlier, other=0.0, cache_modifier=".cg").to(tl.float32)
-    cached_values = tl.load(v_cache_ptr + cached, mask=earlier, other=0.0, cache_modifier=".cg").to(tl.float32)
-    q = _head_vectors(qkv_ptr, r, valid_r, q_heads, dims, partner, q_norm_ptr, cos, sin, eps, True,
-                      QKV_N, SPLITS, BLOCK_M, HD)
-    k = _head_vectors(qkv_ptr, r, valid_r, QH + kv_head + one, dims, partner, k_norm_ptr, cos, sin, eps, True,
-                      QKV_N, SPLITS, BLOCK_M, HD)
-    v = _head_vectors(qkv_ptr, r, valid_r, QH + KVH + kv_head + one, dims, partner, k_norm_ptr, cos, sin, eps,
-                      False, QKV_N, SPLITS, BLOCK_M, HD)
-    k = k.to(cache_type, fp_downcast_rounding="rtne")       # [rows, 1, dims]
-    v = v.to(cache_type, fp_downcast_rounding="rtne")
-    q = q.to(cache_type, fp_downcast_rounding="rtne").to(tl.float32)
-    store_mask = valid_r[:, None, None] & in_head[None, None, :]
-    tl.store(k_cache_ptr + base + position * HD + dims[None, None, :], k, mask=store_mask)
-    tl.store(v_cache_ptr + base + position * HD + dims[None, None, :], v, mask=store_mask)
-    # this position's k and v from registers, the earlier ones from the cache: [rows, positions, dims]
-    here = (keys == position)[None, :, None]
-    key = tl.where(here, k.to(tl.float32), cached_keys)
-    value = tl.where(here, v.to(tl.float32), cached_values)
-    scores = tl.sum(q[:, :, None, :] * key[:, None, :, :], axis=3) * scale          # [rows, heads, positions]
-    scores = tl.where((keys <= position)[None, None, :], scores, float("-inf"))
-    best = tl.max(scores, axis=2)
-    p = tl.exp(scores - best[:, :, None])
-    total = tl.sum(p, axis=2)
-    p = p.to(cache_type).to(tl.float32)
-    out = tl.sum(p[:, :, :, None] * value[:, None, :, :], axis=2) / total[:, :, None]   # [rows, heads, dims]
-    out_offsets = r[:, None, None] * QH * HD + (kv_head * GROUPS + g)[None, :, None] * HD + dims[None, None, :]
-    store_parts(out_ptr, out_offsets, BLOCK_M * QH * HD, out,
-                valid_r[:, None, None] & (g < GROUPS)[None, :, None] & in_head[None, None, :], PARTS)
+    # the earlier positions' keys and values of the task's rows first (no dependency on this task's
+    # stores below): entry e is position e % POSITIONS of row first + e // POSITIONS
+    e = tl.arange(0, ATTN_ROWS * _POSITIONS)
+    key_row = first + e // _POSITIONS
+    key_position = e % _POSITIONS
+    cached = ((key_row * KVH + kv_head) * _POSITIONS + key_position)[:, None] * HD + dims[None, :]
+    earlier = ((key_row < rows) & (key_position < position))[:, None] & in_head[None, :]
+    keys = tl.load(k_cache_ptr + cached, mask=earlier, other=0.0, cache_modifier=".cg")
+    values = tl.load(v_cache_ptr + cached, mask=earlier, other=0.0, cache_modifier=".cg")
+    # this position's keys and values: into the cache, and in place of the entries at `position`
+    r = first + tl.arange(0, ATTN_ROWS)
+    valid_r = r < rows
+    kv_here = ((r * KVH + kv_head) * _POSITIONS + position)[:, None] * HD + dims[None, :]
+    store_mask = valid_r[:, None] & in_head[None, :]
+    here = (key_position == position)[:, None]
+    k = _head_vectors(qkv_ptr, r, valid_r, QH + kv_head + 0 * r, dims, partner, k_norm_ptr, cos, sin, eps, True,
+                      QKV_N, SPLITS, BLOCK_M, HD).to(cache_type, fp_downcast_rounding="rtne")
+    tl.store(k_cache_ptr + kv_here, k, mask=store_mask)
+    keys = tl.where(here, _per_entry(k, ATTN_ROWS, _POSITIONS, HDB), keys)
+    v = _head_vectors(qkv_ptr, r, valid_r, QH + KVH + kv_head + 0 * r, dims, partner, k_norm_ptr, cos, sin, eps,
+                      False, QKV_N, SPLITS, BLOCK_M, HD).to(cache_type, fp_downcast_rounding="rtne")
+    tl.store(v_cache_ptr + kv_here, v, mask=store_mask)
+    values = tl.where(here, _per_entry(v, ATTN_ROWS, _POSITIONS, HDB), values)
+    # queries: entry i is head kv_head * GROUPS + i % GROUPS of row first + i // GROUPS; padding
+    # entries repeat the first row (never stored), so that no entry is without keys
+    i = tl.arange(0, ATTN_Q)
+    q_valid = (i < ATTN_ROWS * GROUPS) & (first + i // GROUPS < rows)
+    q_row = tl.where(i < ATTN_ROWS * GROUPS, first + i // GROUPS, first)
+    q_head = kv_head * GROUPS + i % GROUPS
+    q = _head_vectors(qkv_ptr, q_row, q_valid, q_head, dims, partner, q_norm_ptr, cos, sin, eps, True,
+                      QKV_N, SPLITS, BLOCK_M, HD).to(cache_type, fp_downcast_rounding="rtne")
+    if cache_type == tl.float32:
+        scores = tl.dot(q, tl.trans(keys), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(keys))
+    own = (key_row[None, :] == q_row[:, None]) & (key_position <= position)[None, :]
+    scores = tl.where(own, scores * scale, float("-inf"))                    # [ATTN_Q, keys]
+    best = tl.max(scores, axis=1)
+    p = tl.exp(scores - best[:, None])
+    total = tl.sum(p, axis=1)
+    if cache_type == tl.float32:
+        out = tl.dot(p, values, input_precision="ieee")
+    else:
+        out = tl.dot(p.to(cache_type), values)
+    out = out / total[:, None]
+    store_parts(out_ptr, (q_row * QH + q_head)[:, None] * HD + dims[None, :], BLOCK_M * QH * HD, out,
+                q_valid[:, None] & in_head[None, :], PARTS)
 
 
 @triton.jit
@@ -268,14 +287,15 @@ def _depth_frame(table_ptr, counters_ptr,
                  temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr, frame_ptr, frame_stride, nonfinite_ptr,
                  rows, eps, scale,
                  D: tl.constexpr, DB: tl.constexpr, I: tl.constexpr, QH: tl.constexpr, KVH: tl.constexpr,
-                 HD: tl.constexpr, HDB: tl.constexpr, GB: tl.constexpr, V: tl.constexpr, VB: tl.constexpr,
+                 HD: tl.constexpr, HDB: tl.constexpr, V: tl.constexpr, VB: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                  QKV_N_TILE: tl.constexpr, QKV_SPLITS: tl.constexpr, O_N_TILE: tl.constexpr, O_SPLITS: tl.constexpr,
                  GATE_UP_N_TILE: tl.constexpr, GATE_UP_BLOCK_K: tl.constexpr, DOWN_N_TILE: tl.constexpr,
                  DOWN_SPLITS: tl.constexpr, DOWN_BLOCK_K: tl.constexpr,
                  HEAD_N_TILE: tl.constexpr, HEAD_SPLITS: tl.constexpr, ATTN_ROWS: tl.constexpr,
                  MAX_TASKS: tl.constexpr, PARTS: tl.constexpr, SYNC: tl.constexpr, FORCED: tl.constexpr,
-                 STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr, TIMING: tl.constexpr, COUNT: tl.constexpr):
+                 STORE_LOGITS: tl.constexpr, LIBDEVICE: tl.constexpr, TIMING: tl.constexpr, COUNT: tl.constexpr,
+                 ATTN_Q: tl.constexpr):
     QKV_N: tl.constexpr = (QH + 2 * KVH) * HD
     cta = tl.program_id(0)
     for t in range(MAX_TASKS):
@@ -311,7 +331,7 @@ def _depth_frame(table_ptr, counters_ptr,
                 cache = layer * BLOCK_M * KVH * _POSITIONS * HD
                 _attention(qkv_ptr, q_norm_ptr + layer * HD, k_norm_ptr + layer * HD, cos_ptr, sin_ptr,
                            k_cache_ptr + cache, v_cache_ptr + cache, attn_ptr, tile, position, rows, eps, scale,
-                           QH, KVH, HD, HDB, GB, QKV_N, QKV_SPLITS, ATTN_ROWS, BLOCK_M, PARTS)
+                           QH, KVH, HD, HDB, QKV_N, QKV_SPLITS, ATTN_ROWS, ATTN_Q, BLOCK_M, PARTS)
             elif kind == _O:
                 _projection(attn_ptr, w_o_ptr + layer * D * QH * HD, part_ptr, tile, rows, D, QH * HD, O_N_TILE,
                             O_SPLITS, BLOCK_M, BLOCK_K, PARTS)
@@ -389,7 +409,8 @@ class DepthFrame:
     1..15, as CodePredictor.predict_frame does with the sampler kernel's draws."""
 
     def __init__(self, cp, rows: int, sync: bool | None = None, ctas: int | None = None, timed: bool = False,
-                 tiles: dict | None = None, num_warps: int | None = None, num_stages: int | None = None):
+                 tiles: dict | None = None, num_warps: int | None = None, num_stages: int | None = None,
+):
         """timed (GPU only): every task records when it started waiting, started and ended (the
         global timer, ns) into self.times [ctas, tasks, 3], for breakdown(). tiles: Shapes fields
         to override (tools/depth_bench.py tries tilings). num_warps: by default 8 over fp16
@@ -490,15 +511,17 @@ class DepthFrame:
                 frame, frame.stride(0) if frame.numel() > 1 else 0, nonfinite if nonfinite is not None else self.counters,
                 b, self.eps, self.scale,
                 D=s.hidden, DB=triton.next_power_of_2(s.hidden), I=s.intermediate, QH=s.q_heads, KVH=s.kv_heads,
-                HD=s.head_dim, HDB=max(2, triton.next_power_of_2(s.head_dim)),
-                GB=max(2, triton.next_power_of_2(s.q_heads // s.kv_heads)), V=s.vocab,
+                HD=s.head_dim, HDB=max(16, triton.next_power_of_2(s.head_dim)),
+                V=s.vocab,
                 VB=triton.next_power_of_2(s.vocab), BLOCK_M=s.rows, BLOCK_K=s.block_k,
                 QKV_N_TILE=s.qkv_n, QKV_SPLITS=s.qkv_splits, O_N_TILE=s.o_n, O_SPLITS=s.o_splits,
                 GATE_UP_N_TILE=s.gate_up_n, GATE_UP_BLOCK_K=s.gate_up_block_k, DOWN_N_TILE=s.down_n,
                 DOWN_SPLITS=s.down_splits, DOWN_BLOCK_K=s.down_block_k,
                 HEAD_N_TILE=s.head_n, HEAD_SPLITS=s.head_splits, ATTN_ROWS=s.attn_rows, MAX_TASKS=most,
                 PARTS=self.parts, SYNC=self.sync, FORCED=forced_codes is not None, STORE_LOGITS=store_logits,
-                LIBDEVICE=compiled(), TIMING=self.timed, COUNT=nonfinite is not None, **self.launch_options)
+                LIBDEVICE=compiled(), TIMING=self.timed, COUNT=nonfinite is not None,
+                ATTN_Q=max(16, triton.next_power_of_2(s.attn_rows * (s.q_heads // s.kv_heads))),
+                **self.launch_options)
         return self.codes[:b]
 
     def breakdown(self) -> dict[str, dict[str, float]]:

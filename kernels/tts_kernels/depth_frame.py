@@ -386,9 +386,10 @@ def shapes_for(hidden: int, intermediate: int, q_heads: int, kv_heads: int, head
 
 def attention_rows(block_m: int, kv_heads: int) -> int:
     """Rows per attention task: the fewest that make at most ATTENTION_TASKS tasks (kv heads x row
-    blocks), one per CTA. Fewer rows per task shorten the task (H200, fp16, ms per frame: 16-row
-    tile, 1 row per task 2.46 against 2.84 with 4 at 1 row, 2.55 against 2.94 at 16 rows; 64-row
-    tile, 4 per task 3.21 against 3.44 with 2, two rounds of tasks, and 4.21 with 8)."""
+    blocks), one per CTA. Fewer rows per task shorten the task (H200, fp16, ms per frame, measured
+    with the attention of 8fc1228, per-row tensors: 16-row tile, 1 row per task 2.46 against 2.84
+    with 4 at 1 row, 2.55 against 2.94 at 16 rows; 64-row tile, 4 per task 3.21 against 3.44 with
+    2, two rounds of tasks, and 4.21 with 8)."""
     return min(block_m, triton.next_power_of_2(max(1, -(-block_m * kv_heads // ATTENTION_TASKS))))
 
 

@@ -10,7 +10,8 @@ one tile of one step:
            draw from the head's partial logits); the residual stream h = input; xn = norm_1(h)
   qkv      (n tile, k split): partial sums of xn @ Wqkv.T
   attn     (kv head, row block): q/k norm and RoPE, k and v into the frame's cache, causal
-           attention over the positions so far
+           attention over the positions so far (the block's queries against all its keys in one
+           tensor-core product, other rows' keys masked)
   o        (n tile, k split): partial sums of attn @ Wo.T
   norm_2   rows: h += o's partial sums (in a fixed order), xn = post-attention norm of h
   gate_up  n tile: silu(xn @ Wgate.T) * (xn @ Wup.T), full K (silu needs whole sums)

@@ -14,11 +14,11 @@ DEFAULT_ENGINE_ROWS = 64
 # it can run: else the loop, with the reason logged), `auto` (the kernel where it can run and was
 # measured faster: over fp16 weights, at row counts whose kernel row tile is in
 # DEPTH_KERNEL_AUTO_TILES). The kernel runs rows in a tile of 16, 32 or 64 (the next power of two,
-# at least 16). On the H200 over fp16 weights (docs/bench.md, eleventh session), `tts bench`
-# alternated, audio-s/s kernel against loop: c1 15.8 / 14.1, c8 106.7 and 106.4 / 105.2 and 105.2,
-# c32 326.8 and 332.1 / 342.9 and 342.1 (the 32-row tile is slower; measured before it took 2 rows
-# per attention task instead of 4), c64 567.0 and 569.1 / 561.5 and 561.3. Over bf16 weights it was
-# slower (4.6 against 3.3 ms per 64-row frame).
+# at least 16). On the H200 over fp16 weights (docs/bench.md, twelfth session), `tts bench`
+# audio-s/s kernel against loop, one loan: c1 17.2 / 14.0, c8 114.9 / 103.6, c64 580.5 and 580.7 /
+# 555.5 and 551.1; the 32-row tile is slower (tools/depth_bench.py: 2.97 against 2.85 ms per frame;
+# eleventh session, end to end: 326.8 and 332.1 against 342.9 and 342.1 at c32). Over bf16 weights
+# it was slower (4.6 against 3.3 ms per 64-row frame, tenth session).
 DEPTH_CHOICES = ("auto", "kernel", "loop")
 DEFAULT_DEPTH = "auto"
 DEPTH_KERNEL_AUTO_TILES = (16, 64)

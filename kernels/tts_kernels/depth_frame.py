@@ -27,7 +27,7 @@ from tts_kernels import compiled
 from tts_kernels import depth_schedule as plan
 from tts_kernels.attention import norm_and_rotate
 from tts_kernels.linear import parts_of, store_parts
-from tts_kernels.sampler import draw
+from tts_kernels.sampler import count_nonfinite, draw
 
 _EMBED = tl.constexpr(plan.EMBED)
 _QKV = tl.constexpr(plan.QKV)
@@ -202,11 +202,12 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     kv_here = ((r * KVH + kv_head) * _POSITIONS + position)[:, None] * HD + dims[None, :]
     store_mask = valid_r[:, None] & in_head[None, :]
     here = (key_position == position)[:, None]
-    k = _head_vectors(qkv_ptr, r, valid_r, QH + kv_head + 0 * r, dims, partner, k_norm_ptr, cos, sin, eps, True,
+    k_head = tl.full([ATTN_ROWS], QH, tl.int32) + kv_head     # this kv head's key, then value, for each row
+    k = _head_vectors(qkv_ptr, r, valid_r, k_head, dims, partner, k_norm_ptr, cos, sin, eps, True,
                       QKV_N, SPLITS, BLOCK_M, HD).to(cache_type, fp_downcast_rounding="rtne")
     tl.store(k_cache_ptr + kv_here, k, mask=store_mask)
     keys = tl.where(here, _per_entry(k, ATTN_ROWS, _POSITIONS, HDB), keys)
-    v = _head_vectors(qkv_ptr, r, valid_r, QH + KVH + kv_head + 0 * r, dims, partner, k_norm_ptr, cos, sin, eps,
+    v = _head_vectors(qkv_ptr, r, valid_r, k_head + KVH, dims, partner, k_norm_ptr, cos, sin, eps,
                       False, QKV_N, SPLITS, BLOCK_M, HD).to(cache_type, fp_downcast_rounding="rtne")
     tl.store(v_cache_ptr + kv_here, v, mask=store_mask)
     values = tl.where(here, _per_entry(v, ATTN_ROWS, _POSITIONS, HDB), values)
@@ -259,7 +260,7 @@ def _embed(x_in_ptr, tables_ptr, logit_part_ptr, logits_out_ptr, codes_ptr, forc
             if STORE_LOGITS:
                 tl.store(logits_out_ptr + (row * 15 + group - 1) * V + tokens, logits, mask=valid)
             if COUNT:
-                tl.atomic_add(nonfinite_ptr, tl.sum(((logits != logits) | (logits == float("inf"))).to(tl.int32), axis=0))
+                count_nonfinite(nonfinite_ptr, logits)
             if FORCED:
                 code = tl.load(forced_ptr + row * 15 + group - 1)
             else:
@@ -410,8 +411,7 @@ class DepthFrame:
     1..15, as CodePredictor.predict_frame does with the sampler kernel's draws."""
 
     def __init__(self, cp, rows: int, sync: bool | None = None, ctas: int | None = None, timed: bool = False,
-                 tiles: dict | None = None, num_warps: int | None = None, num_stages: int | None = None,
-):
+                 tiles: dict | None = None, num_warps: int | None = None, num_stages: int | None = None):
         """timed (GPU only): every task records when it started waiting, started and ended (the
         global timer, ns) into self.times [ctas, tasks, 3], for breakdown(). tiles: Shapes fields
         to override (tools/depth_bench.py tries tilings). num_warps: by default 8 over fp16
@@ -512,8 +512,7 @@ class DepthFrame:
                 frame, frame.stride(0) if frame.numel() > 1 else 0, nonfinite if nonfinite is not None else self.counters,
                 b, self.eps, self.scale,
                 D=s.hidden, DB=triton.next_power_of_2(s.hidden), I=s.intermediate, QH=s.q_heads, KVH=s.kv_heads,
-                HD=s.head_dim, HDB=max(16, triton.next_power_of_2(s.head_dim)),
-                V=s.vocab,
+                HD=s.head_dim, HDB=max(16, triton.next_power_of_2(s.head_dim)), V=s.vocab,
                 VB=triton.next_power_of_2(s.vocab), BLOCK_M=s.rows, BLOCK_K=s.block_k,
                 QKV_N_TILE=s.qkv_n, QKV_SPLITS=s.qkv_splits, O_N_TILE=s.o_n, O_SPLITS=s.o_splits,
                 GATE_UP_N_TILE=s.gate_up_n, GATE_UP_BLOCK_K=s.gate_up_block_k, DOWN_N_TILE=s.down_n,

@@ -84,6 +84,13 @@ def draw(raw, tokens, valid, temperature, k, seed, frame, group, do_sample, voca
 
 
 @triton.jit
+def count_nonfinite(count_ptr, logits):
+    """Adds the number of NaN and +inf logits to the int32 at count_ptr: what a value beyond the
+    range of a 16-bit activation anywhere upstream becomes."""
+    tl.atomic_add(count_ptr, tl.sum(((logits != logits) | (logits == float("inf"))).to(tl.int32), axis=0))
+
+
+@triton.jit
 def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr,
                  frame_ptr, frame_stride, out_ptr, nonfinite_ptr, group, vocab, BLOCK: tl.constexpr,
                  LIBDEVICE: tl.constexpr, COUNT: tl.constexpr):
@@ -91,8 +98,8 @@ def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sampl
     tokens = tl.arange(0, BLOCK)
     valid = tokens < vocab
     raw = tl.load(logits_ptr + row * logits_stride + tokens, mask=valid, other=float("-inf")).to(tl.float32)
-    if COUNT:   # NaN or +inf: what a value beyond the range of a 16-bit activation anywhere upstream becomes
-        tl.atomic_add(nonfinite_ptr, tl.sum(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=0))
+    if COUNT:
+        count_nonfinite(nonfinite_ptr, raw)
     token = draw(raw, tokens, valid, tl.load(temperature_ptr + row), tl.load(top_k_ptr + row),
                  tl.load(seeds_ptr + row), tl.load(frame_ptr + row * frame_stride), group,
                  tl.load(do_sample_ptr + row).to(tl.int1), vocab, LIBDEVICE)

@@ -15,8 +15,9 @@ DEFAULT_ENGINE_ROWS = 64
 # measured faster: over fp16 weights, at row counts whose kernel row tile is in
 # DEPTH_KERNEL_AUTO_TILES). The kernel runs rows in a tile of 16, 32 or 64 (the next power of two,
 # at least 16). On the H200 over fp16 weights (docs/bench.md), `tts bench` audio-s/s kernel against
-# loop, one loan: c1 17.2 / 14.0, c8 114.9 / 103.6 (twelfth session); c64 570.4 and 581.3 / 534.4 and
-# 539.4, alternated (thirteenth); the 32-row tile is slower (tools/depth_bench.py: 2.97 against 2.85 ms per frame;
+# loop, each pair from one loan: c1 17.2 / 14.0, c8 114.9 / 103.6 (twelfth session); c64 570.4 and
+# 581.3 / 534.4 and 539.4, alternated (thirteenth); the 32-row tile is slower (tools/depth_bench.py,
+# twelfth session: 2.97 against 2.85 ms per frame;
 # eleventh session, end to end: 326.8 and 332.1 against 342.9 and 342.1 at c32). Over bf16 weights
 # it was slower (4.6 against 3.3 ms per 64-row frame, tenth session).
 DEPTH_CHOICES = ("auto", "kernel", "loop")

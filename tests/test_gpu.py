@@ -339,6 +339,29 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_and_slot():
         assert np.array_equal(other[0].pcm, alone[0].pcm)
 
 
+def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
+    """Admissions, releases and drains only queue work: no CUDA call that waits for the stream (a
+    Python value assigned through an index is such a call: a blocking copy), so the host's one wait
+    per step is the event of the step before. 6 requests of different lengths through 4 slots:
+    admissions into freed slots, releases of slots nobody takes."""
+    synth = Synthesizer.from_pretrained(TINY, device="cuda")
+    sampling = synth.ckpt.sampling
+    frames = [12, 30, 7, 20, 27, 11]
+    embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    requests = [EngineRequest(key=i, prompt_embeds=e, seed=i, max_frames=f, min_new_tokens=f + 1)
+                for i, (e, f) in enumerate(zip(embeds, frames))]
+    engine = Engine(synth.model, synth.codec, rows=4, context=128, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling))
+    engine.run(requests)   # the first run captures the prefill's graphs and compiles the kernels
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        results = engine.run(requests)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [len(r.codes) for r in results] == frames
+
+
 def test_engine_refuses_audio_from_an_fp16_vocoder_overflow():
     """A vocoder value beyond fp16's range (here: a bias made huge) fails the run with an error that
     names the fp32 switch; with that switch the same run completes."""

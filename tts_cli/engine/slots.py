@@ -68,22 +68,27 @@ class SlotState:
               caps: torch.Tensor, min_new_tokens: torch.Tensor, seeds: torch.Tensor, talker: RowSampling,
               cp: RowSampling) -> None:
         """Start requests in `slots` [n] (their prompts' keys and values are already written); every
-        argument has one row per slot, on the device. Vectorized: a few kernels for any n."""
+        argument has one row per slot, on the device. Vectorized: a few kernels for any n.
+
+        Constants go in as fill kernels (index_fill_, fill_), never as Python values assigned
+        through an index (`t[slots] = 0`): torch sends those to the GPU as a blocking copy, which
+        makes the host wait for the step still running (the H200 idled ~0.6 ms per admission and
+        per release: tools/run_profile.py, docs/bench.md)."""
         self.g0[slots] = g0
         self.hidden[slots] = hidden
         self.position[slots] = prompt_lengths
-        self.frame[slots] = 0
+        self.frame.index_fill_(0, slots, 0)
         self.cap[slots] = caps
         self.min_new_tokens[slots] = min_new_tokens
         self.seeds[slots] = seeds
-        self.active[slots] = True
-        self.seen[slots] = False
-        self.seen[slots, g0] = True
+        self.active.index_fill_(0, slots, True)
+        self.seen.index_fill_(0, slots, False)
+        self.seen[slots, g0] = torch.ones_like(g0, dtype=torch.bool)
         self.talker_sampling.assign(slots, talker)
         self.cp_sampling.assign(slots, cp)
         rows = torch.zeros(self.rows, dtype=torch.bool, device=self.g0.device)
-        rows[slots] = True
+        rows.index_fill_(0, slots, True)
         self.codec.reset(rows)
 
     def release(self, slot: int) -> None:
-        self.active[slot] = False
+        self.active.narrow(0, slot, 1).fill_(False)   # not `active[slot] = False`: see admit

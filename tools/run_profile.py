@@ -1,0 +1,158 @@
+"""Where the wall time of a whole engine run goes: the GPU's busy time by what the host was doing
+when it queued the work (admission and prefill, decode steps, the early window close, draining),
+and the GPU's idle gaps by what the host was doing when the work that ended each gap was queued.
+
+`tts bench` reports `prefill` and `host` per step from CUDA events; this shows what is inside
+them. It runs `--requests` forced-length requests (as `tts bench --frames auto`) at `--rows` rows
+under torch's profiler, on random weights at the real shapes. GPU only. The profiler slows the
+host a little: compare its wall time with `tts bench`'s before reading small gaps.
+
+    python tools/run_profile.py [--size 1.7b] [--rows 64] [--requests 400] [--top 15] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import collections
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from tts_cli.bench import WARMUP_FRAMES, load_synthesizer, make_requests, read_sentences
+from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
+from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.synthesizer import code_predictor_settings, talker_settings, weights_dtype
+
+# the runner's methods whose host time is named in the report
+RANGES = {"_admit": "admit + prefill", "_launch_step": "decode step", "_launch_window_close": "window close",
+          "_drain": "drain"}
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def annotate(engine: Engine) -> None:
+    """Wraps the runner's methods named in RANGES in profiler ranges (on this instance only)."""
+    for method, label in RANGES.items():
+        inner = getattr(engine, method)
+
+        def wrapped(*args, _inner=inner, _label=label, **kwargs):
+            with record_function(_label):
+                return _inner(*args, **kwargs)
+        setattr(engine, method, wrapped)
+
+
+def analyse(trace: dict, top: int) -> dict:
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    gpu = sorted((e for e in events if e.get("cat") in GPU_CATEGORIES), key=lambda e: e["ts"])
+    launches = {e["args"]["correlation"]: e["ts"] for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    ranges = sorted((e["ts"], e["ts"] + e["dur"], e["name"]) for e in events
+                    if e.get("cat") == "user_annotation" and e["name"] in RANGES.values())
+    starts = [r[0] for r in ranges]
+
+    def host_range(ts) -> str:
+        i = bisect.bisect_right(starts, ts) - 1
+        return ranges[i][2] if i >= 0 and ranges[i][1] >= ts else "other host work"
+
+    busy_by = collections.Counter()
+    kernels_by = collections.defaultdict(collections.Counter)
+    counts_by = collections.defaultdict(collections.Counter)
+    idle_by, gaps_by = collections.Counter(), collections.Counter()
+    end = previous = None
+    busy = idle = 0.0
+    for e in gpu:
+        correlation = e.get("args", {}).get("correlation")
+        launched = launches.get(correlation)
+        where = host_range(launched) if launched is not None else "other host work"
+        busy_by[where] += e["dur"]
+        kernels_by[where][e["name"][:100]] += e["dur"]
+        counts_by[where][e["name"][:100]] += 1
+        if end is not None and e["ts"] > end:
+            gap = e["ts"] - end
+            if launched is None or launched > end:
+                cause = where
+            elif correlation == previous:
+                cause = "between kernels of one graph"
+            else:   # queued before the GPU went idle: it waited on something else (an event, a launch)
+                cause = "queued earlier"
+            idle_by[cause] += gap
+            gaps_by[cause] += 1
+            idle += gap
+        busy += e["dur"] if end is None else max(0.0, e["ts"] + e["dur"] - max(end, e["ts"]))
+        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+        previous = correlation
+    span = (end - gpu[0]["ts"]) if gpu else 0.0
+    return {
+        "gpu_span_ms": span / 1e3, "gpu_busy_ms": busy / 1e3, "gpu_idle_ms": idle / 1e3,
+        "busy_ms_by_host_range": {k: v / 1e3 for k, v in busy_by.most_common()},
+        "idle_ms_by_host_range": {k: v / 1e3 for k, v in idle_by.most_common()},
+        "idle_gaps_by_host_range": dict(gaps_by.most_common()),
+        "top_kernels_by_host_range": {
+            where: [(name, us / 1e3, counts_by[where][name]) for name, us in kernels.most_common(top)]
+            for where, kernels in kernels_by.items()},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="1.7b")
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    synth = load_synthesizer(f"random:{args.size}", "cuda", weights_dtype("cuda", args.talker_precision))
+    requests = make_requests(synth, read_sentences(), args.requests, None, "vivian")
+    context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
+    sampling = synth.ckpt.sampling
+    engine = Engine(synth.model, synth.codec, rows=args.rows, context=64 * math.ceil(context / 64),
+                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
+    warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
+                            min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:args.rows])]
+    with torch.no_grad():
+        engine.run(warmup)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        engine.run(requests)
+        torch.cuda.synchronize()
+        plain_wall = time.perf_counter() - start
+        engine.reset_stats()
+        annotate(engine)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            start = time.perf_counter()
+            results = engine.run(requests)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        report = analyse(json.loads(path.read_text()), args.top)
+    frames = sum(len(r.codes) for r in results)
+    report = {"rows": args.rows, "requests": args.requests, "frames": frames, "steps": engine.stats.steps,
+              "wall_ms_unprofiled": plain_wall * 1e3, "wall_ms_profiled": wall * 1e3, **report}
+    steps = max(engine.stats.steps, 1)
+    print(f"{args.rows} rows, {args.requests} requests, {frames} frames in {steps} steps; wall {plain_wall * 1e3:.1f} ms "
+          f"unprofiled, {wall * 1e3:.1f} profiled; GPU busy {report['gpu_busy_ms']:.1f} ms, idle "
+          f"{report['gpu_idle_ms']:.1f} ms ({1e3 * report['gpu_idle_ms'] / steps:.0f} us per step)")
+    for title, key in (("GPU busy, ms, by the host range that queued it", "busy_ms_by_host_range"),
+                       ("GPU idle, ms, by the host range that queued the work ending the gap", "idle_ms_by_host_range")):
+        print(title)
+        for where, ms in report[key].items():
+            gaps = report["idle_gaps_by_host_range"].get(where)
+            print(f"  {ms:9.2f}  {where}" + (f" ({gaps} gaps)" if key.startswith("idle") else ""))
+    for where, kernels in report["top_kernels_by_host_range"].items():
+        print(f"kernels queued by {where}:")
+        for name, ms, count in kernels:
+            print(f"  {ms:8.2f} ms  {count:6d} x  {name}")
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ Reported per concurrency:
   every K steps, amortized over steps), talker (+ its sampling), prefill, host (wall per step not
   covered by those), from CUDA events around each stage
   slots busy: frames / (steps x c), the share of slot-steps that made a frame (the rest: slots
-  waiting for an admission group or a window boundary, and the ragged end of the last requests)
+  waiting for a window boundary, and the ragged end of the last requests)
   peak GPU memory (torch.cuda.max_memory_allocated)
 """
 from __future__ import annotations

@@ -129,7 +129,7 @@ class Engine:
             model.talker.decoder.cache_rope(context)
             model.code_predictor.decoder.cache_rope(model.cfg.num_code_groups)
         self.rows, self.context = rows, context
-        self.admit_group = max(1, rows // 8)
+        self.prefill_rows = max(1, rows // 8)   # prompts per prefill tile
         if codec_window < 1:
             raise ValueError(f"codec_window must be >= 1, got {codec_window}")
         self.codec_window = codec_window
@@ -137,7 +137,7 @@ class Engine:
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, sampler_kernel=kernels, depth=depth)
-        self.prefill = Prefill(model, self.state, self.admit_group, use_graphs)
+        self.prefill = Prefill(model, self.state, self.prefill_rows, use_graphs)
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
         pin = device.type == "cuda"
@@ -238,10 +238,9 @@ class Engine:
         """Fills free slots (empty, or holding a request that stopped) from the queue. Call at a
         window boundary only: the codec state of an admitted slot restarts there."""
         free = [i for i, r in enumerate(running) if r is None or r.stopped]
-        idle = len(free) == self.rows
-        # A prefill costs about the same for 1 or 8 prompts: admit in groups, not one request
-        # per step, unless nothing runs or the queue is nearly empty.
-        if not queue or (len(free) < min(self.admit_group, len(queue)) and not idle):
+        # Every boundary, however few slots are free: a prefill tile costs about the same for 1 or
+        # `prefill_rows` prompts, but waiting for a fuller one idles the free slots a whole window.
+        if not queue or not free:
             return
         admitted = [(slot, queue.popleft()) for slot in free[:len(queue)]]
         t0 = self._event()

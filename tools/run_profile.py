@@ -15,7 +15,6 @@ import argparse
 import bisect
 import collections
 import json
-import math
 import tempfile
 import time
 from pathlib import Path
@@ -23,10 +22,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from tts_cli.bench import WARMUP_FRAMES, load_synthesizer, make_requests, read_sentences
+from tts_cli.bench import load_synthesizer, make_requests, read_sentences, warm_engine
 from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
-from tts_cli.engine.runner import Engine, EngineRequest
-from tts_cli.synthesizer import code_predictor_settings, talker_settings, weights_dtype
+from tts_cli.engine.runner import Engine
+from tts_cli.synthesizer import weights_dtype
 
 # the runner's methods whose host time is named in the report
 RANGES = {"_admit": "admit + prefill", "_launch_step": "decode step", "_launch_window_close": "window close",
@@ -109,15 +108,8 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     synth = load_synthesizer(f"random:{args.size}", "cuda", weights_dtype("cuda", args.talker_precision))
     requests = make_requests(synth, read_sentences(), args.requests, None, "vivian")
-    context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
-    sampling = synth.ckpt.sampling
-    engine = Engine(synth.model, synth.codec, rows=args.rows, context=64 * math.ceil(context / 64),
-                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
-    warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
-                            min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:args.rows])]
+    engine = warm_engine(synth, args.rows, requests)
     with torch.no_grad():
-        engine.run(warmup)
-        torch.cuda.synchronize()
         start = time.perf_counter()
         engine.run(requests)
         torch.cuda.synchronize()

@@ -101,6 +101,25 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 @torch.no_grad()
+def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineRequest], **engine_options) -> Engine:
+    """An engine of `concurrency` slots whose context fits `requests`, warmed up (graphs captured,
+    kernels compiled) on their prompts for WARMUP_FRAMES frames, its stats reset."""
+    sampling = synth.ckpt.sampling
+    context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
+    engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
+                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
+                    **engine_options)
+    warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
+                            min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
+    engine.run(warmup)
+    if engine.device.type == "cuda":
+        engine.collect_stage_times()
+        torch.cuda.synchronize()
+    engine.reset_stats()
+    return engine
+
+
+@torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
               codec_window: int = DEFAULT_CODEC_WINDOW, depth: str = DEFAULT_DEPTH,
               codec_precision: str = DEFAULT_CODEC_PRECISION) -> BenchRow:
@@ -108,18 +127,8 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    sampling = synth.ckpt.sampling
-    context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
-    engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
-                    talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
-                    time_stages=True, codec_window=codec_window, depth=depth, codec_precision=codec_precision)
-    warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
-                            min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
-    engine.run(warmup)
-    if cuda:
-        engine.collect_stage_times()
-        torch.cuda.synchronize()
-    engine.reset_stats()
+    engine = warm_engine(synth, concurrency, requests, time_stages=True, codec_window=codec_window, depth=depth,
+                         codec_precision=codec_precision)
     start = time.perf_counter()
     results = engine.run(requests)
     wall = time.perf_counter() - start

@@ -129,7 +129,6 @@ class Engine:
             model.talker.decoder.cache_rope(context)
             model.code_predictor.decoder.cache_rope(model.cfg.num_code_groups)
         self.rows, self.context = rows, context
-        self.prefill_rows = max(1, rows // 8)   # prompts per prefill tile
         if codec_window < 1:
             raise ValueError(f"codec_window must be >= 1, got {codec_window}")
         self.codec_window = codec_window
@@ -137,7 +136,7 @@ class Engine:
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, sampler_kernel=kernels, depth=depth)
-        self.prefill = Prefill(model, self.state, self.prefill_rows, use_graphs)
+        self.prefill = Prefill(model, self.state, max(1, rows // 8), use_graphs)   # tiles of rows / 8 prompts
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
         pin = device.type == "cuda"
@@ -239,7 +238,7 @@ class Engine:
         window boundary only: the codec state of an admitted slot restarts there."""
         free = [i for i, r in enumerate(running) if r is None or r.stopped]
         # Every boundary, however few slots are free: a prefill tile costs about the same for 1 or
-        # `prefill_rows` prompts, but waiting for a fuller one idles the free slots a whole window.
+        # rows / 8 prompts, but waiting for a fuller one idles the free slots a whole window.
         if not queue or not free:
             return
         admitted = [(slot, queue.popleft()) for slot in free[:len(queue)]]

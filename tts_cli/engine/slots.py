@@ -72,8 +72,8 @@ class SlotState:
 
         Constants go in as fill kernels (index_fill_, fill_), never as Python values assigned
         through an index (`t[slots] = 0`): torch sends those to the GPU as a blocking copy, which
-        makes the host wait for the step still running (the H200 idled ~0.6 ms per admission and
-        per release: tools/run_profile.py, docs/bench.md)."""
+        makes the host wait for the step still running (the H200 idled 0.5-0.65 ms per such wait
+        at 64 rows: tools/run_profile.py, docs/bench.md)."""
         self.g0[slots] = g0
         self.hidden[slots] = hidden
         self.position[slots] = prompt_lengths

@@ -150,6 +150,26 @@ def test_projections_read_fp32_inputs_to_16_bits_over_bf16_weights(shape, exact_
     assert max(v for k, v in errors.items() if "bf16" not in k) < 3e-5
 
 
+@pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (3072, 2048)])
+def test_one_row_projection_is_exact_products_summed_in_fp32(shape):
+    """At one fp16 row (a talker step at --rows 1) `project` runs tts_kernels.linear.gemv: at the
+    talker's shapes it is the fp64 product of the same fp16 values within fp32 summation error, as
+    cuBLAS's result is."""
+    from tts_kernels.linear import gemv, project
+    n, k = shape
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(1, k, device="cuda", generator=g).half()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
+    exact = x.double() @ w.double().t()
+    got = project(x, w)
+    assert torch.equal(got, gemv(x, w))
+    cublas = torch.mm(x, w.t(), out_dtype=torch.float32)
+    error = ((got.double() - exact).abs().max() / exact.abs().max()).item()
+    error_cublas = ((cublas.double() - exact).abs().max() / exact.abs().max()).item()
+    print(shape, f"gemv {error:.1e}, cuBLAS {error_cublas:.1e} of the largest output")
+    assert error < 1e-6
+
+
 def test_fused_rms_norm_equals_torch_in_bf16():
     from tts_cli.model.transformer import RMSNorm
     g = torch.Generator("cuda").manual_seed(0)

@@ -51,6 +51,15 @@ ref = (x + delta) * torch.rsqrt((x + delta).pow(2).mean(-1, keepdim=True) + 1e-6
 torch.testing.assert_close(normed, ref, rtol=1e-6, atol=1e-6)
 torch.testing.assert_close(project(normed, w, bias), F.linear(ref, w, bias), rtol=1e-5, atol=1e-5)
 torch.testing.assert_close(linear(x[:, None], w, bias), F.linear(x[:, None], w, bias), rtol=1e-5, atol=1e-5)
+# one fp16 row (the talker's step at one row in flight, on CUDA): every lane's fp32 sum of exact
+# products, against fp64; shapes with and without whole tiles
+from tts_kernels.linear import gemv
+for n, k in ((48, 1024), (45, 100)):
+    x16, w16 = torch.randn(1, k, generator=g).half(), (0.1 * torch.randn(n, k, generator=g)).half()
+    exact = x16.double() @ w16.double().t()
+    got = gemv(x16, w16)
+    assert got.dtype == torch.float32 and got.shape == (1, n)
+    torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
 gu = torch.randn(5, 2, 2 * 40, generator=g)
 torch.testing.assert_close(silu_mul(gu), F.silu(gu[..., :40]) * gu[..., 40:], rtol=1e-6, atol=1e-6)
 

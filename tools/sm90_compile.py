@@ -93,15 +93,16 @@ def report(kernel) -> str:
     return "\n".join(lines)
 
 
-def depth_launch(rows: int, warps: int, stages: int | None, dtype: torch.dtype):
-    """The persistent depth kernel's launch at the real 1.7B code-predictor shapes, weights of `dtype`."""
+def depth_launch(rows: int, warps: int, stages: int | None, dtype: torch.dtype, tiles: dict | None = None):
+    """The persistent depth kernel's launch at the real 1.7B code-predictor shapes, weights of `dtype`,
+    tiles: depth_schedule.Shapes fields to override."""
     import tts_kernels.depth_frame as depth_frame
     from tts_cli.engine.random_model import random_config
     from tts_cli.model.depth import CodePredictor
     from tts_cli.model.transformer import use_kernels
     cp = CodePredictor(random_config("1.7b")).to(dtype).eval()
     use_kernels(cp, True)
-    frame = depth_frame.DepthFrame(cp, rows, sync=True, ctas=132, num_warps=warps, num_stages=stages)
+    frame = depth_frame.DepthFrame(cp, rows, sync=True, ctas=132, num_warps=warps, num_stages=stages, tiles=tiles)
     hidden = cp.decoder.cfg.hidden_size
     args, kwargs = captured_launch(depth_frame._depth_frame, lambda: frame.run(
         torch.zeros(2, rows, hidden), torch.ones(rows, 1), torch.full((rows,), 50), torch.ones(rows, dtype=torch.bool),
@@ -163,11 +164,14 @@ def main() -> None:
     parser.add_argument("--channels", type=int, default=96)
     parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS,
                         help="depth, attention: the weights' dtype, as the engine's --talker-precision")
+    parser.add_argument("--tiles", default="", help="depth: depth_schedule.Shapes fields to override, "
+                        "'field=value,...', e.g. 'gate_up_block_k=64'")
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
     dtype = weights_dtype("cuda", args.talker_precision)
     if args.kernel == "depth":
-        launch = depth_launch(args.rows, args.warps, args.stages, dtype)
+        tiles = {k: int(v) for k, v in (item.split("=") for item in filter(None, args.tiles.split(",")))}
+        launch = depth_launch(args.rows, args.warps, args.stages, dtype, tiles)
     elif args.kernel == "attention":
         launch = attention_launch(args.rows, args.tokens, args.warps, args.stages, dtype)
     elif args.kernel == "window":

@@ -119,7 +119,7 @@ def window_case(synth, request):
     return rows, requests, plain, _engine(synth, rows, greedy=False).run(requests)
 
 
-@pytest.mark.parametrize("window", [2, 3, 4])
+@pytest.mark.parametrize("window", [2, 3, 4, 16])
 def test_codec_window_gives_the_audio_of_window_1(synth, window_case, window):
     rows, requests, plain, per_frame = window_case
     for result, p in zip(per_frame, plain):
@@ -127,6 +127,13 @@ def test_codec_window_gives_the_audio_of_window_1(synth, window_case, window):
     windowed, closed = _run_counting_closes(_engine(synth, rows, greedy=False, codec_window=window), requests)
     _assert_same_audio(windowed, per_frame)
     assert closed and all(0 < columns < window for columns in closed)
+
+
+def test_the_codec_window_is_16_at_one_row_else_4_unless_given(synth):
+    """One row never keeps a window open for others (it closes when the row stops), so there the
+    engine decodes 16 frames per codec call; elsewhere 4 (docs/bench.md)."""
+    assert [_engine(synth, rows, greedy=True, codec_window=None).codec_window for rows in (1, 2, 64)] == [16, 4, 4]
+    assert _engine(synth, 1, greedy=True, codec_window=3).codec_window == 3
 
 
 @pytest.mark.parametrize("window", [2, 3, 4])

@@ -31,7 +31,8 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
-from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION
+from tts_cli.engine import (DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION,
+                            ONE_ROW_CODEC_WINDOW)
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -62,6 +63,7 @@ class BenchRow:
     slots_busy: float
     peak_gpu_gib: float | None
     depth: str   # what ran the code predictor: kernel or loop
+    codec_window: int   # K: the codec ran every K steps over the last K frames
 
 
 def load_synthesizer(spec: str, device: str, dtype: torch.dtype) -> Synthesizer:
@@ -121,7 +123,7 @@ def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineReque
 
 @torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
-              codec_window: int = DEFAULT_CODEC_WINDOW, depth: str = DEFAULT_DEPTH,
+              codec_window: int | None = None, depth: str = DEFAULT_DEPTH,
               codec_precision: str = DEFAULT_CODEC_PRECISION) -> BenchRow:
     cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
     if cuda:
@@ -146,7 +148,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
         ms_per_step={k: round(v, 3) for k, v in engine.stats.per_step().items()}, steps=engine.stats.steps,
         slots_busy=round(frames / max(1, engine.stats.steps * concurrency), 3),
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-        depth="kernel" if engine.step.depth_frame is not None else "loop")
+        depth="kernel" if engine.step.depth_frame is not None else "loop", codec_window=engine.codec_window)
     del engine
     return row
 
@@ -159,7 +161,7 @@ def default_requests(concurrency: int) -> int:
 
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
-              frames: int | None, device: str, speaker: str = "vivian", codec_window: int = DEFAULT_CODEC_WINDOW,
+              frames: int | None, device: str, speaker: str = "vivian", codec_window: int | None = None,
               depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
               talker_precision: str = DEFAULT_TALKER_PRECISION) -> dict:
     dtype = weights_dtype(device, talker_precision)
@@ -182,7 +184,8 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "sentences": f"bundled {SENTENCES.name}" if sentences_path.resolve() == SENTENCES else str(sentences_path),
         "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
-        "codec_window": codec_window, "depth_setting": depth, "codec_precision": codec_precision,
+        "codec_window": codec_window or f"auto ({ONE_ROW_CODEC_WINDOW} at one row, else {DEFAULT_CODEC_WINDOW})",
+        "depth_setting": depth, "codec_precision": codec_precision,
         "talker_precision": talker_precision,
         "rows": [asdict(r) for r in rows],
     }

@@ -14,7 +14,8 @@ from rich.text import Text
 
 from . import __version__
 from .engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH,
-                     DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, TALKER_PRECISIONS)
+                     DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, ONE_ROW_CODEC_WINDOW,
+                     TALKER_PRECISIONS)
 from .errors import TTSError
 from .recipe import load_recipe
 
@@ -483,9 +484,11 @@ def bench(
         "cuda", "--device", metavar="DEVICE",
         help="Torch device; on cuda 16-bit weights with fp32 activations (--talker-precision; the vocoder's "
              "convolutions: --codec-precision), on cpu fp32."),
-    codec_window: int = typer.Option(DEFAULT_CODEC_WINDOW, "--codec-window", min=1, metavar="K",
-                                     help="Run the codec every K decode steps over the last K frames (the "
-                                          "engine's default; larger K: faster codec, later first audio)."),
+    codec_window: Optional[int] = typer.Option(
+        None, "--codec-window", min=1, metavar="K", show_default=False,
+        help=f"Run the codec every K decode steps over the last K frames. Default: the engine's, "
+             f"{ONE_ROW_CODEC_WINDOW} at concurrency 1, else {DEFAULT_CODEC_WINDOW} (larger K: faster codec, later first "
+             "audio; at more than one row also idle slots, waiting for a window to end)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
@@ -516,7 +519,7 @@ def bench(
         raise typer.Exit(2)
     write_json(result, json_out)
     table = Table(title=f"tts bench: {model} on {result['gpu'] or device} ({result['dtype']}), forced lengths, "
-                        f"codec window {codec_window}")
+                        f"codec window {result['codec_window']}")
     for column in ("rows", "requests", "audio-s/s", "xRT", "RTF", "first audio p50/p99 s", "ms/step "
                    "depth/codec/talker/prefill/host", "peak GiB"):
         table.add_column(column)

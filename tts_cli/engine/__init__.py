@@ -1,9 +1,22 @@
 """The slot engine (runner, step, slots, prefill). This module imports no torch: the CLI reads its
 defaults here without loading the engine."""
 
-# Measured on the H200 (random 1.7B, bf16, docs/bench.md): K = 4 gave c64 362.8 audio-s/s against
-# 247.7 at K = 1 and 376.1 at K = 8, for 3 more steps of first-audio latency (K = 8: 7 more).
+# The codec runs every K decode steps over the last K frames (the engine's codec window). Measured on
+# the H200 (random 1.7B, docs/bench.md): bf16, K = 4 gave c64 362.8 audio-s/s against 247.7 at K = 1
+# and 376.1 at K = 8, for 3 more steps of first-audio latency (K = 8: 7 more); fp16, fifteenth
+# session, K = 4 / 8: c64 624.2, 624.5 / 627.3, 627.5 (first audio 38 / 69 ms), c8 119.1 / 117.9.
 DEFAULT_CODEC_WINDOW = 4
+# At one row the window closes as soon as the row stops (no other slot keeps it open), so a larger K
+# costs no idle steps, only first-audio latency: c1 K = 4 / 8 / 16: 18.0 / 18.7 / 19.0 audio-s/s,
+# first audio 17 / 33 / 64 ms (fifteenth session).
+ONE_ROW_CODEC_WINDOW = 16
+
+
+def codec_window_for(rows: int) -> int:
+    """The codec window K when none is given, for an engine of `rows` slots."""
+    return ONE_ROW_CODEC_WINDOW if rows == 1 else DEFAULT_CODEC_WINDOW
+
+
 # The engine's slots in `tts synth`: every call runs this many rows whatever it holds, so that a
 # seeded row's audio does not depend on what else is synthesized with it (batch invariance holds
 # for one rows setting). 64: the batch the engine issue fixes; more rows raise throughput (c128,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tts_cli.engine import CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH
+from tts_cli.engine import CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, codec_window_for
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
@@ -111,7 +111,7 @@ def use_fused_kernels(model, codec, device: torch.device, wanted: bool | None) -
 class Engine:
     def __init__(self, model, codec, rows: int, context: int, talker_defaults: SamplerSettings,
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
-                 time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int = DEFAULT_CODEC_WINDOW,
+                 time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int | None = None,
                  depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
@@ -129,6 +129,8 @@ class Engine:
             model.talker.decoder.cache_rope(context)
             model.code_predictor.decoder.cache_rope(model.cfg.num_code_groups)
         self.rows, self.context = rows, context
+        if codec_window is None:
+            codec_window = codec_window_for(rows)
         if codec_window < 1:
             raise ValueError(f"codec_window must be >= 1, got {codec_window}")
         self.codec_window = codec_window

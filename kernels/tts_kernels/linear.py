@@ -13,9 +13,10 @@ GEMM runs on the tensor cores with fp32 output. How many "parts" that input take
 - fp32 weights: the input itself and an fp32 GEMM. PARTS = 1.
 
 `split` writes the parts (with the residual add of the previous projection's parts and the RMSNorm
-before this one folded in); `project` multiplies (one fp16 row, a talker step at one row in flight:
-by `gemv`, which reads the weights faster than cuBLAS at that size); the attention and SwiGLU kernels read and write
-parts with `load_parts` / `store_parts`; `linear` is the round trip for a lone projection.
+before this one folded in); `project` multiplies (one fp16 row, a talker step at one row in
+flight: by `gemv`, which reads the weights faster than cuBLAS at that size); the attention and
+SwiGLU kernels read and write parts with `load_parts` / `store_parts`; `linear` is the round trip
+for a lone projection.
 """
 import torch
 import triton
@@ -101,10 +102,12 @@ def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [1, K] @ weight [N, K].T -> [1, N] fp32, both 16-bit, weight contiguous. H200, one row
-    over 28 distinct weights in a CUDA graph, us per call, cuBLAS (torch.mm to fp32) against this
-    at its tiles (8 rows of w, 512 lanes, 8 warps, 3 stages): 4096 x 2048 7.35 / 6.08, 2048 x 2048
-    6.22 / 4.31, 12288 x 2048 15.2 / 14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md)."""
+    """x [1, K] @ weight [N, K].T -> [1, N] fp32, both 16-bit and contiguous. H200, one row over 28
+    distinct weights in a CUDA graph, us per call, cuBLAS (torch.mm to fp32) against this kernel's
+    best tiles of a sweep: 4096 x 2048 7.35 / 6.08, 2048 x 2048 6.22 / 4.31, 12288 x 2048 15.2 /
+    14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md). One setting serves all (8 rows of w, 512 lanes,
+    8 warps, 3 stages: the best for the first shape); end to end it took a c1 talker step from
+    1.60 to 1.48 ms."""
     n, k = weight.shape
     block_n, block_k = 8, min(512, triton.next_power_of_2(k))
     out = torch.empty(1, n, device=x.device, dtype=torch.float32)
@@ -117,7 +120,8 @@ def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """x_parts [P * M, K] (split's output) times weight.T: [P * M, N] fp32; the bias joins part 0."""
     if x_parts.device.type == "cpu":   # (Triton's interpreter) CPU torch has no 16-bit mm to fp32: widen, same sums
         out = x_parts.float() @ weight.float().t()
-    elif x_parts.shape[0] == 1 and x_parts.dtype == torch.float16 and weight.is_contiguous():
+    elif x_parts.shape[0] == 1 and x_parts.dtype == torch.float16 and x_parts.is_contiguous() \
+            and weight.is_contiguous():
         out = gemv(x_parts, weight)
     elif x_parts.dtype == torch.float32:
         out = x_parts @ weight.t()

@@ -31,8 +31,7 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
-from tts_cli.engine import (DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION,
-                            ONE_ROW_CODEC_WINDOW)
+from tts_cli.engine import CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -184,7 +183,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "sentences": f"bundled {SENTENCES.name}" if sentences_path.resolve() == SENTENCES else str(sentences_path),
         "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
-        "codec_window": codec_window or f"auto ({ONE_ROW_CODEC_WINDOW} at one row, else {DEFAULT_CODEC_WINDOW})",
+        "codec_window": codec_window or f"auto ({CODEC_WINDOW_RULE})",
         "depth_setting": depth, "codec_precision": codec_precision,
         "talker_precision": talker_precision,
         "rows": [asdict(r) for r in rows],

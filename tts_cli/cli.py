@@ -13,9 +13,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
-from .engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_CODEC_WINDOW, DEFAULT_DEPTH,
-                     DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, ONE_ROW_CODEC_WINDOW,
-                     TALKER_PRECISIONS)
+from .engine import (CODEC_PRECISIONS, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
+                     DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, TALKER_PRECISIONS)
 from .errors import TTSError
 from .recipe import load_recipe
 
@@ -487,8 +486,8 @@ def bench(
     codec_window: Optional[int] = typer.Option(
         None, "--codec-window", min=1, metavar="K", show_default=False,
         help=f"Run the codec every K decode steps over the last K frames. Default: the engine's, "
-             f"{ONE_ROW_CODEC_WINDOW} at concurrency 1, else {DEFAULT_CODEC_WINDOW} (larger K: faster codec, later first "
-             "audio; at more than one row also idle slots, waiting for a window to end)."),
+             f"{CODEC_WINDOW_RULE} (larger K: faster codec, later first audio; at more than one row also idle "
+             "slots, waiting for a window to end)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),

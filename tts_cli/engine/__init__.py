@@ -10,6 +10,7 @@ DEFAULT_CODEC_WINDOW = 4
 # costs no idle steps, only first-audio latency: c1 K = 4 / 8 / 16: 18.0 / 18.7 / 19.0 audio-s/s,
 # first audio 17 / 33 / 64 ms (fifteenth session).
 ONE_ROW_CODEC_WINDOW = 16
+CODEC_WINDOW_RULE = f"{ONE_ROW_CODEC_WINDOW} at one row, else {DEFAULT_CODEC_WINDOW}"   # codec_window_for, said
 
 
 def codec_window_for(rows: int) -> int:

@@ -456,7 +456,7 @@ def test_sampler_kernel_draws_what_the_torch_sampler_draws_at_real_vocab_sizes()
     assert differ == 0, f"{differ} of {2 * 16 * rows} draws differ"
 
 
-@pytest.mark.parametrize("size, rows, dtype", [("1.7b", 13, torch.float16), ("1.7b", 64, torch.float16),
+@pytest.mark.parametrize("size, rows, dtype", [("1.7b", 13, torch.float16), ("1.7b", 29, torch.float16), ("1.7b", 64, torch.float16),
                                                ("1.7b", 64, torch.bfloat16), ("0.6b", 64, torch.float16)])
 def test_depth_kernel_follows_the_loop_at_real_shapes(size, rows, dtype):
     """The persistent depth kernel against the engine's code-predictor loop (random 1.7B and 0.6B

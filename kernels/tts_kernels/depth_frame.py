@@ -438,8 +438,6 @@ class DepthFrame:
         self.shapes = dataclasses.replace(shapes_for(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                                                      cfg.num_kv_heads, cfg.head_dim, vocab, cfg.num_layers, rows),
                                           **(tiles or {}))
-        if self.shapes.rows > 64:
-            raise ValueError(f"{rows} rows: the depth kernel runs up to 64 rows per launch")
         self.schedule = plan.build(self.shapes, ctas, sms)
         layers = decoder.layers
         stack = lambda get: torch.stack([get(layer).detach() for layer in layers]).contiguous()
@@ -577,8 +575,8 @@ def unsupported(cp, rows: int) -> str | None:
     dtype = cp.decoder.layers[0].mlp.down_proj.weight.dtype
     if dtype not in (torch.float16, torch.bfloat16):
         return f"the weights are {dtype}, the kernel reads fp16 or bf16"
-    if rows > 64:
-        return f"{rows} rows: the kernel runs up to 64 rows"
+    if rows > plan.ROW_TILES[-1]:
+        return f"{rows} rows: the kernel runs up to {plan.ROW_TILES[-1]} rows"
     cfg = cp.decoder.cfg
     try:
         shapes_for(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,

@@ -43,10 +43,19 @@ POSITIONS = 16   # the talker hidden state, codebook 0, codebooks 1..14
 GROUPS = 15      # codebooks drawn per frame (1..15)
 
 
+# The row tiles (BLOCK_M) a launch computes: at least 16 (what a tensor-core dot needs). No 32-row
+# tile: at 32 rows the 64-row tile measured faster (H200, fp16, us per frame: 2675 against 3043 for
+# a 32-row tile and 2857 for the loop; docs/bench.md, sixteenth session). A 128-row tile lost to the
+# loop (3869 against 3648 us at 128 rows), so 64 rows is the most one launch takes.
+ROW_TILES = (16, 64)
+
+
 def row_tile(rows: int) -> int:
-    """The rows one launch computes for `rows` rows (BLOCK_M): a power of two, at least 16 (what a
-    tensor-core dot needs)."""
-    return max(16, 1 << (rows - 1).bit_length())
+    """The rows one launch computes for `rows` rows: the smallest of ROW_TILES that holds them."""
+    for tile in ROW_TILES:
+        if rows <= tile:
+            return tile
+    raise ValueError(f"{rows} rows: the depth kernel runs up to {ROW_TILES[-1]} rows per launch")
 
 
 @dataclass(frozen=True)

@@ -26,17 +26,14 @@ DEFAULT_ENGINE_ROWS = 64
 # How the code predictor's 16 positions run in a decode step: `loop` (one CUDA-graphed kernel
 # sequence per position), `kernel` (tts_kernels.depth_frame, one persistent kernel per frame, where
 # it can run: else the loop, with the reason logged), `auto` (the kernel where it can run and was
-# measured faster: over fp16 weights, at row counts whose kernel row tile is in
-# DEPTH_KERNEL_AUTO_TILES). The kernel runs rows in a tile of 16, 32 or 64 (the next power of two,
-# at least 16). On the H200 over fp16 weights (docs/bench.md), `tts bench` audio-s/s kernel against
-# loop, each pair from one loan: c1 17.2 / 14.0, c8 114.9 / 103.6 (twelfth session); c64 570.4 and
-# 581.3 / 534.4 and 539.4, alternated (thirteenth); the 32-row tile is slower (tools/depth_bench.py,
-# twelfth session: 2.97 against 2.85 ms per frame;
-# eleventh session, end to end: 326.8 and 332.1 against 342.9 and 342.1 at c32). Over bf16 weights
-# it was slower (4.6 against 3.3 ms per 64-row frame, tenth session).
+# measured faster: over fp16 weights). The kernel runs up to 64 rows, in a tile of 16 or 64 rows
+# (tts_kernels.depth_schedule.ROW_TILES). On the H200 over fp16 weights (docs/bench.md), `tts bench`
+# audio-s/s kernel against loop, each pair from one loan: c1 17.2 / 14.0, c8 114.9 / 103.6 (twelfth
+# session); c64 570.4 and 581.3 / 534.4 and 539.4, alternated (thirteenth); c32 in the 64-row tile
+# 376.6 and 376.7 / 351.1 and 351.3, alternated (sixteenth). Over bf16 weights it was slower (4.6
+# against 3.3 ms per 64-row frame, tenth session).
 DEPTH_CHOICES = ("auto", "kernel", "loop")
 DEFAULT_DEPTH = "auto"
-DEPTH_KERNEL_AUTO_TILES = (16, 64)
 # The vocoder's convolution inputs on the fused path (tts_kernels.conv): fp16 (fp32 accumulation and
 # residual stream; values beyond fp16's range are detected and the audio refused) or fp32 (TF32).
 CODEC_PRECISIONS = ("fp16", "fp32")

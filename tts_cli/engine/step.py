@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from tts_cli.engine import DEFAULT_DEPTH, DEPTH_CHOICES, DEPTH_KERNEL_AUTO_TILES
+from tts_cli.engine import DEFAULT_DEPTH, DEPTH_CHOICES
 from tts_cli.engine.graphs import capture
 from tts_cli.engine.slots import SlotState
 from tts_cli.model.qwen3_tts import Qwen3TTS
@@ -32,14 +32,11 @@ def _log_once(message: str) -> None:
         log.info(message)
 
 
-def auto_prefers_loop(weights: torch.dtype, rows: int) -> str | None:
-    """Why `--depth auto` runs the loop where the kernel could run, or None (tts_cli.engine,
-    DEPTH_KERNEL_AUTO_TILES: where each measured faster)."""
-    from tts_kernels.depth_schedule import row_tile
+def auto_prefers_loop(weights: torch.dtype) -> str | None:
+    """Why `--depth auto` runs the loop where the kernel could run, or None (tts_cli.engine:
+    where each measured faster)."""
     if weights != torch.float16:
         return f"auto: over {weights} weights the loop measured faster (docs/bench.md)"
-    if row_tile(rows) not in DEPTH_KERNEL_AUTO_TILES:
-        return f"auto: at {rows} rows (a {row_tile(rows)}-row tile) the loop measured faster (docs/bench.md)"
     return None
 
 
@@ -80,7 +77,7 @@ class DecodeStep:
         if why is None and not self.sampler_kernel:
             why = "the step draws with the torch sampler (top-p, or the fused kernels are off)"
         if why is None and depth == "auto":
-            why = auto_prefers_loop(cp.decoder.layers[0].mlp.down_proj.weight.dtype, rows)
+            why = auto_prefers_loop(cp.decoder.layers[0].mlp.down_proj.weight.dtype)
         if why is not None:
             _log_once(f"engine: code-predictor loop, not the persistent depth kernel ({why})")
             return None

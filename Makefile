@@ -11,8 +11,9 @@ REFERENCE_INSTALLED := $(VENV)/.reference-installed.stamp
 synth: $(INSTALLED)
 	$(VENV)/bin/tts synth examples/corpus.txt --out out/example
 
+# Two workers, tests handed out as they free up (the two Triton-interpreter checks take ~3 min each).
 test: $(INSTALLED) $(REFERENCE_INSTALLED) espeak-ng
-	$(VENV_PYTHON) -m pytest -q
+	$(VENV_PYTHON) -m pytest -q -n 2 --dist worksteal
 
 # The WER acceptance test speaks with espeak-ng (a Debian package). Installed when missing and we
 # are root with apt-get; otherwise that test skips and says why.

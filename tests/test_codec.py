@@ -177,7 +177,9 @@ def test_reset_restarts_one_row_and_leaves_the_others(tiny):
     reset_at = 7  # row 1 switches to `new` after 7 frames; rows 0 and 2 go on with `old`
     state = tiny.new_state(3)
     first = tiny.decode_step(old[:, :reset_at], state)
-    state.reset(torch.tensor([False, True, False]))
+    with pytest.raises(ValueError, match="1-D int64 tensor of row indices"):
+        state.reset(torch.tensor([False, True, False]))   # a mask is refused, not read as indices
+    state.reset(torch.tensor([1]))
     assert state.position.tolist() == [reset_at, 0, reset_at]
     codes = old[:, reset_at:].clone()
     codes[1] = new[0]

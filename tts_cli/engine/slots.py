@@ -86,9 +86,7 @@ class SlotState:
         self.seen[slots, g0] = torch.ones_like(g0, dtype=torch.bool)
         self.talker_sampling.assign(slots, talker)
         self.cp_sampling.assign(slots, cp)
-        rows = torch.zeros(self.rows, dtype=torch.bool, device=self.g0.device)
-        rows.index_fill_(0, slots, True)
-        self.codec.reset(rows)
+        self.codec.reset(slots)
 
     def release(self, slot: int) -> None:
         self.active.narrow(0, slot, 1).fill_(False)   # not `active[slot] = False`: see admit

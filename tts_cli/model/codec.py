@@ -152,16 +152,18 @@ class CodecState:
         return self.position.shape[0]
 
     def reset(self, rows: torch.Tensor) -> None:
-        """Restart the rows selected by the bool mask `rows` [B] (a new request takes the slot).
+        """Restart rows [n] (int64 row indices: new requests take those slots).
 
         Zero history is exactly the zero left padding a fresh decode sees; the attention window
-        needs no clearing (position 0 masks it out) but is zeroed too, for uniformity."""
-        rows = rows.to(device=self.position.device, dtype=torch.bool)
-        if rows.shape != self.position.shape:
-            raise ValueError(f"reset mask has shape {list(rows.shape)}, expected [{self.batch_size}]")
+        needs no clearing (position 0 masks it out) but is zeroed too, for uniformity. Each buffer
+        is cleared by index, touching only those rows (a bool mask over every row cost ~10 us per
+        buffer at 64 rows, ~0.3 ms per admission on the H200: tools/step_profile.py)."""
+        if rows.dtype != torch.int64 or rows.dim() != 1:
+            raise ValueError(f"reset takes a 1-D int64 tensor of row indices, got {rows.dtype} {list(rows.shape)}")
+        rows = rows.to(self.position.device)
         for buffer in self.history.values():
-            buffer.masked_fill_(rows.view(-1, *([1] * (buffer.dim() - 1))), 0)
-        self.position.masked_fill_(rows, 0)
+            buffer.index_fill_(0, rows, 0)
+        self.position.index_fill_(0, rows, 0)
 
 
 class StatefulModule(nn.Module):

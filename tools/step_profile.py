@@ -1,5 +1,8 @@
 """Where a decode step's GPU time goes, kernel by kernel: the engine's stage graphs (depth, codec,
-talker) at `rows` rows on random weights at the real shapes, each replayed under torch's profiler.
+talker) at `rows` rows on random weights at the real shapes, each replayed under torch's profiler;
+then the prefill: its first tile graph (rows / 8 prompts x 32 positions) and one whole admission
+of that many prompts (the tile plus the eager work around it: padding, logits, first draw, slot
+state).
 
 Per stage it prints the replay's wall time (CUDA events, median), the summed time of its kernels
 and their count (the difference is time the GPU spends between kernels), and the kernels that
@@ -48,11 +51,11 @@ def filled_engine(synth, rows: int) -> Engine:
     return engine
 
 
-def kernel_times(graph: torch.cuda.CUDAGraph, replays: int) -> dict[str, tuple[float, int]]:
-    """name -> (microseconds per replay, launches per replay), over `replays` profiled replays."""
+def kernel_times(launch, replays: int) -> dict[str, tuple[float, int]]:
+    """name -> (microseconds per call, launches per call), over `replays` profiled calls of launch()."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
-            graph.replay()
+            launch()
         torch.cuda.synchronize()
     totals: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
     for event in prof.events():
@@ -73,15 +76,20 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     synth = load_synthesizer(f"random:{args.size}", "cuda", weights_dtype("cuda", args.talker_precision))
     engine = filled_engine(synth, args.rows)
+    requests = make_requests(synth, read_sentences(), engine.prefill.tile_rows, 8, "vivian")
+    admission = list(enumerate(requests))   # into slots 0, 1, ... (idle after filled_engine's run)
+    launches = {f"{name} stage": graph.replay for name, graph in engine.step.graphs.items()}
+    launches["prefill tile (graph of its first 32 positions)"] = engine.prefill.graphs[0][0].replay
+    launches[f"admission of {len(admission)} prompts (tile and eager work)"] = lambda: engine._prefill(admission)
     with torch.no_grad():
-        for name, graph in engine.step.graphs.items():
-            graph.replay()
-            wall = median_ms(graph.replay, args.replays)
-            kernels = kernel_times(graph, args.replays)
+        for name, launch in launches.items():
+            launch()
+            wall = median_ms(launch, args.replays)
+            kernels = kernel_times(launch, args.replays)
             busy = sum(us for us, _ in kernels.values()) / 1e3
-            launches = sum(n for _, n in kernels.values())
-            print(f"{name}: {wall:.3f} ms per replay, kernels {busy:.3f} ms busy in {launches:.0f} launches "
-                  f"({1e3 * (wall - busy) / max(launches, 1):.2f} us between kernels on average)")
+            count = sum(n for _, n in kernels.values())
+            print(f"{name}: {wall:.3f} ms per call, kernels {busy:.3f} ms busy in {count:.0f} launches "
+                  f"({1e3 * (wall - busy) / max(count, 1):.2f} us between kernels on average)")
             for kernel, (us, n) in sorted(kernels.items(), key=lambda kv: -kv[1][0])[:args.top]:
                 print(f"  {us:9.1f} us  {n:5.0f} x {us / n:7.2f} us  {kernel[:110]}")
 

@@ -7,7 +7,7 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler|conv|window [--rows 64] [--tokens 1] [--warps 8]
+    python tools/sm90_compile.py depth|attention|sampler|conv|window [--rows 64] [--tokens 1] [--warps N]
                                  [--stages N] [--channels 96] [--talker-precision fp16|bf16] [--ptx OUT.ptx]
 
 depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache and GEMM inputs;
@@ -33,6 +33,11 @@ from triton.compiler import ASTSource
 from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
 from tts_cli.synthesizer import weights_dtype
 
+# The device's Triton (the H200 of docs/bench.md). Another version may compile the same kernel
+# differently: the 64-row depth kernel takes 255 registers and 224 KB of shared memory under 3.9,
+# 239 and 128 KB under 3.6. For the device's numbers: `pip install --target DIR triton==3.6.0`
+# and put DIR first on PYTHONPATH.
+DEVICE_TRITON = "3.6"
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
                  torch.int32: "*i32", torch.bool: "*i1", torch.uint8: "*u8"}
 INSTRUCTIONS = r"\b(wgmma\.mma_async|wgmma\.wait_group|mma\.sync|cp\.async\.bulk[\w.]*|cp\.async\.c[ag]|" \
@@ -93,7 +98,13 @@ def report(kernel) -> str:
     return "\n".join(lines)
 
 
-def depth_launch(rows: int, warps: int, stages: int | None, dtype: torch.dtype, tiles: dict | None = None):
+def launch_options(kwargs: dict, warps: int | None, stages: int | None) -> dict:
+    """The captured launch's keyword arguments, with num_warps / num_stages replaced where given (else
+    what the engine's launcher chose)."""
+    return dict(kwargs, **({"num_warps": warps} if warps else {}), **({"num_stages": stages} if stages else {}))
+
+
+def depth_launch(rows: int, warps: int | None, stages: int | None, dtype: torch.dtype, tiles: dict | None = None):
     """The persistent depth kernel's launch at the real 1.7B code-predictor shapes, weights of `dtype`,
     tiles: depth_schedule.Shapes fields to override."""
     import tts_kernels.depth_frame as depth_frame
@@ -110,7 +121,7 @@ def depth_launch(rows: int, warps: int, stages: int | None, dtype: torch.dtype, 
     return depth_frame._depth_frame, args, kwargs
 
 
-def attention_launch(rows: int, tokens: int, warps: int, stages: int | None, dtype: torch.dtype):
+def attention_launch(rows: int, tokens: int, warps: int | None, stages: int | None, dtype: torch.dtype):
     import tts_kernels.attention as attention
     from tts_kernels.linear import parts_of
     heads, kv_heads, head_dim, capacity = 16, 8, 128, 256
@@ -120,15 +131,15 @@ def attention_launch(rows: int, tokens: int, warps: int, stages: int | None, dty
         torch.zeros(parts_of(dtype) * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
         torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),
         torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=dtype))
-    return attention._attention, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
+    return attention._attention, args, launch_options(kwargs, warps, stages)
 
 
-def sampler_launch(rows: int, warps: int, stages: int | None):
+def sampler_launch(rows: int, warps: int | None, stages: int | None):
     import tts_kernels.sampler as sampler
     args, kwargs = captured_launch(sampler._sample_rows, lambda: sampler.sample_rows(
         torch.zeros(rows, 2048), torch.ones(rows, 1), torch.full((rows,), 50), torch.ones(rows, dtype=torch.bool),
         torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long), 3))
-    return sampler._sample_rows, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
+    return sampler._sample_rows, args, launch_options(kwargs, warps, stages)
 
 
 def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None):
@@ -138,11 +149,10 @@ def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None)
     args, kwargs = captured_launch(conv._causal_conv, lambda: conv.causal_conv(
         torch.zeros(rows, 54 + frames, channels), weight, bias, frames, 9, snake=(bias, bias, 1e-9),
         snake_out=torch.zeros(rows, frames, channels)))
-    return conv._causal_conv, args, dict(kwargs, **({"num_warps": warps} if warps else {}),
-                                          **({"num_stages": stages} if stages else {}))
+    return conv._causal_conv, args, launch_options(kwargs, warps, stages)
 
 
-def window_launch(rows: int, tokens: int, warps: int, stages: int | None):
+def window_launch(rows: int, tokens: int, warps: int | None, stages: int | None):
     """The codec transformer's window attention (16 heads of 64, window 72), `tokens` frames per row."""
     import tts_kernels.window_attention as window
     heads, head_dim = 16, 64
@@ -151,7 +161,7 @@ def window_launch(rows: int, tokens: int, warps: int, stages: int | None):
     args, kwargs = captured_launch(window._window_attention, lambda: window.window_attention(
         x, x.clone(), x.clone(), rope, rope.clone(), torch.zeros(rows, 2, heads, 71, head_dim),
         torch.zeros(rows, dtype=torch.long), 72))
-    return window._window_attention, args, dict(kwargs, num_warps=warps, **({"num_stages": stages} if stages else {}))
+    return window._window_attention, args, launch_options(kwargs, warps, stages)
 
 
 def main() -> None:
@@ -159,7 +169,7 @@ def main() -> None:
     parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "window"])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
-    parser.add_argument("--warps", type=int, default=8)
+    parser.add_argument("--warps", type=int, help="default: what the engine's launcher takes")
     parser.add_argument("--stages", type=int)
     parser.add_argument("--channels", type=int, default=96)
     parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS,
@@ -181,6 +191,9 @@ def main() -> None:
     else:
         launch = conv_launch(args.rows, args.channels, args.warps, args.stages)
     kernel = compile_for_sm90(*launch)
+    if not triton.__version__.startswith(DEVICE_TRITON + "."):
+        print(f"note: Triton {triton.__version__} here, {DEVICE_TRITON} on the device: its counts can differ "
+              "(DEVICE_TRITON in this file)")
     print(report(kernel))
     if args.ptx:
         with open(args.ptx, "w") as f:

@@ -12,7 +12,7 @@ it waits; PREFETCH=0: after. Every phase has its own weights (80 x 4 MB, more th
 kernel's layers and positions do. Prints us per phase of each setting (alternated) and the largest
 difference of the last phase's partials from torch.
 
-    python tools/phase_chain_bench.py [--phases 80] [--replays 30]      # on the GPU
+    PYTHONPATH=. python tools/phase_chain_bench.py [--phases 80] [--replays 30]      # on the GPU
     python tools/phase_chain_bench.py --compile                         # sm_90, no GPU: registers, shared memory
 
 `--compile` needs the device's Triton (3.6) first on PYTHONPATH for the device's numbers
@@ -128,8 +128,8 @@ def compile_offline() -> None:
 
 
 def run_on_gpu(phases: int, replays: int) -> None:
-    import statistics
     import torch
+    from step_profile import median_ms
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     tasks, most, per_phase = table(phases, ctas)
@@ -150,15 +150,7 @@ def run_on_gpu(phases: int, replays: int) -> None:
         launch()
         torch.cuda.synchronize()
         error = float((part - expected).abs().max())   # the last phase's partials (every phase writes part)
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            launch()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1000)
-        us = statistics.median(times)
+        us = median_ms(launch, replays) * 1000
         print(f"PREFETCH={prefetch}: {us:.1f} us for {phases} phases, {us / phases:.2f} us per phase "
               f"(largest difference from torch {error:.2e})", flush=True)
 

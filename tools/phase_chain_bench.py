@@ -104,9 +104,14 @@ def table(phases: int, ctas: int):
     return out, most, per_phase
 
 
+def shared_layout(block: list[int]):
+    """The shared-memory layout of an fp16 TMA tile (what wgmma reads)."""
+    return gl.NVMMASharedLayout.get_default_for(block, gl.float16)
+
+
 def descriptor_type(block: list[int]) -> str:
     """The signature string of an fp16 TMA descriptor argument of this block (what a launch would mangle)."""
-    return f"tensordesc<fp16[{', '.join(map(str, block))}],{gl.NVMMASharedLayout.get_default_for(block, gl.float16)!r}>"
+    return f"tensordesc<fp16[{', '.join(map(str, block))}],{shared_layout(block)!r}>"
 
 
 def compile_offline() -> None:
@@ -138,8 +143,8 @@ def run_on_gpu(phases: int, replays: int) -> None:
     x = torch.randn(ROWS, K, device="cuda", generator=g).half()
     w = (torch.randn(phases * N, K, device="cuda", generator=g) * 0.02).half()
     part = torch.zeros(K // BK, ROWS, N, device="cuda")
-    x_desc = TensorDescriptor.from_tensor(x, [ROWS, BK], gl.NVMMASharedLayout.get_default_for([ROWS, BK], gl.float16))
-    w_desc = TensorDescriptor.from_tensor(w, [BN, BK], gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float16))
+    x_desc = TensorDescriptor.from_tensor(x, [ROWS, BK], shared_layout([ROWS, BK]))
+    w_desc = TensorDescriptor.from_tensor(w, [BN, BK], shared_layout([BN, BK]))
     counters = torch.zeros(phases, dtype=torch.int32, device="cuda")
     expected = torch.stack([(x[:, s * BK:(s + 1) * BK].float() @ w[(phases - 1) * N:, s * BK:(s + 1) * BK].float().t())
                             for s in range(K // BK)])

@@ -430,16 +430,16 @@ class DepthFrame:
         sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else ctas
         self.rows = rows
         weight = decoder.layers[0].mlp.down_proj.weight
-        if num_warps is None:
-            num_warps = (4 if plan.row_tile(rows) == 16 else 8) if weight.dtype == torch.float16 else 4
-        if num_stages is None and weight.dtype == torch.float16:
-            num_stages = 4
-        self.launch_options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps,
-                                                                                        num_stages=num_stages)
         vocab = cp.heads[0].weight.shape[0]
         self.shapes = dataclasses.replace(shapes_for(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads,
                                                      cfg.num_kv_heads, cfg.head_dim, vocab, cfg.num_layers, rows),
                                           **(tiles or {}))
+        if num_warps is None:   # by the tile the launch computes (tiles may override it)
+            num_warps = (4 if self.shapes.rows == 16 else 8) if weight.dtype == torch.float16 else 4
+        if num_stages is None and weight.dtype == torch.float16:
+            num_stages = 4
+        self.launch_options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps,
+                                                                                        num_stages=num_stages)
         self.schedule = plan.build(self.shapes, ctas, sms)
         layers = decoder.layers
         stack = lambda get: torch.stack([get(layer).detach() for layer in layers]).contiguous()

@@ -65,10 +65,12 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
                  s_b, s_t, r_b, r_t, o_b, o_t, so_b, so_t,
                  C_IN: tl.constexpr, C_IN_PADDED: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
                  RESIDUAL: tl.constexpr, OUT: tl.constexpr, SNAKE_OUT: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
-                 LIBDEVICE: tl.constexpr):
-    m = tl.program_id(0) * BM + tl.arange(0, BM)      # (row, frame) pairs, rows one after the other
-    n = tl.program_id(1) * BN + tl.arange(0, BN)
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, N_BLOCKS: tl.constexpr,
+                 PRECISION: tl.constexpr, LIBDEVICE: tl.constexpr):
+    # The N blocks of one M block are neighbours in launch order: they read the same input rows
+    # while those are still in L2 (the last blocks' inputs are larger than L2).
+    m = (tl.program_id(0) // N_BLOCKS) * BM + tl.arange(0, BM)      # (row, frame) pairs, rows one after the other
+    n = (tl.program_id(0) % N_BLOCKS) * BN + tl.arange(0, BN)
     m_valid, n_valid = m < rows * frames, n < n_out
     b, t = m // frames, m % frames
     src_rows = src_ptr + b * s_b + t * s_t
@@ -101,20 +103,48 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
                  mask=valid)
 
 
+@triton.jit
+def _causal_conv_to_one(src_ptr, weight_ptr, bias_ptr, out_ptr, rows, frames, s_b, s_t, o_b,
+                        C_IN: tl.constexpr, C_PADDED: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
+                        BM: tl.constexpr):
+    """A convolution to one output channel (the waveform) on the CUDA cores: a tensor-core tile
+    would be 15/16 padding. Each tap's products are summed over the channels, the taps in order."""
+    m = tl.program_id(0) * BM + tl.arange(0, BM)
+    m_valid = m < rows * frames
+    b, t = m // frames, m % frames
+    c = tl.arange(0, C_PADDED)
+    c_valid = c < C_IN
+    acc = tl.zeros([BM], dtype=tl.float32)
+    for tap in tl.static_range(TAPS):
+        x = tl.load(src_ptr + (b * s_b + (t + tap * DILATION) * s_t)[:, None] + c[None, :],
+                    mask=m_valid[:, None] & c_valid[None, :], other=0.0)
+        w = tl.load(weight_ptr + tap * C_IN + c, mask=c_valid, other=0.0)
+        acc += tl.sum(x.to(tl.float32) * w.to(tl.float32)[None, :], 1)
+    tl.store(out_ptr + b * o_b + t, acc + tl.load(bias_ptr), mask=m_valid)
+
+
 def tiles(c_in: int, n_out: int, taps: int, half: bool) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of a convolution. Chosen on the H200 from a sweep
-    of ten tilings over every kind of the fp16 vocoder's convolutions at 64 rows x 4 frames
-    (docs/bench.md, ninth session): 64 x 64 tiles, 8 warps, 3 stages serve most (the 1x1
-    convolutions with the residual 1.5-1.6x faster than the earlier 128 x 64); 96 output channels
-    take N blocks of 32 (none idle: 2.0-2.3x for the 1x1s); the dilated 7-tap convolutions of 384
-    and 768 channels take 128 x 128 (1.2-1.4x). K blocks of 64 where the channels allow."""
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of a convolution. Chosen on the H200 from sweeps
+    over every kind of the fp16 vocoder's convolutions at 64 rows x 4 frames (docs/bench.md, ninth
+    and seventeenth sessions): 64 x 64 tiles, 8 warps, 3 stages serve most (the 1x1 convolutions
+    with the residual 1.5-1.6x faster than 128 x 64); 96 output channels take N blocks of 32 (none
+    idle: 2.0-2.3x for the 1x1s), the dilated ones in M blocks of 128; the dilated 7-tap
+    convolutions of 384 to 1024 channels take 128 x 128 (1.2-1.4x). K blocks of 64 where the
+    channels allow."""
     block_k = 64 if half and c_in % 64 == 0 else 32
     block_k = max(16, min(block_k, triton.next_power_of_2(c_in)))
     if n_out == 96:
-        return 64, 32, block_k, 4, 4
-    if taps == 7 and c_in in (384, 768):
+        return 128 if taps == 7 else 64, 32, block_k, 4, 4
+    if taps == 7 and c_in in (384, 768, 1024):
         return 128, 128, block_k, 8, 3
     return 64, max(16, min(64, triton.next_power_of_2(n_out))), block_k, 8, 3
+
+
+def to_one_tiles(c_in: int) -> tuple[int, int]:
+    """(BLOCK_M, warps) of a convolution to one channel: 128 values of the padded input per thread
+    (H200, 64 rows x 4 frames, 96 channels: 114.6 us at 128 x 4 warps, 113.4 at 512 x 16, 123.1 at
+    256 x 8; 424-677 at 256 per thread, which spill; docs/bench.md, seventeenth session)."""
+    return 128, 4
 
 
 def _rows_view(x: torch.Tensor, frames: int, n: int, name: str, dtypes=(torch.float32,)) -> tuple[int, int]:
@@ -136,7 +166,8 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     SnakeBeta(that) (snake = (log_alpha, log_beta, eps), per channel n mod len(log_alpha)) in fp32
     or fp16, each [B, frames, N] or the same memory seen as [B, frames * N / C, C] (a transposed
     convolution's samples), any batch stride. An fp16 snake_out adds its count of values outside
-    fp16's range to overflow (int32 [1], required then)."""
+    fp16's range to overflow (int32 [1], required then). One output channel and only `out` (the
+    waveform) runs on the CUDA cores."""
     batch, _, c_in = src.shape
     n_out = weight.shape[1]
     taps = weight.shape[0] // c_in
@@ -155,13 +186,20 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
                   if snake_out is not None else (0, 0))
     if snake_out is not None and snake_out.dtype == torch.float16 and overflow is None:
         raise ValueError("an fp16 snake_out needs an overflow counter")
+    if n_out == 1 and residual is None and snake_out is None:
+        block_m, warps = to_one_tiles(c_in)
+        _causal_conv_to_one[(triton.cdiv(batch * frames, block_m),)](
+            src, weight, bias, out, batch, frames, src.stride(0), src.stride(1), o_b,
+            C_IN=c_in, C_PADDED=triton.next_power_of_2(c_in), TAPS=taps, DILATION=dilation, BM=block_m,
+            num_warps=warps)
+        return
     log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
     block_m, block_n, block_k, warps, stages = tiles(c_in, n_out, taps, src.dtype == torch.float16)
     c_in_padded = triton.cdiv(c_in, block_k) * block_k
     # TF32 exactly when torch would use it for a convolution (cuDNN's switch); fp16 inputs ignore it.
     precision = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
-    grid = (triton.cdiv(batch * frames, block_m), triton.cdiv(n_out, block_n))
-    _causal_conv[grid](
+    n_blocks = triton.cdiv(n_out, block_n)
+    _causal_conv[(triton.cdiv(batch * frames, block_m) * n_blocks,)](
         src, weight, bias, residual if residual is not None else bias, out if out is not None else bias,
         snake_out if snake_out is not None else bias, log_alpha, log_beta,
         overflow if overflow is not None else bias,
@@ -169,5 +207,5 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         src.stride(0), src.stride(1), r_b, r_t, o_b, o_t, so_b, so_t,
         C_IN=c_in, C_IN_PADDED=c_in_padded, TAPS=taps, DILATION=dilation,
         RESIDUAL=residual is not None, OUT=out is not None, SNAKE_OUT=snake_out is not None,
-        BM=block_m, BN=block_n, BK=block_k, PRECISION=precision, LIBDEVICE=compiled(),
+        BM=block_m, BN=block_n, BK=block_k, N_BLOCKS=n_blocks, PRECISION=precision, LIBDEVICE=compiled(),
         num_warps=warps, num_stages=stages)

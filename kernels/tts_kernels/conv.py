@@ -16,8 +16,9 @@ not depend on the rows in the tile, so a row's output does not depend on its bat
 
 Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation,
 residual stream and outputs in fp32) or both fp32 (TF32 when torch allows it for convolutions, else
-exact). Triton's TF32 GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x
-faster (docs/bench.md). An fp16 input beyond fp16's range (65504) would be infinite: each fp16
+exact; the one-channel convolution, on the CUDA cores, sums exactly in fp32 either way). Triton's
+TF32 GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x faster
+(docs/bench.md). An fp16 input beyond fp16's range (65504) would be infinite: each fp16
 `snake_out` counts its out-of-range values (NaN included) into `overflow`, for the caller to refuse
 the audio instead of returning it.
 """

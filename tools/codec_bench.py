@@ -7,6 +7,10 @@ shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
                                                         # engine's kernels (fp16 vocoder): eager,
                                                         # graphed, profile
     python tools/codec_bench.py --emulate               # CPU: mixed precisions' SNR (below)
+    python tools/codec_bench.py --convs [--tiles BM,BN,BK,WARPS,STAGES ...]
+                                                        # each vocoder convolution of one engine
+                                                        # call alone (fp16 vocoder), at the tree's
+                                                        # tiles and at each --tiles given
 
 --emulate runs anywhere (CPU here): the vocoder's convolutions with their inputs and weights
 rounded to TF32 / bf16 / fp16 and optionally their outputs too, the rest (the residual stream, the
@@ -155,6 +159,73 @@ def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: in
           flush=True)
 
 
+def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]]) -> None:
+    """--convs: the tts_kernels.conv launches of one engine codec call (rows x window frames, fp16
+    vocoder), recorded with their arguments, then each timed alone: us (median of three runs of
+    10 launches), TFLOP/s, and TB/s of the bytes it must move (input once, outputs, residual)."""
+    import statistics
+    import tts_kernels.conv as conv
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    use_kernels(codec, True)
+    calls, launch = [], conv.causal_conv
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        launch(*args, **kwargs)
+
+    state = codec.new_state(rows)
+    codes = torch.randint(0, 2048, (rows, window, 16), device="cuda")
+    with torch.no_grad():
+        codec.decode_step(codes, state)
+        conv.causal_conv = record
+        try:
+            codec.decode_step(codes, state)
+        finally:
+            conv.causal_conv = launch
+    torch.cuda.synchronize()
+
+    def us(args, kwargs) -> float:
+        launch(*args, **kwargs)
+        runs = []
+        for _ in range(3):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(10):
+                launch(*args, **kwargs)
+            end.record()
+            torch.cuda.synchronize()
+            runs.append(start.elapsed_time(end) * 100)
+        return statistics.median(runs)
+
+    print(f"{len(calls)} convolutions per call of {rows} rows x {window} frames (flags: r = adds the residual, "
+          f"o = writes out, s = writes the next input's SnakeBeta)", flush=True)
+    total = 0.0
+    for i, (args, kwargs) in enumerate(calls):
+        src, weight, _, frames = args[:4]
+        written = [kwargs[k] for k in ("residual", "out", "snake_out") if kwargs.get(k) is not None]
+        flags = "".join(f for f, k in (("r", "residual"), ("o", "out"), ("s", "snake_out")) if kwargs.get(k) is not None)
+        m, (k, n) = src.shape[0] * frames, weight.shape
+        moved = src.numel() * src.element_size() + sum(m * n * x.element_size() for x in written)
+        c_in = src.shape[2]
+        kind = "one channel" if n == 1 else conv.tiles(c_in, n, k // c_in, src.dtype == torch.float16)
+        t = us(args, kwargs)
+        total += t
+        line = (f"{i:2d} src {tuple(src.shape)} w {tuple(weight.shape)} d={args[4]} {flags:3s} {t:7.1f} us "
+                f"{2 * m * k * n / t / 1e6:5.0f} TF/s {moved / t / 1e6:5.2f} TB/s  {kind}")
+        if n > 1:
+            saved = conv.tiles
+            for tiles in sweep:
+                conv.tiles = lambda *shape, tiles=tiles: tiles
+                try:
+                    line += f"\n     {tiles}: {us(args, kwargs):7.1f} us"
+                except Exception as error:   # e.g. a tile that needs more shared memory than there is
+                    line += f"\n     {tiles}: {type(error).__name__}"
+                finally:
+                    conv.tiles = saved
+        print(line, flush=True)
+    print(f"sum over the launches at the tree's tiles: {total:.0f} us", flush=True)
+
+
 def _round_tf32(x: torch.Tensor) -> torch.Tensor:
     """fp32 rounded to TF32's 10 mantissa bits (half-way cases away from zero; close enough here)."""
     bits = x.contiguous().view(torch.int32)
@@ -201,12 +272,18 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--compile", action="store_true", help="with --profile: torch.compile variants too")
     parser.add_argument("--emulate", action="store_true", help="CPU: mixed precisions' SNR (module doc)")
+    parser.add_argument("--convs", action="store_true", help="each vocoder convolution alone (module doc)")
+    parser.add_argument("--tiles", nargs="*", default=[], metavar="BM,BN,BK,WARPS,STAGES",
+                        help="with --convs: time every convolution at these tiles too")
     args = parser.parse_args()
     if args.emulate:
         emulate(args.rows or 2, args.window)
         return
     args.rows = args.rows or 64
     _, codec32 = build_random("1.7b", "cuda", torch.bfloat16)
+    if args.convs:
+        conv_times(codec32, args.rows, args.window, [tuple(int(v) for v in t.split(",")) for t in args.tiles])
+        return
     # the profile's SNR runs in calls of the timed shape, so that a compiled step compiles once
     shape = (args.rows, 6 * args.window, 16) if args.profile else (4, 96, 16)
     codes = torch.randint(0, 2048, shape, device="cuda", generator=torch.Generator("cuda").manual_seed(1))

@@ -163,8 +163,8 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]]) -> N
     """--convs: the tts_kernels.conv launches of one engine codec call (rows x window frames, fp16
     vocoder), recorded with their arguments, then each timed alone: us (median of three runs of
     10 launches), TFLOP/s, and TB/s of the bytes it must move (input once, outputs, residual)."""
-    import statistics
     import tts_kernels.conv as conv
+    from step_profile import median_ms
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     use_kernels(codec, True)
     calls, launch = [], conv.causal_conv
@@ -186,16 +186,7 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]]) -> N
 
     def us(args, kwargs) -> float:
         launch(*args, **kwargs)
-        runs = []
-        for _ in range(3):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(10):
-                launch(*args, **kwargs)
-            end.record()
-            torch.cuda.synchronize()
-            runs.append(start.elapsed_time(end) * 100)
-        return statistics.median(runs)
+        return median_ms(lambda: [launch(*args, **kwargs) for _ in range(10)], 3) * 100
 
     print(f"{len(calls)} convolutions per call of {rows} rows x {window} frames (flags: r = adds the residual, "
           f"o = writes out, s = writes the next input's SnakeBeta)", flush=True)

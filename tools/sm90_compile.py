@@ -14,7 +14,7 @@ depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache 
 bf16: bf16 cache, hi/lo parts); attention: the decoder layers' attention kernel at the 1.7B
 talker's shapes, `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids;
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
-wide (96 .. 768), over 4 frames' samples per row.
+wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it.
 """
 from __future__ import annotations
 
@@ -143,12 +143,14 @@ def sampler_launch(rows: int, warps: int | None, stages: int | None):
 
 
 def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None):
+    """The engine's fp16 vocoder: fp16 input and weights, fp16 SnakeBeta output with its overflow count."""
     import tts_kernels.conv as conv
     frames = 4 * 1920 * 96 // channels
-    weight, bias = torch.zeros(7 * channels, channels), torch.zeros(channels)
+    weight, bias = torch.zeros(7 * channels, channels, dtype=torch.float16), torch.zeros(channels)
     args, kwargs = captured_launch(conv._causal_conv, lambda: conv.causal_conv(
-        torch.zeros(rows, 54 + frames, channels), weight, bias, frames, 9, snake=(bias, bias, 1e-9),
-        snake_out=torch.zeros(rows, frames, channels)))
+        torch.zeros(rows, 54 + frames, channels, dtype=torch.float16), weight, bias, frames, 9,
+        snake=(bias, bias, 1e-9), snake_out=torch.zeros(rows, frames, channels, dtype=torch.float16),
+        overflow=torch.zeros(1, dtype=torch.int32)))
     return conv._causal_conv, args, launch_options(kwargs, warps, stages)
 
 

@@ -359,6 +359,33 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_and_slot():
         assert np.array_equal(other[0].pcm, alone[0].pcm)
 
 
+def test_one_row_engine_gives_the_same_audio_with_and_without_dependent_launches(monkeypatch):
+    """At one row the talker's and code predictor's kernels launch with programmatic dependent
+    launch on Hopper (tts_kernels.launch): the same requests give the same codes and PCM, bit for
+    bit, with it and without it (the path of other GPUs)."""
+    import tts_kernels.launch as launch
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    synth = Synthesizer.from_pretrained(TINY, device="cuda")
+    sampling = synth.ckpt.sampling
+    embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS[:3])]
+
+    def run():
+        engine = Engine(synth.model, synth.codec, rows=1, context=128, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling))
+        return engine.run([EngineRequest(key=i, prompt_embeds=e, seed=30 + i, max_frames=20, min_new_tokens=21)
+                           for i, e in enumerate(embeds)])
+
+    assert launch.programmatic(embeds[0])["launch_pdl"]
+    with_pdl = run()
+    monkeypatch.setattr(launch, "enabled", False)
+    without = run()
+    for a, b in zip(with_pdl, without):
+        assert len(a.codes) == 20
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
+
+
 def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
     """Admissions, releases and drains only queue work: no CUDA call that waits for the stream (a
     Python value assigned through an index is such a call: a blocking copy), so the host's one wait

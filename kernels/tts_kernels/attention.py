@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
 from tts_kernels.linear import load_parts, parts_of, store_parts
 
 
@@ -64,11 +65,14 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
                Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
                TOKENS_PER_ROW: tl.constexpr,
                CAPACITY: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, START_PER_ROW: tl.constexpr):
+               BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, START_PER_ROW: tl.constexpr,
+               PDL: tl.constexpr):
     row_in_batch = tl.program_id(0)
     kv_head = tl.program_id(1)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
     part_stride = tokens * width
+    let_dependents_launch(PDL)
+    wait_for_predecessor(PDL)   # the positions and cache rows too may be written by the step before
     if START_PER_ROW:
         start = tl.load(start_ptr + row_in_batch)
     cache_row = tl.load(rows_ptr + row_in_batch)
@@ -158,7 +162,7 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
         Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, TOKENS_PER_ROW=s, CAPACITY=k_cache.shape[2],
         BLOCK_S=triton.next_power_of_2(s), BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))), BLOCK_K=32,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=k_cache.dtype == torch.float32, PARTS=parts,
-        START_PER_ROW=torch.is_tensor(start),
+        START_PER_ROW=torch.is_tensor(start), **programmatic(qkv),
         # a prefill chunk's keys and queries spill at 4 warps (255 registers + stack at 32 tokens)
         num_warps=4 if s <= 4 else 8)
     return out

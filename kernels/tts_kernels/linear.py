@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
+
 
 def parts_of(dtype: torch.dtype) -> int:
     """How many parts a GEMM input of this dtype (its weights') is written as (module doc)."""
@@ -52,18 +54,22 @@ def store_parts(ptr, offsets, part_stride, value, mask, PARTS: tl.constexpr):
 @triton.jit
 def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, rows, width, eps,
            ADD: tl.constexpr, DELTA_PARTS: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
-           BLOCK: tl.constexpr):
+           BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     valid = cols < width
     offsets = row * width + cols
+    let_dependents_launch(PDL)
+    if NORM:
+        weight = tl.load(norm_ptr + cols, mask=valid, other=0.0).to(tl.float32)
+    wait_for_predecessor(PDL)
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
     if ADD:
         x += load_parts(delta_ptr, offsets, rows * width, valid, DELTA_PARTS)
         tl.store(x_ptr + offsets, x, mask=valid)
     if NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
-        x = tl.load(norm_ptr + cols, mask=valid, other=0.0).to(tl.float32) * (x * rstd)
+        x = weight * (x * rstd)
     store_parts(out_ptr, offsets, rows * width, x, valid, PARTS)
 
 
@@ -78,26 +84,39 @@ def split(x: torch.Tensor, dtype: torch.dtype, norm_weight: torch.Tensor | None 
     _split[(rows,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x, out,
                     rows, width, eps, ADD=delta is not None,
                     DELTA_PARTS=1 if delta is None else delta.shape[0] // rows, NORM=norm_weight is not None,
-                    PARTS=parts, BLOCK=triton.next_power_of_2(width))
+                    PARTS=parts, BLOCK=triton.next_power_of_2(width), **programmatic(x))
     return out
 
 
 @triton.jit
-def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+def _gemv_weights(w_ptr, n, cols, N, K, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(w_ptr + n[:, None] * K + cols[None, :])
+    return tl.load(w_ptr + n[:, None] * K + cols[None, :], mask=(n < N)[:, None] & (cols < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _gemv_input(x_ptr, cols, K, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(x_ptr + cols).to(tl.float32)
+    return tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+          PDL: tl.constexpr):
     """out[n] = sum over k of w[n, k] * x[k], for BLOCK_N rows of w: the 16-bit products exact in
-    fp32, summed in fp32 per lane of BLOCK_K, the lanes added at the end (a fixed order)."""
+    fp32, summed in fp32 per lane of BLOCK_K, the lanes added at the end (a fixed order). The first
+    chunk of weights is read before waiting for the kernel that wrote x (tts_kernels.launch)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k in range(0, K, BLOCK_K):
-        cols = k + lanes
-        if EVEN:
-            x = tl.load(x_ptr + cols)
-            w = tl.load(w_ptr + n[:, None] * K + cols[None, :])
-        else:
-            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-            w = tl.load(w_ptr + n[:, None] * K + cols[None, :], mask=(n < N)[:, None] & (cols < K)[None, :], other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    let_dependents_launch(PDL)
+    w = _gemv_weights(w_ptr, n, lanes, N, K, EVEN)
+    wait_for_predecessor(PDL)
+    acc = w.to(tl.float32) * _gemv_input(x_ptr, lanes, K, EVEN)[None, :]
+    for k in range(BLOCK_K, K, BLOCK_K):
+        acc += _gemv_weights(w_ptr, n, k + lanes, N, K, EVEN).to(tl.float32) * \
+            _gemv_input(x_ptr, k + lanes, K, EVEN)[None, :]
     tl.store(out_ptr + n, tl.sum(acc, axis=1), mask=n < N)
 
 
@@ -112,7 +131,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     block_n, block_k = 8, min(512, triton.next_power_of_2(k))
     out = torch.empty(1, n, device=x.device, dtype=torch.float32)
     _gemv[(triton.cdiv(n, block_n),)](x, weight, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
-                                      EVEN=n % block_n == 0 and k % block_k == 0, num_warps=8, num_stages=3)
+                                      EVEN=n % block_n == 0 and k % block_k == 0, num_warps=8, num_stages=3,
+                                      **programmatic(x))
     return out
 
 

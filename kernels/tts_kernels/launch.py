@@ -1,0 +1,50 @@
+"""Programmatic dependent launch (PDL, Hopper and later) for the kernels of a one-row talker step.
+
+At one row in flight a talker step is ~270 short kernels in a row (GEMVs, norms, attention, SiLU),
+and the GPU idles between them while each launches and ramps up (0.22 ms per step on the H200,
+docs/bench.md, fifteenth session). Launched with PDL, a kernel's CTAs may start while the kernel
+before it still runs: each kernel first lets the next one launch (`let_dependents_launch`), reads
+what does not depend on its predecessor (weights), then waits for the predecessor to finish and
+its writes to be visible (`wait_for_predecessor`) before reading activations or writing anything.
+Waiting for the predecessor's completion covers every earlier kernel too (each of those waited).
+A kernel launched after a non-PDL one (cuBLAS, torch) just starts when it ends, as without PDL.
+
+Off in Triton's interpreter and before sm_90, where the launch option does not exist, and where
+`enabled` is False (tests compare the two).
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tts_kernels import compiled
+
+
+enabled = True
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def programmatic(x: torch.Tensor) -> dict:
+    """Launch options for a kernel with a `PDL` constexpr, working on x's device: PDL on where it
+    can run."""
+    on = enabled and x.is_cuda and compiled() and _capability(x.device.index if x.device.index is not None
+                                                   else torch.cuda.current_device()) >= (9, 0)
+    return {"PDL": on, "launch_pdl": on}
+
+
+@triton.jit
+def let_dependents_launch(PDL: tl.constexpr):
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_predecessor(PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()

@@ -214,8 +214,8 @@ def test_the_engine_runs_the_loop_where_the_kernel_cannot_run_and_says_why(caplo
 
 
 def test_auto_runs_the_kernel_where_it_measured_faster():
-    """--depth auto: the kernel over fp16 weights (where it measured faster on the H200), the loop
-    over bf16 ones, with the reason. Rows go to the 16-row tile up to 16, else to the 64-row one
+    """--depth auto: the kernel over fp16 weights at 2-64 rows (where it measured faster on the
+    H200), the loop over bf16 ones and at one row, with the reason. Rows go to the 16-row tile up to 16, else to the 64-row one
     (a 32-row tile measured slower than both); more than 64 are refused by name."""
     import torch
 
@@ -224,8 +224,9 @@ def test_auto_runs_the_kernel_where_it_measured_faster():
     assert [row_tile(r) for r in (1, 16, 17, 32, 33, 64)] == [16, 16, 64, 64, 64, 64]
     with pytest.raises(ValueError, match="65 rows: the depth kernel runs up to 64 rows per launch"):
         row_tile(65)
-    assert auto_prefers_loop(torch.float16) is None
-    assert "over torch.bfloat16 weights the loop measured faster" in auto_prefers_loop(torch.bfloat16)
+    assert auto_prefers_loop(torch.float16, 2) is None and auto_prefers_loop(torch.float16, 64) is None
+    assert "over torch.bfloat16 weights the loop measured faster" in auto_prefers_loop(torch.bfloat16, 64)
+    assert "at one row the loop" in auto_prefers_loop(torch.float16, 1)
 
 
 def test_synth_takes_the_depth_setting_from_the_command_line_and_recipes(monkeypatch, tmp_path):

@@ -28,7 +28,7 @@ DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel 
               "(one persistent kernel per frame, tts_kernels.depth_frame: Hopper GPUs with 128+ SMs, fp16 or bf16, up to 64 "
               "rows, no top-p; elsewhere the loop runs and the log says why), auto (the kernel only where it "
               "measured faster than the loop: on the H200 over fp16 weights, the default --talker-precision, at "
-              "1-64 rows; docs/bench.md).")
+              "2-64 rows; docs/bench.md).")
 CODEC_PRECISION_HELP = ("The vocoder's convolution inputs on cuda: fp16 (fp32 accumulation and residual stream; "
                         "a value beyond fp16's range is detected and its audio refused with an error that names "
                         "this switch) or fp32 (TF32; slower: docs/bench.md).")

@@ -120,18 +120,23 @@ def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
     tl.store(out_ptr + n, tl.sum(acc, axis=1), mask=n < N)
 
 
+# gemv's tile: rows of the weight per program, lanes (the K chunk), warps
+GEMV_TILE = (8, 512, 8)
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [1, K] @ weight [N, K].T -> [1, N] fp32, both 16-bit and contiguous. H200, one row over 28
     distinct weights in a CUDA graph, us per call, cuBLAS (torch.mm to fp32) against this kernel's
     best tiles of a sweep: 4096 x 2048 7.35 / 6.08, 2048 x 2048 6.22 / 4.31, 12288 x 2048 15.2 /
     14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md). One setting serves all (8 rows of w, 512 lanes,
     8 warps, 3 stages: the best for the first shape); end to end it took a c1 talker step from
-    1.60 to 1.48 ms."""
+    1.60 to 1.48 ms. The tiles are GEMV_TILE's (tools may set other ones)."""
     n, k = weight.shape
-    block_n, block_k = 8, min(512, triton.next_power_of_2(k))
+    block_n, lanes, warps = GEMV_TILE
+    block_k = min(lanes, triton.next_power_of_2(k))
     out = torch.empty(1, n, device=x.device, dtype=torch.float32)
     _gemv[(triton.cdiv(n, block_n),)](x, weight, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k,
-                                      EVEN=n % block_n == 0 and k % block_k == 0, num_warps=8, num_stages=3,
+                                      EVEN=n % block_n == 0 and k % block_k == 0, num_warps=warps, num_stages=3,
                                       **programmatic(x))
     return out
 

@@ -14,6 +14,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from tts_kernels import compiled
+from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
 
 LOW32 = 0xFFFFFFFF
 
@@ -93,10 +94,12 @@ def count_nonfinite(count_ptr, logits):
 @triton.jit
 def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr,
                  frame_ptr, frame_stride, out_ptr, nonfinite_ptr, group, vocab, BLOCK: tl.constexpr,
-                 LIBDEVICE: tl.constexpr, COUNT: tl.constexpr):
+                 LIBDEVICE: tl.constexpr, COUNT: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     tokens = tl.arange(0, BLOCK)
     valid = tokens < vocab
+    let_dependents_launch(PDL)
+    wait_for_predecessor(PDL)
     raw = tl.load(logits_ptr + row * logits_stride + tokens, mask=valid, other=float("-inf")).to(tl.float32)
     if COUNT:
         count_nonfinite(nonfinite_ptr, raw)
@@ -120,5 +123,6 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     _sample_rows[(rows,)](logits, logits.stride(0), temperature.contiguous(), top_k.contiguous(),
                           do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, out,
                           nonfinite if nonfinite is not None else out, group, vocab,
-                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled(), COUNT=nonfinite is not None)
+                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled(), COUNT=nonfinite is not None,
+                          **programmatic(logits))
     return out

@@ -32,11 +32,14 @@ def _log_once(message: str) -> None:
         log.info(message)
 
 
-def auto_prefers_loop(weights: torch.dtype) -> str | None:
+def auto_prefers_loop(weights: torch.dtype, rows: int) -> str | None:
     """Why `--depth auto` runs the loop where the kernel could run, or None (tts_cli.engine:
     where each measured faster)."""
     if weights != torch.float16:
         return f"auto: over {weights} weights the loop measured faster (docs/bench.md)"
+    if rows == 1:
+        return "auto: at one row the loop, its kernels launched as programmatic dependents, measured faster " \
+               "(docs/bench.md)"
     return None
 
 
@@ -77,7 +80,7 @@ class DecodeStep:
         if why is None and not self.sampler_kernel:
             why = "the step draws with the torch sampler (top-p, or the fused kernels are off)"
         if why is None and depth == "auto":
-            why = auto_prefers_loop(cp.decoder.layers[0].mlp.down_proj.weight.dtype)
+            why = auto_prefers_loop(cp.decoder.layers[0].mlp.down_proj.weight.dtype, rows)
         if why is not None:
             _log_once(f"engine: code-predictor loop, not the persistent depth kernel ({why})")
             return None

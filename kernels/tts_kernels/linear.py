@@ -121,7 +121,7 @@ def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
 
 
 # gemv's tile: rows of the weight per program, lanes (the K chunk), warps
-GEMV_TILE = (8, 512, 8)
+GEMV_TILE = (4, 1024, 4)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -120,7 +120,11 @@ def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
     tl.store(out_ptr + n, tl.sum(acc, axis=1), mask=n < N)
 
 
-# gemv's tile: rows of the weight per program, lanes (the K chunk), warps
+# gemv's tile: rows of the weight per program, lanes (the K chunk), warps. Chosen end to end, with
+# the kernels launched as programmatic dependents (tts_kernels.launch), by `tts bench --concurrency
+# 1` on the H200 (audio-s/s): 4 x 1024 x 4 23.4-23.6, 2 x 1024 x 4 23.6, 4 x 2048 x 4 23.7, 8 x 2048
+# x 8 22.8, 8 x 512 x 8 (the tile before) 20.8-21.0 (docs/bench.md, eighteenth session). Why it
+# wins was not profiled; a larger first chunk is read before the wait.
 GEMV_TILE = (4, 1024, 4)
 
 
@@ -128,9 +132,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [1, K] @ weight [N, K].T -> [1, N] fp32, both 16-bit and contiguous. H200, one row over 28
     distinct weights in a CUDA graph, us per call, cuBLAS (torch.mm to fp32) against this kernel's
     best tiles of a sweep: 4096 x 2048 7.35 / 6.08, 2048 x 2048 6.22 / 4.31, 12288 x 2048 15.2 /
-    14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md). One setting serves all (8 rows of w, 512 lanes,
-    8 warps, 3 stages: the best for the first shape); end to end it took a c1 talker step from
-    1.60 to 1.48 ms. The tiles are GEMV_TILE's (tools may set other ones)."""
+    14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md, fifteenth session). One tile serves all shapes:
+    GEMV_TILE (tools may set another)."""
     n, k = weight.shape
     block_n, lanes, warps = GEMV_TILE
     block_k = min(lanes, triton.next_power_of_2(k))

@@ -215,8 +215,9 @@ def test_the_engine_runs_the_loop_where_the_kernel_cannot_run_and_says_why(caplo
 
 def test_auto_runs_the_kernel_where_it_measured_faster():
     """--depth auto: the kernel over fp16 weights at 2-64 rows (where it measured faster on the
-    H200), the loop over bf16 ones and at one row, with the reason. Rows go to the 16-row tile up to 16, else to the 64-row one
-    (a 32-row tile measured slower than both); more than 64 are refused by name."""
+    H200), the loop over bf16 ones and at one row, with the reason. Rows go to the 16-row tile up
+    to 16, else to the 64-row one (a 32-row tile measured slower than both); more than 64 are
+    refused by name."""
     import torch
 
     from tts_cli.engine.step import auto_prefers_loop

@@ -1,8 +1,8 @@
-"""Programmatic dependent launch (PDL, Hopper and later) for the kernels of a one-row talker step.
+"""Programmatic dependent launch (PDL, Hopper and later) for the engine's small Triton kernels.
 
-At one row in flight a talker step is ~270 short kernels in a row (GEMVs, norms, attention, SiLU),
-and the GPU idles between them while each launches and ramps up (0.22 ms per step on the H200,
-docs/bench.md, fifteenth session). Launched with PDL, a kernel's CTAs may start while the kernel
+It pays at one row in flight, where a talker step is ~270 short kernels in a row (GEMVs, norms,
+attention, SiLU), and the GPU idled between them while each launched and ramped up (0.22 ms per
+step on the H200, docs/bench.md, fifteenth session); at more rows cuBLAS sits between them. Launched with PDL, a kernel's CTAs may start while the kernel
 before it still runs: each kernel first lets the next one launch (`let_dependents_launch`), reads
 what does not depend on its predecessor (weights), then waits for the predecessor to finish and
 its writes to be visible (`wait_for_predecessor`) before reading activations or writing anything.
@@ -33,8 +33,10 @@ def _capability(index: int) -> tuple[int, int]:
 def programmatic(x: torch.Tensor) -> dict:
     """Launch options for a kernel with a `PDL` constexpr, working on x's device: PDL on where it
     can run."""
-    on = enabled and x.is_cuda and compiled() and _capability(x.device.index if x.device.index is not None
-                                                   else torch.cuda.current_device()) >= (9, 0)
+    on = enabled and x.is_cuda and compiled()
+    if on:
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        on = _capability(index) >= (9, 0)
     return {"PDL": on, "launch_pdl": on}
 
 

@@ -9,7 +9,7 @@ Here, before the device run (the trees travel in the working tree: carry `.arms`
 On the device, from the repository root (Python packages the device lacks: see
 /work/.library/device/README.md on carrying wheels):
 
-    python3 tools/arms.py bench --concurrency 1,64 --repeats 2 --out $OUT [-- EXTRA TTS BENCH ARGS]
+    python3 tools/arms.py bench --concurrency 1,64 --repeats 2 [--arms main,epilogue] --out $OUT [-- EXTRA ARGS]
 
 Each arm is a tree `.arms/NAME` (git archive of the commit, then `git apply` of each patch), or
 `.` for the working tree itself. A tree leaves out the test fixtures, the golden records and docs
@@ -72,8 +72,13 @@ def prepare(specs: list[str], with_tests: bool) -> None:
     (ARMS / "arms.json").write_text(json.dumps(described, indent=1) + "\n")
 
 
-def bench(concurrency: str, repeats: int, out: Path, extra: list[str]) -> None:
+def bench(concurrency: str, repeats: int, out: Path, extra: list[str], only: list[str] | None = None) -> None:
     described = json.loads((ARMS / "arms.json").read_text())
+    if only:
+        unknown = set(only) - set(described)
+        if unknown:
+            raise SystemExit(f"no such arms: {', '.join(sorted(unknown))} (prepared: {', '.join(described)})")
+        described = {name: described[name] for name in only}
     out.mkdir(parents=True, exist_ok=True)
     runs = []
     with open(out / "arms.log", "a") as log:
@@ -107,13 +112,14 @@ def main() -> None:
     b = commands.add_parser("bench", help="run tts bench in every arm, alternated")
     b.add_argument("--concurrency", default="1,64")
     b.add_argument("--repeats", type=int, default=2)
+    b.add_argument("--arms", help="only these arms, in this order (comma-separated); default: all prepared")
     b.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "arms-out")))
     b.add_argument("extra", nargs="*", help="more `tts bench` arguments (after --)")
     args = parser.parse_args()
     if args.command == "prepare":
         prepare(args.specs, args.with_tests)
     else:
-        bench(args.concurrency, args.repeats, args.out, args.extra)
+        bench(args.concurrency, args.repeats, args.out, args.extra, args.arms.split(",") if args.arms else None)
 
 
 if __name__ == "__main__":

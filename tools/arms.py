@@ -55,14 +55,14 @@ def prepare(specs: list[str], with_tests: bool) -> None:
         rev, *patches = source.split("+")
         tree = ARMS / name
         tree.mkdir()
-        left_out = [] if with_tests else [f":(exclude){path}" for path in NOT_FOR_BENCH]
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "--", "."] + left_out, check=True,
-                                 capture_output=True).stdout
+        left_out = [] if with_tests else NOT_FOR_BENCH
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "--", "."]
+                                 + [f":(exclude){path}" for path in left_out], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
         for patch in patches:
             # the tree lies inside this repository: keep git from finding it (it would apply the
             # patch to the repository's paths, and ignore those outside the tree: all of them)
-            subprocess.run(["git", "apply"] + [f"--exclude={path}/*" for path in NOT_FOR_BENCH if not with_tests]
+            subprocess.run(["git", "apply"] + [f"--exclude={path}/*" for path in left_out]
                            + [str((ROOT / patch).resolve())], cwd=tree, check=True,
                            env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(ARMS)))
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,

@@ -27,8 +27,8 @@ DEFAULT_ENGINE_ROWS = 64
 # sequence per position), `kernel` (tts_kernels.depth_frame, one persistent kernel per frame, where
 # it can run: else the loop, with the reason logged), `auto` (the kernel where it can run and was
 # measured faster: over fp16 weights, at 2-64 rows; at one row the loop, whose kernels launch as
-# programmatic dependents there: tts_kernels.launch). The kernel runs up to 64 rows, in a tile of 16 or 64 rows
-# (tts_kernels.depth_schedule.ROW_TILES). On the H200 over fp16 weights (docs/bench.md), `tts bench`
+# programmatic dependents there: tts_kernels.launch). The kernel runs up to 64 rows, in a tile of
+# 16 or 64 rows (tts_kernels.depth_schedule.ROW_TILES). On the H200 over fp16 weights (docs/bench.md), `tts bench`
 # audio-s/s kernel against loop, each pair from one loan: c1 17.2 / 14.0, c8 114.9 / 103.6 (twelfth
 # session); c64 570.4 and 581.3 / 534.4 and 539.4, alternated (thirteenth); c32 in the 64-row tile
 # 376.6 and 376.7 / 351.1 and 351.3, alternated (sixteenth). Over bf16 weights it was slower (4.6

@@ -297,14 +297,13 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
                 largest = (snake_out - snaked).abs().max().item()
                 print(f"  SnakeBeta epilogue: relative error {snake_error:.2e}, largest difference {largest:.1e}")
                 assert snake_error < 1e-5 and largest < 2e-4
-        overflow = torch.zeros(1, dtype=torch.int32, device="cuda")
         out16, snake16 = torch.empty(expected.shape, device="cuda"), torch.empty(expected.shape, device="cuda").half()
         causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, dilation, out=out16,
-                    snake=act.kernel_args(), snake_out=snake16, overflow=overflow)
+                    snake=act.kernel_args(), snake_out=snake16)
         error = ((out16 - expected).norm() / expected.norm()).item()
         snake_error = ((snake16.float() - snaked).norm() / snaked.norm()).item()
         print(f"conv C={channels} d={dilation} fp16: relative error {error:.2e}, of the SnakeBeta {snake_error:.2e}")
-        assert error < 2e-3 and snake_error < 2e-3 and overflow.item() == 0
+        assert error < 2e-3 and snake_error < 2e-3 and torch.isfinite(snake16).all()
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 

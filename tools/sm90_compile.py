@@ -157,14 +157,13 @@ def sampler_launch(rows: int, warps: int | None, stages: int | None):
 
 
 def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None):
-    """The engine's fp16 vocoder: fp16 input and weights, fp16 SnakeBeta output with its overflow count."""
+    """The engine's fp16 vocoder: fp16 input and weights, fp16 SnakeBeta output."""
     import tts_kernels.conv as conv
     frames = 4 * 1920 * 96 // channels
     weight, bias = torch.zeros(7 * channels, channels, dtype=torch.float16), torch.zeros(channels)
     args, kwargs = captured_launch(conv._causal_conv, lambda: conv.causal_conv(
         torch.zeros(rows, 54 + frames, channels, dtype=torch.float16), weight, bias, frames, 9,
-        snake=(bias, bias, 1e-9), snake_out=torch.zeros(rows, frames, channels, dtype=torch.float16),
-        overflow=torch.zeros(1, dtype=torch.int32)))
+        snake=(bias, bias, 1e-9), snake_out=torch.zeros(rows, frames, channels, dtype=torch.float16)))
     return conv._causal_conv, args, launch_options(kwargs, warps, stages)
 
 

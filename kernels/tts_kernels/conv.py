@@ -18,9 +18,9 @@ Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, 
 residual stream and outputs in fp32) or both fp32 (TF32 when torch allows it for convolutions, else
 exact; the one-channel convolution, on the CUDA cores, sums exactly in fp32 either way). Triton's
 TF32 GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x faster
-(docs/bench.md). An fp16 input beyond fp16's range (65504) would be infinite: each fp16
-`snake_out` counts its out-of-range values (NaN included) into `overflow`, for the caller to refuse
-the audio instead of returning it.
+(docs/bench.md). A value beyond fp16's range (65504) stored in an fp16 `snake_out` becomes an
+infinity, and every later convolution turns it into infinities or NaN (SnakeBeta's sine of an
+infinity is NaN), so it reaches the waveform: the caller finds it there (tts_cli.model.codec).
 """
 import torch
 import triton
@@ -29,7 +29,6 @@ from triton.language.extra import libdevice
 
 from tts_kernels import compiled
 
-FP16_MAX = tl.constexpr(65504.0)
 TWO_PI_HI = tl.constexpr(6.28125)        # 2 pi = hi + lo, hi with few bits: k * hi is exact
 TWO_PI_LO = tl.constexpr(1.9353071795864769253e-3)
 
@@ -61,7 +60,6 @@ def _snake_beta(v, log_alpha, log_beta, eps, LIBDEVICE: tl.constexpr):
 
 @triton.jit
 def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
-                 overflow_ptr,
                  rows, frames, n_out, snake_channels, eps,
                  s_b, s_t, r_b, r_t, o_b, o_t, so_b, so_t,
                  C_IN: tl.constexpr, C_IN_PADDED: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
@@ -96,10 +94,6 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
         log_alpha = tl.load(log_alpha_ptr + channel, mask=n_valid, other=0.0)[None, :]
         log_beta = tl.load(log_beta_ptr + channel, mask=n_valid, other=0.0)[None, :]
         v = _snake_beta(v, log_alpha, log_beta, eps, LIBDEVICE)
-        if snake_out_ptr.dtype.element_ty == tl.float16:
-            outside = tl.sum(tl.sum((valid & ((tl.abs(v) <= FP16_MAX) == 0)).to(tl.int32), 1), 0)   # NaN too
-            if outside > 0:   # (an atomic per tile cost as much as the convolution)
-                tl.atomic_add(overflow_ptr, outside)
         tl.store(snake_out_ptr + (b * so_b + t * so_t)[:, None] + n[None, :], v.to(snake_out_ptr.dtype.element_ty),
                  mask=valid)
 
@@ -161,14 +155,14 @@ def _rows_view(x: torch.Tensor, frames: int, n: int, name: str, dtypes=(torch.fl
 def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, frames: int, dilation: int = 1,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 snake: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                snake_out: torch.Tensor | None = None, overflow: torch.Tensor | None = None) -> None:
+                snake_out: torch.Tensor | None = None) -> None:
     """src [B, context + frames, C_in] (history first) and weight [taps * C_in, N], both fp16 or
     both fp32; bias [N] fp32. Writes out = conv + bias (+ residual) in fp32 and/or snake_out =
     SnakeBeta(that) (snake = (log_alpha, log_beta, eps), per channel n mod len(log_alpha)) in fp32
     or fp16, each [B, frames, N] or the same memory seen as [B, frames * N / C, C] (a transposed
-    convolution's samples), any batch stride. An fp16 snake_out adds its count of values outside
-    fp16's range to overflow (int32 [1], required then). One output channel and only `out` (the
-    waveform) runs on the CUDA cores."""
+    convolution's samples), any batch stride; in an fp16 snake_out a value beyond fp16's range is
+    an infinity (module doc). One output channel and only `out` (the waveform) runs on the CUDA
+    cores."""
     batch, _, c_in = src.shape
     n_out = weight.shape[1]
     taps = weight.shape[0] // c_in
@@ -185,8 +179,6 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     o_b, o_t = _rows_view(out, frames, n_out, "out") if out is not None else (0, 0)
     so_b, so_t = (_rows_view(snake_out, frames, n_out, "snake_out", (torch.float32, torch.float16))
                   if snake_out is not None else (0, 0))
-    if snake_out is not None and snake_out.dtype == torch.float16 and overflow is None:
-        raise ValueError("an fp16 snake_out needs an overflow counter")
     if n_out == 1 and residual is None and snake_out is None:
         block_m, warps = to_one_tiles(c_in)
         _causal_conv_to_one[(triton.cdiv(batch * frames, block_m),)](
@@ -203,7 +195,6 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     _causal_conv[(triton.cdiv(batch * frames, block_m) * n_blocks,)](
         src, weight, bias, residual if residual is not None else bias, out if out is not None else bias,
         snake_out if snake_out is not None else bias, log_alpha, log_beta,
-        overflow if overflow is not None else bias,
         batch, frames, n_out, log_alpha.shape[0], eps,
         src.stride(0), src.stride(1), r_b, r_t, o_b, o_t, so_b, so_t,
         C_IN=c_in, C_IN_PADDED=c_in_padded, TAPS=taps, DILATION=dilation,

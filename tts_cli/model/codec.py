@@ -383,10 +383,11 @@ class Vocoder(Chain):
     (tts_kernels.conv), each SnakeBeta in the epilogue of the convolution before it and written
     straight after the next convolution's history; no layout changes, no joining copies. With
     `half` (the default) the convolutions' inputs and weights are fp16 (fp32 accumulation; the
-    residual stream, biases and outputs stay fp32); values beyond fp16's range are counted in
-    `overflow` (int32 [1]) and make the audio wrong: a whole decode then raises CodecRangeError,
-    a streamed one leaves the check to its caller (the engine zeroes the count per run and reads it
-    with each window's PCM)."""
+    residual stream, biases and outputs stay fp32). A value beyond fp16's range becomes an infinity
+    and, through the later convolutions, infinities or NaN in the waveform (tts_kernels.conv), so
+    `overflow` (int32 [1]) counts the waveform's non-finite samples, once per call: a whole decode
+    then raises CodecRangeError, a streamed one leaves the check to its caller (the engine zeroes
+    the count per run and reads it with each window's PCM)."""
 
     def __init__(self, modules):
         super().__init__(modules)
@@ -438,8 +439,6 @@ class Vocoder(Chain):
         first = self.convs[0].module
         inputs = first.input_buffer(batch, channels, frames, state, x, dtype)
         inputs[:, first.context:] = x.transpose(1, 2)
-        if dtype == torch.float16:
-            self.overflow.add_(torch.isfinite(inputs[:, first.context:]).logical_not().sum(dtype=torch.int32))
         first.keep_history(inputs, state)
         residual = out = None
         for conv, following in zip(self.convs, self.convs[1:] + [None]):
@@ -451,25 +450,28 @@ class Vocoder(Chain):
             causal_conv(inputs, conv.weight, conv.bias, frames, conv.dilation,
                         residual=residual if conv.adds_residual else None, out=out,
                         snake=conv.snake.kernel_args() if conv.snake is not None else None,
-                        snake_out=next_inputs[:, following.module.context:] if following is not None else None,
-                        overflow=self.overflow)
+                        snake_out=next_inputs[:, following.module.context:] if following is not None else None)
             if following is not None:
                 following.module.keep_history(next_inputs, state)
             if conv.keeps_output:
                 residual = out
             inputs, frames = next_inputs, out_frames
+        if dtype == torch.float16:
+            self.overflow.add_(torch.isfinite(out).logical_not().sum(dtype=torch.int32))
         if state is None:
             self.check_range()
         return out.transpose(1, 2)
 
     def check_range(self, overflow: Optional[int] = None) -> None:
         """Raises CodecRangeError if the fp16 vocoder has met values beyond fp16's range (`overflow`:
-        the counter as read by the caller; default: read now, which waits for the GPU)."""
+        the count of non-finite waveform samples as read by the caller; default: read now, which
+        waits for the GPU)."""
         count = int(self.overflow.item()) if overflow is None else overflow
         if count:
             raise CodecRangeError(
-                f"the codec's fp16 vocoder met {count} values beyond fp16's range (65504): this audio "
-                f"would be wrong, so it is refused; --codec-precision fp32 runs the vocoder in fp32")
+                f"the codec's fp16 vocoder met values beyond fp16's range (65504), which left {count} "
+                f"non-finite waveform samples: this audio would be wrong, so it is refused; "
+                f"--codec-precision fp32 runs the vocoder in fp32")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -170,6 +170,22 @@ def test_one_row_projection_is_exact_products_summed_in_fp32(shape):
     assert error < 1e-6
 
 
+@pytest.mark.parametrize("shape", [(12288, 2048), (6144, 1024)], ids=["talker", "code_predictor"])
+def test_one_row_gate_up_gemv_gives_what_the_gemv_then_silu_mul_give(shape):
+    """At one fp16 row the gate/up projection's GEMV does the SiLU * up itself
+    (tts_kernels.swiglu.gemv_silu): bit for bit the GEMV's sums, then silu_mul, at the 1.7B shapes."""
+    from tts_kernels.linear import gemv
+    from tts_kernels.swiglu import gemv_silu, silu_mul
+    n, k = shape
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(1, k, device="cuda", generator=g).half()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
+    got = gemv_silu(x, w)
+    expected = silu_mul(gemv(x, w), torch.float16)
+    print(shape, f"largest difference {(got.float() - expected.float()).abs().max().item():.2e}")
+    assert torch.equal(got, expected)
+
+
 def test_fused_rms_norm_equals_torch_in_bf16():
     from tts_cli.model.transformer import RMSNorm
     g = torch.Generator("cuda").manual_seed(0)
@@ -222,19 +238,21 @@ def _real_decoder_pair(cfg, layers: int, dtype: torch.dtype):
     return plain, fused
 
 
+@pytest.mark.parametrize("rows", [64, 1])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("which", ["talker", "code_predictor"])
-def test_fused_decoder_layers_follow_torch_at_real_shapes(which, dtype, exact_fp32):
+def test_fused_decoder_layers_follow_torch_at_real_shapes(which, dtype, rows, exact_fp32):
     """The engine's fused layers (tts_kernels) against the torch reference, both on 16-bit weights
     with fp32 activations and caches in the weights' dtype, in the caching pattern of each stack: a
     prefill of 30 tokens then single tokens at per-row positions (talker), 2 tokens then one per
     call at a shared offset (code predictor). They differ by the kernels' 16-bit queries and
-    probabilities and the rounding of the projections' inputs (fp16, or bf16 halves)."""
+    probabilities and the rounding of the projections' inputs (fp16, or bf16 halves). One row over
+    fp16 takes the GEMV kernels (the gate/up one doing the SiLU * up)."""
     from tts_cli.engine.random_model import random_config
     from tts_cli.model.transformer import StaticKV
     cfg = getattr(random_config("1.7b"), which)
     plain, fused = _real_decoder_pair(cfg, 4, dtype)
-    rows, capacity = 64, 64
+    capacity = 64
     g = torch.Generator("cuda").manual_seed(1)
     kvs = {m: [StaticKV(rows, cfg.num_kv_heads, capacity, cfg.head_dim, "cuda", dtype)
                for _ in range(cfg.num_layers)] for m in ("plain", "fused")}
@@ -259,7 +277,7 @@ def test_fused_decoder_layers_follow_torch_at_real_shapes(which, dtype, exact_fp
         # per row, so that one row attending to the wrong keys cannot hide among 63 good ones
         worst = min([worst] + [_cosine(got[r], ref[r]) for r in range(rows)])
         largest = max(largest, (got.float() - ref.float()).abs().max().item())
-    print(f"{which} {dtype}: fused vs torch, worst row cosine {worst:.7f}, largest difference {largest:.5f}")
+    print(f"{which} {dtype} {rows} rows: fused vs torch, worst row cosine {worst:.7f}, largest difference {largest:.5f}")
     assert worst >= 0.99999
 
 

@@ -62,6 +62,16 @@ for n, k in ((48, 1024), (45, 100)):
     torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
 gu = torch.randn(5, 2, 2 * 40, generator=g)
 torch.testing.assert_close(silu_mul(gu), F.silu(gu[..., :40]) * gu[..., 40:], rtol=1e-6, atol=1e-6)
+# the one-row gate/up GEMV that does the SiLU * up itself: the same sums and the same fp16 result
+# as the GEMV then silu_mul, with and without whole tiles
+from tts_kernels.swiglu import gemv_silu
+for width, k in ((48, 1024), (45, 100)):
+    x16, w16 = torch.randn(1, k, generator=g).half(), (0.1 * torch.randn(2 * width, k, generator=g)).half()
+    got = gemv_silu(x16, w16)
+    assert got.dtype == torch.float16 and got.shape == (1, width)
+    assert torch.equal(got, silu_mul(gemv(x16, w16), torch.float16))
+    exact = x16.double() @ w16.double().t()
+    torch.testing.assert_close(got.double(), F.silu(exact[:, :width]) * exact[:, width:], rtol=1e-3, atol=1e-4)
 
 cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8, num_kv_heads=2,
                     head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False)

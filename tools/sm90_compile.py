@@ -7,16 +7,17 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler|conv|window|gemv [--rows 64] [--tokens 1] [--warps N]
-                                 [--stages N] [--channels 96] [--shape 4096x2048] [--talker-precision fp16|bf16]
-                                 [--ptx OUT.ptx]
+    python tools/sm90_compile.py depth|attention|sampler|conv|window|gemv|gemv-silu [--rows 64] [--tokens 1]
+                                 [--warps N] [--stages N] [--channels 96] [--shape 4096x2048]
+                                 [--talker-precision fp16|bf16] [--ptx OUT.ptx]
 
 depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache and GEMM inputs;
 bf16: bf16 cache, hi/lo parts); attention: the decoder layers' attention kernel at the 1.7B
 talker's shapes, `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids;
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
 wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; gemv: the one-row
-projection over an fp16 weight of `--shape`. Kernels with programmatic dependent launch
+projection over an fp16 weight of `--shape`; gemv-silu: the one-row gate/up projection that does
+the SiLU * up (`--shape` 2I x K). Kernels with programmatic dependent launch
 (tts_kernels.launch) compile with it on, as the H200 runs them.
 """
 from __future__ import annotations
@@ -140,12 +141,15 @@ def attention_launch(rows: int, tokens: int, warps: int | None, stages: int | No
     return attention._attention, args, launch_options(kwargs, warps, stages)
 
 
-def gemv_launch(n: int, k: int, warps: int | None, stages: int | None):
-    """The one-row projection (a talker step at one row) over an fp16 weight [n, k]."""
+def gemv_launch(n: int, k: int, warps: int | None, stages: int | None, silu: bool):
+    """The one-row projection (a talker step at one row) over an fp16 weight [n, k]; with `silu`,
+    the gate/up one that does the SiLU * up (n = 2 I)."""
     import tts_kernels.linear as linear
-    args, kwargs = captured_launch(linear._gemv, lambda: linear.gemv(
+    import tts_kernels.swiglu as swiglu
+    kernel, call = (swiglu._gemv_silu, swiglu.gemv_silu) if silu else (linear._gemv, linear.gemv)
+    args, kwargs = captured_launch(kernel, lambda: call(
         torch.zeros(1, k, dtype=torch.float16), torch.zeros(n, k, dtype=torch.float16)))
-    return linear._gemv, args, launch_options(kwargs, warps, stages)
+    return kernel, args, launch_options(kwargs, warps, stages)
 
 
 def sampler_launch(rows: int, warps: int | None, stages: int | None):
@@ -181,13 +185,13 @@ def window_launch(rows: int, tokens: int, warps: int | None, stages: int | None)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "window", "gemv"])
+    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "window", "gemv", "gemv-silu"])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--warps", type=int, help="default: what the engine's launcher takes")
     parser.add_argument("--stages", type=int)
     parser.add_argument("--channels", type=int, default=96)
-    parser.add_argument("--shape", default="4096x2048", help="gemv: the weight's N x K")
+    parser.add_argument("--shape", default="4096x2048", help="gemv, gemv-silu: the weight's N x K")
     parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS,
                         help="depth, attention: the weights' dtype, as the engine's --talker-precision")
     parser.add_argument("--tiles", default="", help="depth: depth_schedule.Shapes fields to override, "
@@ -202,8 +206,9 @@ def main() -> None:
         launch = attention_launch(args.rows, args.tokens, args.warps, args.stages, dtype)
     elif args.kernel == "window":
         launch = window_launch(args.rows, args.tokens, args.warps, args.stages)
-    elif args.kernel == "gemv":
-        launch = gemv_launch(*(int(v) for v in args.shape.split("x")), args.warps, args.stages)
+    elif args.kernel in ("gemv", "gemv-silu"):
+        launch = gemv_launch(*(int(v) for v in args.shape.split("x")), args.warps, args.stages,
+                             silu=args.kernel == "gemv-silu")
     elif args.kernel == "sampler":
         launch = sampler_launch(args.rows, args.warps, args.stages)
     else:

@@ -89,10 +89,10 @@ def split(x: torch.Tensor, dtype: torch.dtype, norm_weight: torch.Tensor | None 
 
 
 @triton.jit
-def _gemv_weights(w_ptr, n, cols, N, K, EVEN: tl.constexpr):
+def _gemv_weights(w_ptr, n, valid, cols, K, EVEN: tl.constexpr):
     if EVEN:
         return tl.load(w_ptr + n[:, None] * K + cols[None, :])
-    return tl.load(w_ptr + n[:, None] * K + cols[None, :], mask=(n < N)[:, None] & (cols < K)[None, :], other=0.0)
+    return tl.load(w_ptr + n[:, None] * K + cols[None, :], mask=valid[:, None] & (cols < K)[None, :], other=0.0)
 
 
 @triton.jit
@@ -103,21 +103,28 @@ def _gemv_input(x_ptr, cols, K, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-          PDL: tl.constexpr):
-    """out[n] = sum over k of w[n, k] * x[k], for BLOCK_N rows of w: the 16-bit products exact in
-    fp32, summed in fp32 per lane of BLOCK_K, the lanes added at the end (a fixed order). The first
-    chunk of weights is read before waiting for the kernel that wrote x (tts_kernels.launch)."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def gemv_sums(x_ptr, w_ptr, n, valid, K, BLOCK_K: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr):
+    """sum over k of w[n, k] * x[k] for the weight rows n (those `valid`; all when EVEN): the 16-bit
+    products exact in fp32, summed in fp32 per lane of BLOCK_K, the lanes added at the end (a fixed
+    order). The first chunk of weights is read before waiting for the kernel that wrote x
+    (tts_kernels.launch)."""
     lanes = tl.arange(0, BLOCK_K)
     let_dependents_launch(PDL)
-    w = _gemv_weights(w_ptr, n, lanes, N, K, EVEN)
+    w = _gemv_weights(w_ptr, n, valid, lanes, K, EVEN)
     wait_for_predecessor(PDL)
     acc = w.to(tl.float32) * _gemv_input(x_ptr, lanes, K, EVEN)[None, :]
     for k in range(BLOCK_K, K, BLOCK_K):
-        acc += _gemv_weights(w_ptr, n, k + lanes, N, K, EVEN).to(tl.float32) * \
+        acc += _gemv_weights(w_ptr, n, valid, k + lanes, K, EVEN).to(tl.float32) * \
             _gemv_input(x_ptr, k + lanes, K, EVEN)[None, :]
-    tl.store(out_ptr + n, tl.sum(acc, axis=1), mask=n < N)
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+          PDL: tl.constexpr):
+    """out[n] = sum over k of w[n, k] * x[k], for BLOCK_N rows of w (gemv_sums)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + n, gemv_sums(x_ptr, w_ptr, n, n < N, K, BLOCK_K, EVEN, PDL), mask=n < N)
 
 
 # gemv's tile: rows of the weight per program, lanes (the K chunk), warps. Chosen end to end, with
@@ -144,12 +151,17 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def takes_gemv(x_parts: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `project` runs this input through the GEMV kernel: one fp16 row on the GPU."""
+    return x_parts.device.type != "cpu" and x_parts.shape[0] == 1 and x_parts.dtype == torch.float16 \
+        and x_parts.is_contiguous() and weight.is_contiguous()
+
+
 def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x_parts [P * M, K] (split's output) times weight.T: [P * M, N] fp32; the bias joins part 0."""
     if x_parts.device.type == "cpu":   # (Triton's interpreter) CPU torch has no 16-bit mm to fp32: widen, same sums
         out = x_parts.float() @ weight.float().t()
-    elif x_parts.shape[0] == 1 and x_parts.dtype == torch.float16 and x_parts.is_contiguous() \
-            and weight.is_contiguous():
+    elif takes_gemv(x_parts, weight):
         out = gemv(x_parts, weight)
     elif x_parts.dtype == torch.float32:
         out = x_parts @ weight.t()

@@ -1,12 +1,19 @@
 """silu(gate) * up as one Triton kernel over the merged gate/up projection's output (torch: split
 views, silu, multiply, each a kernel), reading and writing activations as parts (tts_kernels.linear):
-the fp32 sum of the input's parts, the result as parts for the down projection."""
+the fp32 sum of the input's parts, the result as parts for the down projection. At one fp16 row
+the GEMV of the gate/up projection does it itself (`project_silu`): one kernel fewer per layer."""
 import torch
 import triton
 import triton.language as tl
 
+from tts_kernels import linear
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
-from tts_kernels.linear import load_parts, parts_of, store_parts
+from tts_kernels.linear import gemv_sums, load_parts, parts_of, project, store_parts, takes_gemv
+
+
+@triton.jit
+def _silu_times(gate, up):
+    return gate / (1.0 + tl.exp(-gate)) * up
 
 
 @triton.jit
@@ -18,7 +25,7 @@ def _silu_mul(gate_up_ptr, out_ptr, rows, width, PARTS: tl.constexpr, BLOCK: tl.
     wait_for_predecessor(PDL)
     gate = load_parts(gate_up_ptr, row * 2 * width + cols, rows * 2 * width, valid, PARTS)
     up = load_parts(gate_up_ptr, row * 2 * width + width + cols, rows * 2 * width, valid, PARTS)
-    store_parts(out_ptr, row * width + cols, rows * width, gate / (1.0 + tl.exp(-gate)) * up, valid, PARTS)
+    store_parts(out_ptr, row * width + cols, rows * width, _silu_times(gate, up), valid, PARTS)
 
 
 def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -34,3 +41,41 @@ def silu_mul(gate_up: torch.Tensor, dtype: torch.dtype | None = None) -> torch.T
     _silu_mul[(rows, triton.cdiv(width, block))](flat, out, rows, width, PARTS=parts, BLOCK=block,
                                                  **programmatic(flat))
     return out if dtype is not None else out.view(*gate_up.shape[:-1], width)
+
+
+@triton.jit
+def _gemv_silu(x_ptr, w_ptr, out_ptr, I, K, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+               PDL: tl.constexpr):
+    """out[i] = silu(gate[i]) * up[i] for BLOCK_I outputs, gate and up the GEMVs of w's rows i and
+    I + i: the tile's rows interleave them (gate, up, gate, up, ...), so that one program has both."""
+    j = tl.arange(0, 2 * BLOCK_I)
+    i = tl.program_id(0) * BLOCK_I + j // 2
+    sums = gemv_sums(x_ptr, w_ptr, i + (j % 2) * I, i < I, K, BLOCK_K, EVEN, PDL)
+    gate, up = tl.split(tl.reshape(sums, (BLOCK_I, 2)))
+    out = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    tl.store(out_ptr + out, _silu_times(gate, up).to(out_ptr.dtype.element_ty), mask=out < I)
+
+
+def gemv_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
+    """x [1, K] fp16 and gate_up_weight [2 I, K] (gate rows first) -> silu(x @ gate.T) * (x @ up.T)
+    [1, I] fp16, in one kernel: the same sums as tts_kernels.linear.gemv, on its tile of weight
+    rows (half of them gate rows, half the matching up rows)."""
+    two_i, k = gate_up_weight.shape
+    width = two_i // 2
+    block_n, lanes, warps = linear.GEMV_TILE
+    block_i = max(block_n // 2, 1)
+    block_k = min(lanes, triton.next_power_of_2(k))
+    out = torch.empty(1, width, device=x.device, dtype=x.dtype)
+    _gemv_silu[(triton.cdiv(width, block_i),)](x, gate_up_weight, out, width, k, BLOCK_I=block_i, BLOCK_K=block_k,
+                                               EVEN=width % block_i == 0 and k % block_k == 0, num_warps=warps,
+                                               num_stages=3, **programmatic(x))
+    return out
+
+
+def project_silu(x_parts: torch.Tensor, gate_up_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The down projection's input, silu(gate) * up of x_parts' gate/up projection (split's output
+    for weights of `dtype`): by `gemv_silu` where `project` would run the GEMV, else as
+    silu_mul(project(...))."""
+    if takes_gemv(x_parts, gate_up_weight):
+        return gemv_silu(x_parts, gate_up_weight)
+    return silu_mul(project(x_parts, gate_up_weight), dtype)

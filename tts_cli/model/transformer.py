@@ -10,12 +10,13 @@ stores them) the torch code below widens the weights per call: it is the fp32 mo
 weights, the reference that the fast path is held to (docs/numerics.md).
 
 Fast path (the engine switches it on with `use_kernels`): for new tokens against StaticKV caches,
-each layer runs as eight kernels: residual add + norm, one q/k/v projection, attention (with the
-q/k norms, RoPE and the cache write), o projection, residual add + norm, one gate/up projection, SiLU * up, down
-projection (tts_kernels; cuBLAS for the projections). Projections read the 16-bit weights once and
-their fp32 input rounded to the weights' dtype: once to fp16 over fp16 weights, as two bf16 halves
-over bf16 ones (tts_kernels.linear); the KV cache, and the queries and probabilities that meet it,
-are in the weights' dtype.
+each layer runs as eight kernels: residual add + norm, one q/k/v projection, attention (with the q/k
+norms, RoPE and the cache write), o projection, residual add + norm, one gate/up projection, SiLU *
+up, down projection (tts_kernels; cuBLAS for the projections at more than one row, a GEMV kernel at
+one fp16 row, whose gate/up projection does the SiLU * up itself: seven kernels). Projections read
+the 16-bit weights once and their fp32 input rounded to the weights' dtype: once to fp16 over fp16
+weights, as two bf16 halves over bf16 ones (tts_kernels.linear); the KV cache, and the queries and
+probabilities that meet it, are in the weights' dtype.
 The torch code is the reference it is tested against (tests/test_kernels.py, tests/test_gpu.py).
 """
 from __future__ import annotations
@@ -274,13 +275,13 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def _forward_kernels(self, x, caches):
-        """The same layers as eight kernels each (module doc). Every layer's cache has the same `at`
-        and rows (set by the caller for all of them). Positions and mask are implied: the new tokens
-        of a row go to cache positions at, at + 1, ... and RoPE uses those; attention is causal by
-        cache position."""
+        """The same layers as eight kernels each, seven at one fp16 row (module doc). Every layer's
+        cache has the same `at` and rows (set by the caller for all of them). Positions and mask are
+        implied: the new tokens of a row go to cache positions at, at + 1, ... and RoPE uses those;
+        attention is causal by cache position."""
         from tts_kernels.attention import cached_attention
         from tts_kernels.linear import project, split
-        from tts_kernels.swiglu import silu_mul
+        from tts_kernels.swiglu import project_silu
         cfg = self.cfg
         cache = caches[0]
         self.cache_rope(cache.k.shape[2])   # a no-op in the engine, which sized the tables first
@@ -298,8 +299,8 @@ class Decoder(nn.Module):
                                      attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
                                      cfg.head_dim ** -0.5, dtype)
             delta = project(heads, attn.o_proj.weight, attn.o_proj.bias)
-            gate_up = project(split(x, dtype, layer.post_attention_layernorm.weight, eps, delta=delta), mlp.gate_up[0])
-            delta = project(silu_mul(gate_up, dtype), mlp.down_proj.weight)
+            gate_up_input = split(x, dtype, layer.post_attention_layernorm.weight, eps, delta=delta)
+            delta = project(project_silu(gate_up_input, mlp.gate_up[0], dtype), mlp.down_proj.weight)
         return split(x, torch.float32, self.norm.weight, eps, delta=delta).view(b, s, width)
 
 

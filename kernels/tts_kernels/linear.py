@@ -127,22 +127,28 @@ def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
     tl.store(out_ptr + n, gemv_sums(x_ptr, w_ptr, n, n < N, K, BLOCK_K, EVEN, PDL), mask=n < N)
 
 
-# gemv's tile: rows of the weight per program, lanes (the K chunk), warps. Chosen end to end, with
-# the kernels launched as programmatic dependents (tts_kernels.launch), by `tts bench --concurrency
-# 1` on the H200 (audio-s/s): 4 x 1024 x 4 23.4-23.6, 2 x 1024 x 4 23.6, 4 x 2048 x 4 23.7, 8 x 2048
-# x 8 22.8, 8 x 512 x 8 (the tile before) 20.8-21.0 (docs/bench.md, eighteenth session). Why it
-# wins was not profiled; a larger first chunk is read before the wait.
-GEMV_TILE = (4, 1024, 4)
+# gemv's tiles: rows of the weight per program, lanes (the K chunk), warps. One tile for all was
+# chosen end to end, with the kernels launched as programmatic dependents (tts_kernels.launch), by
+# `tts bench --concurrency 1` on the H200 (audio-s/s): 4 x 1024 x 4 23.4-23.6, 2 x 1024 x 4 23.6,
+# 4 x 2048 x 4 23.7, 8 x 2048 x 8 22.8, 8 x 512 x 8 20.8-21.0 (docs/bench.md, eighteenth session).
+# Per stage in that sweep the talker was fastest at 2 x 1024 x 4 (1.141 against 1.163 ms per step)
+# and the code predictor's loop at 4 x 2048 x 4 (1.886 against 1.926): gemv_tile gives each its own.
+GEMV_TILE_WIDE, GEMV_TILE_NARROW = (2, 1024, 4), (4, 2048, 4)
+
+
+def gemv_tile(n: int, k: int) -> tuple[int, int, int]:
+    """The tile of a one-row projection over a weight [n, k]: at 1.7B the talker's are at least 2048
+    on both sides (hidden 2048), the code predictor's 1024 on one (hidden 1024)."""
+    return GEMV_TILE_WIDE if min(n, k) >= 2048 else GEMV_TILE_NARROW
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [1, K] @ weight [N, K].T -> [1, N] fp32, both 16-bit and contiguous. H200, one row over 28
     distinct weights in a CUDA graph, us per call, cuBLAS (torch.mm to fp32) against this kernel's
     best tiles of a sweep: 4096 x 2048 7.35 / 6.08, 2048 x 2048 6.22 / 4.31, 12288 x 2048 15.2 /
-    14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md, fifteenth session). One tile serves all shapes:
-    GEMV_TILE (tools may set another)."""
+    14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md, fifteenth session). The tile: gemv_tile."""
     n, k = weight.shape
-    block_n, lanes, warps = GEMV_TILE
+    block_n, lanes, warps = gemv_tile(n, k)
     block_k = min(lanes, triton.next_power_of_2(k))
     out = torch.empty(1, n, device=x.device, dtype=torch.float32)
     _gemv[(triton.cdiv(n, block_n),)](x, weight, out, n, k, BLOCK_N=block_n, BLOCK_K=block_k,

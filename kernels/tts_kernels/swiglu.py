@@ -6,9 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tts_kernels import linear
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
-from tts_kernels.linear import gemv_sums, load_parts, parts_of, project, store_parts, takes_gemv
+from tts_kernels.linear import gemv_sums, gemv_tile, load_parts, parts_of, project, store_parts, takes_gemv
 
 
 @triton.jit
@@ -62,7 +61,7 @@ def gemv_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
     rows (half of them gate rows, half the matching up rows)."""
     two_i, k = gate_up_weight.shape
     width = two_i // 2
-    block_n, lanes, warps = linear.GEMV_TILE
+    block_n, lanes, warps = gemv_tile(two_i, k)
     block_i = max(block_n // 2, 1)
     block_k = min(lanes, triton.next_power_of_2(k))
     out = torch.empty(1, width, device=x.device, dtype=x.dtype)

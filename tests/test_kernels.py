@@ -101,7 +101,9 @@ def run(model, kvs, x, at):
 a, b = caches(), caches()
 slots = torch.tensor([[2, 7], [0, 7]])[:, 0]   # a strided column, as the engine's admission makes
 x = torch.randn(2, 20, 64, generator=g)
+given = x.clone()
 got = fused(x, torch.arange(20).expand(2, 20), None, [kv.for_rows(slots) for kv in b])
+assert torch.equal(x, given)   # the residual stream starts in a buffer of its own
 mask = torch.ones(20, 20, dtype=torch.bool).tril()[None, None]
 torch.testing.assert_close(got, plain(x, torch.arange(20).expand(2, 20), mask, [kv.for_rows(slots) for kv in a]),
                            rtol=1e-5, atol=1e-5)

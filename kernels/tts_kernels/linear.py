@@ -52,7 +52,7 @@ def store_parts(ptr, offsets, part_stride, value, mask, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, rows, width, eps,
+def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, residual_ptr, rows, width, eps,
            ADD: tl.constexpr, DELTA_PARTS: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
            BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
@@ -66,7 +66,7 @@ def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, rows, width, eps,
     x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
     if ADD:
         x += load_parts(delta_ptr, offsets, rows * width, valid, DELTA_PARTS)
-        tl.store(x_ptr + offsets, x, mask=valid)
+        tl.store(residual_ptr + offsets, x, mask=valid)
     if NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / width + eps)
         x = weight * (x * rstd)
@@ -74,15 +74,16 @@ def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, rows, width, eps,
 
 
 def split(x: torch.Tensor, dtype: torch.dtype, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-          delta: torch.Tensor | None = None) -> torch.Tensor:
+          delta: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, D] fp32 -> RMSNorm(x) (with norm_weight) or x as the input of a GEMM over `dtype`
     weights: [parts_of(dtype) * M, D] of that dtype (fp32: the values themselves). delta
-    [delta_parts * M, D] fp32, a projection's output: first added to x, in place (the residual add)."""
+    [delta_parts * M, D] fp32, a projection's output: first added to x (the residual add), the sum
+    written to `residual` (default: x itself, in place)."""
     rows, width = x.shape
     parts = parts_of(dtype)
     out = torch.empty(parts * rows, width, device=x.device, dtype=dtype)
     _split[(rows,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x, out,
-                    rows, width, eps, ADD=delta is not None,
+                    residual if residual is not None else x, rows, width, eps, ADD=delta is not None,
                     DELTA_PARTS=1 if delta is None else delta.shape[0] // rows, NORM=norm_weight is not None,
                     PARTS=parts, BLOCK=triton.next_power_of_2(width), **programmatic(x))
     return out

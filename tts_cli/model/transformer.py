@@ -290,18 +290,22 @@ class Decoder(nn.Module):
         eps = cfg.rms_norm_eps
         dtype = self.layers[0].mlp.down_proj.weight.dtype   # of the projections' inputs (tts_kernels.linear)
         b, s, width = x.shape
-        x = x.reshape(b * s, width).clone()   # the residual stream, updated in place by split
-        delta = None                          # the last projection's output, not yet added to x
+        stream = x.reshape(b * s, width).contiguous()   # the residual stream: the input (never written)
+        x = torch.empty_like(stream)   # the stream from the first residual add on
+        delta = None   # the last projection's output, not yet added to the stream
         for layer, cache in zip(self.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = project(split(x, dtype, layer.input_layernorm.weight, eps, delta=delta), *attn.qkv)
+            attn_input = split(stream, dtype, layer.input_layernorm.weight, eps, delta=delta, residual=x)
+            qkv = project(attn_input, *attn.qkv)
             heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
                                      attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
                                      cfg.head_dim ** -0.5, dtype)
             delta = project(heads, attn.o_proj.weight, attn.o_proj.bias)
-            gate_up_input = split(x, dtype, layer.post_attention_layernorm.weight, eps, delta=delta)
+            gate_up_input = split(stream, dtype, layer.post_attention_layernorm.weight, eps, delta=delta,
+                                  residual=x)
+            stream = x
             delta = project(project_silu(gate_up_input, mlp.gate_up[0], dtype), mlp.down_proj.weight)
-        return split(x, torch.float32, self.norm.weight, eps, delta=delta).view(b, s, width)
+        return split(stream, torch.float32, self.norm.weight, eps, delta=delta, residual=x).view(b, s, width)
 
 
 def use_kernels(root: nn.Module, on: bool) -> None:

@@ -145,6 +145,17 @@ for at in [0, 2, 3, 4]:
     worst = min(worst, F.cosine_similarity(got.flatten(1), ref.flatten(1)).min().item())
     assert (got - ref).abs().max() > 0, "fp16 inputs left no trace: the fp32 path ran"
 assert worst > 0.99999, worst
+# one token per row read from a table by the first kernels (x_rows), as the code predictor's
+# positions take their codes' embeddings: the same as the gathered rows given
+a, b = caches(), caches()
+table, picks = torch.randn(11, 64, generator=g), torch.tensor([[4, 9], [0, 9], [4, 9]])[:, 0]   # strided
+given = table.clone()
+expected = run(plain, a, table[picks][:, None], 0)
+for kv in b:
+    kv.at = 0
+got = fused(table, b[0].positions(1), None, b, x_rows=picks)
+torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+assert torch.equal(table, given)
 print("layer kernels ok")
 """
 

@@ -52,9 +52,9 @@ def store_parts(ptr, offsets, part_stride, value, mask, PARTS: tl.constexpr):
 
 
 @triton.jit
-def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, residual_ptr, rows, width, eps,
-           ADD: tl.constexpr, DELTA_PARTS: tl.constexpr, NORM: tl.constexpr, PARTS: tl.constexpr,
-           BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _split(x_ptr, x_rows_ptr, delta_ptr, norm_ptr, out_ptr, residual_ptr, rows, width, eps,
+           GATHER: tl.constexpr, ADD: tl.constexpr, DELTA_PARTS: tl.constexpr, NORM: tl.constexpr,
+           PARTS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     valid = cols < width
@@ -63,7 +63,10 @@ def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, residual_ptr, rows, width, eps,
     if NORM:
         weight = tl.load(norm_ptr + cols, mask=valid, other=0.0).to(tl.float32)
     wait_for_predecessor(PDL)
-    x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
+    if GATHER:
+        x = tl.load(x_ptr + tl.load(x_rows_ptr + row) * width + cols, mask=valid, other=0.0)
+    else:
+        x = tl.load(x_ptr + offsets, mask=valid, other=0.0)
     if ADD:
         x += load_parts(delta_ptr, offsets, rows * width, valid, DELTA_PARTS)
         tl.store(residual_ptr + offsets, x, mask=valid)
@@ -74,16 +77,22 @@ def _split(x_ptr, delta_ptr, norm_ptr, out_ptr, residual_ptr, rows, width, eps,
 
 
 def split(x: torch.Tensor, dtype: torch.dtype, norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-          delta: torch.Tensor | None = None, residual: torch.Tensor | None = None) -> torch.Tensor:
+          delta: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+          x_rows: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, D] fp32 -> RMSNorm(x) (with norm_weight) or x as the input of a GEMM over `dtype`
     weights: [parts_of(dtype) * M, D] of that dtype (fp32: the values themselves). delta
     [delta_parts * M, D] fp32, a projection's output: first added to x (the residual add), the sum
-    written to `residual` (default: x itself, in place)."""
-    rows, width = x.shape
+    written to `residual` (default: x itself, in place). x_rows [M] (int64): row r is x[x_rows[r]],
+    read from x as a table (an embedding lookup without a kernel of its own)."""
+    rows, width = x.shape if x_rows is None else (x_rows.shape[0], x.shape[1])
+    if x_rows is not None and delta is not None and residual is None:
+        raise ValueError("split: a gathered x has no rows of its own to add delta into; give `residual`")
     parts = parts_of(dtype)
     out = torch.empty(parts * rows, width, device=x.device, dtype=dtype)
-    _split[(rows,)](x, delta if delta is not None else x, norm_weight if norm_weight is not None else x, out,
-                    residual if residual is not None else x, rows, width, eps, ADD=delta is not None,
+    _split[(rows,)](x, x_rows.contiguous() if x_rows is not None else x, delta if delta is not None else x,
+                    norm_weight if norm_weight is not None else x, out,
+                    residual if residual is not None else x, rows, width, eps, GATHER=x_rows is not None,
+                    ADD=delta is not None,
                     DELTA_PARTS=1 if delta is None else delta.shape[0] // rows, NORM=norm_weight is not None,
                     PARTS=parts, BLOCK=triton.next_power_of_2(width), **programmatic(x))
     return out

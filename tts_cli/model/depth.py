@@ -64,24 +64,27 @@ class CodePredictor(nn.Module):
         device = talker_hidden.device
         caches = caches if caches is not None else [GrowingKV() for _ in self.decoder.layers]
         x = self.input_projection(torch.stack((talker_hidden, code0_embed), dim=1))
+        x_rows = None   # on the fused path: the rows of the table x that are the input (Decoder.forward)
         past, codes, all_logits = 0, [], []
         for j, head in enumerate(self.heads):
-            s = x.shape[1]
+            s = x.shape[1] if x_rows is None else 1
             for cache in caches:
                 cache.at = past
             positions = mask = None   # the fused path derives them from the caches (a few kernels less per position)
             if not self.decoder.uses_kernels(caches):
                 positions = torch.arange(past, past + s, device=device).expand(b, s)
                 mask = torch.ones(s, past + s, dtype=torch.bool, device=device).tril(past)[None, None]
-            hidden = self.decoder(x, positions, mask, caches)
+            hidden = self.decoder(x, positions, mask, caches, x_rows=x_rows)
             past += s
             logits = head(hidden[:, -1]).float()
             code = forced_codes[:, j] if forced_codes is not None else choose(j + 1, logits)
             codes.append(code)
             all_logits.append(logits)
             if j + 1 < len(self.heads):
-                x = (self.fused_tables[0][j][code] if self.fused
-                     else self.input_projection(self.codec_embeddings[j](code).float()))[:, None]
+                if self.fused:   # the projected table's rows, read by the decoder's first kernels
+                    x, x_rows = self.fused_tables[0][j], code
+                else:
+                    x = self.input_projection(self.codec_embeddings[j](code).float())[:, None]
         return torch.stack(codes, dim=1), torch.stack(all_logits, dim=1)
 
     def frame_embedding(self, code0_embed: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:

@@ -262,19 +262,23 @@ class Decoder(nn.Module):
         """Whether a call with these caches takes the fused path."""
         return self.fused and bool(caches) and isinstance(caches[0], StaticKV)
 
-    def forward(self, x, positions, mask, caches: list | None = None):
+    def forward(self, x, positions, mask, caches: list | None = None, x_rows: torch.Tensor | None = None):
         """x [B, S, D], positions [B, S] (RoPE position of each row's token), mask as in Attention;
         caches: one GrowingKV or StaticKV per layer, updated in place. Returns fp32. The fused path
-        (StaticKV caches) ignores positions and mask: it derives both from the caches' `at`."""
+        (StaticKV caches) ignores positions and mask: it derives both from the caches' `at`.
+        x_rows [B]: one token per row, row r's being x[x_rows[r]] of a table x [N, D] (an embedding
+        lookup, which the fused path's first kernels do as they read it)."""
         x = x.float()
         if self.uses_kernels(caches):
-            return self._forward_kernels(x, caches)
+            return self._forward_kernels(x, caches, x_rows)
+        if x_rows is not None:
+            x = x[x_rows][:, None]
         cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, caches[i] if caches else None)
         return self.norm(x)
 
-    def _forward_kernels(self, x, caches):
+    def _forward_kernels(self, x, caches, x_rows=None):
         """The same layers as eight kernels each, seven at one fp16 row (module doc). Every layer's
         cache has the same `at` and rows (set by the caller for all of them). Positions and mask are
         implied: the new tokens of a row go to cache positions at, at + 1, ... and RoPE uses those;
@@ -289,23 +293,28 @@ class Decoder(nn.Module):
         rows, start = cache.row_index().contiguous(), cache.at
         eps = cfg.rms_norm_eps
         dtype = self.layers[0].mlp.down_proj.weight.dtype   # of the projections' inputs (tts_kernels.linear)
-        b, s, width = x.shape
-        stream = x.reshape(b * s, width).contiguous()   # the residual stream: the input (never written)
-        x = torch.empty_like(stream)   # the stream from the first residual add on
+        if x_rows is None:
+            b, s, width = x.shape
+            stream = x.reshape(b * s, width).contiguous()   # the residual stream: the input (never written)
+        else:
+            (b, width), s, stream = (x_rows.shape[0], x.shape[-1]), 1, x.contiguous()   # its rows x_rows
+        x = torch.empty(b * s, width, device=stream.device, dtype=torch.float32)   # the stream from the first add on
         delta = None   # the last projection's output, not yet added to the stream
         for layer, cache in zip(self.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
-            attn_input = split(stream, dtype, layer.input_layernorm.weight, eps, delta=delta, residual=x)
+            attn_input = split(stream, dtype, layer.input_layernorm.weight, eps, delta=delta, residual=x,
+                               x_rows=x_rows)
             qkv = project(attn_input, *attn.qkv)
             heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
                                      attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
                                      cfg.head_dim ** -0.5, dtype)
             delta = project(heads, attn.o_proj.weight, attn.o_proj.bias)
             gate_up_input = split(stream, dtype, layer.post_attention_layernorm.weight, eps, delta=delta,
-                                  residual=x)
-            stream = x
+                                  residual=x, x_rows=x_rows)
+            stream, x_rows = x, None
             delta = project(project_silu(gate_up_input, mlp.gate_up[0], dtype), mlp.down_proj.weight)
-        return split(stream, torch.float32, self.norm.weight, eps, delta=delta, residual=x).view(b, s, width)
+        return split(stream, torch.float32, self.norm.weight, eps, delta=delta, residual=x,
+                     x_rows=x_rows).view(b, s, width)
 
 
 def use_kernels(root: nn.Module, on: bool) -> None:

@@ -170,6 +170,15 @@ def test_one_row_projection_is_exact_products_summed_in_fp32(shape):
     assert error < 1e-6
 
 
+def test_step_advance_kernel_updates_the_slots_as_torch_does():
+    """tts_kernels.advance compiled, against advance_slots: tests/test_kernels.py's interpreter
+    check, run on the GPU."""
+    from test_kernels import ADVANCE_CHECK
+    scope = {"DEVICE": "cuda"}
+    exec(ADVANCE_CHECK, scope)
+    assert scope["expected"].out_emit.any()
+
+
 @pytest.mark.parametrize("shape", [(12288, 2048), (6144, 1024)], ids=["talker", "code_predictor"])
 def test_one_row_gate_up_gemv_gives_what_the_gemv_then_silu_mul_give(shape):
     """At one fp16 row the gate/up projection's GEMV does the SiLU * up itself

@@ -335,6 +335,41 @@ print("window attention ok")
 """
 
 
+ADVANCE_CHECK = """
+import copy
+from types import SimpleNamespace
+import torch
+from tts_cli.engine.step import advance_slots
+from tts_kernels.advance import advance
+
+device = globals().get("DEVICE", "cpu")   # tests/test_gpu.py runs this on the GPU
+g = torch.Generator().manual_seed(0)
+rows, groups, vocab, width, eos = 9, 16, 37, 3000, 7
+state = SimpleNamespace(
+    g0=torch.randint(0, vocab, (rows,), generator=g), hidden=torch.randn(rows, width, generator=g),
+    position=torch.randint(0, 50, (rows,), generator=g), frame=torch.randint(0, 5, (rows,), generator=g),
+    cap=torch.full((rows,), 5), active=torch.rand(rows, generator=g) < 0.8,
+    seen=torch.rand(rows, vocab, generator=g) < 0.3, out_codes=torch.zeros(rows, groups, dtype=torch.long),
+    out_emit=torch.zeros(2, rows, dtype=torch.bool))
+emit = state.active & (torch.rand(rows, generator=g) < 0.7)
+drawn = torch.randint(0, vocab, (rows,), generator=g)
+drawn[:2] = eos                                   # a slot that ends on EOS
+state.frame[2:4] = state.cap[2:4] - 1             # slots that reach their cap
+hidden_rows = torch.randn(rows, 2, width, generator=g)[:, -1]   # strided, as the talker's last position
+codes = torch.randint(0, 2048, (rows, groups), generator=g)
+state = SimpleNamespace(**{name: value.to(device) for name, value in vars(state).items()})
+emit, drawn, hidden_rows, codes = (t.to(device) for t in (emit, drawn, hidden_rows, codes))
+hidden_rows = torch.empty(rows, 2, width, device=device)[:, -1].copy_(hidden_rows)   # strided there too
+expected = copy.deepcopy(state)
+advance_slots(expected, emit, drawn, hidden_rows, codes, eos)
+advance(state, emit, drawn, hidden_rows, codes, eos)
+for name, value in vars(expected).items():
+    assert torch.equal(getattr(state, name), value), name
+assert expected.out_emit[1].sum() < expected.out_emit[0].sum() < rows   # the cases above happened
+print("advance ok")
+"""
+
+
 def _interpret(check: str) -> str:
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels"), os.environ.get("PYTHONPATH", "")]))
@@ -425,6 +460,13 @@ def test_sampler_kernel_draws_what_the_torch_sampler_draws_in_the_interpreter():
     """Temperature, top-k with ties, suppressed ids, greedy rows, the counter-based noise for one
     frame for all rows and for per-row frames; the count of NaN and +inf logits."""
     assert "sampler ok" in _interpret(SAMPLER_CHECK)
+
+
+@needs_triton
+def test_step_advance_kernel_updates_the_slots_as_torch_does_in_the_interpreter():
+    """The end of the talker stage in one kernel (tts_kernels.advance) against advance_slots: slots
+    that emit or not, inactive ones, one ending on EOS, ones reaching their cap, a strided state."""
+    assert "advance ok" in _interpret(ADVANCE_CHECK)
 
 
 @needs_triton

@@ -43,7 +43,7 @@ from tts_cli.synthesizer import weights_dtype
 # and put DIR first on PYTHONPATH.
 DEVICE_TRITON = "3.6"
 POINTER_TYPES = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64",
-                 torch.int32: "*i32", torch.bool: "*i1", torch.uint8: "*u8"}
+                 torch.int32: "*i32", torch.bool: "*i1", torch.uint8: "*u8", torch.int8: "*i8"}
 INSTRUCTIONS = r"\b(wgmma\.mma_async|wgmma\.wait_group|mma\.sync|cp\.async\.bulk[\w.]*|cp\.async\.c[ag]|" \
                r"cp\.async\.wait_group|ld\.global[\w.]*|st\.global[\w.]*|ld\.shared[\w.]*|st\.shared[\w.]*|" \
                r"bar\.sync|atom[\w.]*|griddepcontrol\.\w+)"

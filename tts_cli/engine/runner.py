@@ -137,7 +137,7 @@ class Engine:
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
-        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, sampler_kernel=kernels, depth=depth)
+        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, kernels=kernels, depth=depth)
         self.prefill = Prefill(model, self.state, max(1, rows // 8), use_graphs)   # tiles of rows / 8 prompts
         self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"

@@ -43,17 +43,41 @@ def auto_prefers_loop(weights: torch.dtype, rows: int) -> str | None:
     return None
 
 
+def emits_next(st: SlotState, eos: int) -> torch.Tensor:
+    """Which slots emit a frame at the step about to run (the others stay frozen)."""
+    return st.active & (st.g0 != eos) & (st.frame < st.cap)
+
+
+def advance_slots(st: SlotState, emit: torch.Tensor, g0: torch.Tensor, hidden: torch.Tensor, codes: torch.Tensor,
+                  eos: int) -> None:
+    """The end of the talker stage: the step's outputs (the frame's codes [B, G], who emitted),
+    and the slots that emitted (emit [B]) move on to their next frame with the draw g0 [B] and
+    the talker state hidden [B, H]. The reference of tts_kernels.advance (one kernel for these)."""
+    st.out_codes.copy_(codes)
+    st.out_emit[0].copy_(emit)
+    # Slots that did not emit stay frozen: their state is what the host reads when it ends them.
+    st.seen.scatter_(1, g0[:, None], emit[:, None] | st.seen.gather(1, g0[:, None]))
+    st.g0.copy_(torch.where(emit, g0, st.g0))
+    st.hidden.copy_(torch.where(emit[:, None], hidden, st.hidden))
+    st.position.add_(emit.long())
+    st.frame.add_(emit.long())
+    # Said now rather than by the next step's emit flags: the host learns a step earlier
+    # that a slot is free (runner._drain).
+    st.out_emit[1].copy_(emits_next(st, eos))
+
+
 class DecodeStep:
     def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool,
-                 sampler_kernel: bool = False, depth: str = DEFAULT_DEPTH):
+                 kernels: bool = False, depth: str = DEFAULT_DEPTH):
         self.model, self.codec, self.st = model, codec, state
         cfg = model.cfg
         device = state.g0.device
         self.eos = cfg.codec_eos_id
         self.top_p = top_p
         # The sampler kernel has no top-p: with top-p the torch sampler draws (same function).
-        self.sampler_kernel = sampler_kernel and not top_p
-        if sampler_kernel and top_p:
+        self.kernels = kernels
+        self.sampler_kernel = kernels and not top_p
+        if kernels and top_p:
             log.info("engine: torch sampler (top-p is on; the sampler kernel has no top-p)")
         self.process = TalkerLogitsProcessor(cfg.codec_vocab_size, cfg.codec_eos_id, device)
         self.pad_embed = model.talker.text_track(torch.tensor([cfg.tts_pad_id], device=device))
@@ -112,9 +136,7 @@ class DecodeStep:
         self._emit_frame(residual)
 
     def _emits(self) -> torch.Tensor:
-        """Which slots emit a frame at the step about to run (the others stay frozen)."""
-        st = self.st
-        return st.active & (st.g0 != self.eos) & (st.frame < st.cap)
+        return emits_next(self.st, self.eos)
 
     def _emit_frame(self, residual: torch.Tensor) -> None:
         """The frame's 16 codes into the codec window."""
@@ -145,18 +167,14 @@ class DecodeStep:
         processed = self.process(logits[:, -1].float(), st.seen, next_frame < st.min_new_tokens,
                                  st.talker_sampling.repetition_penalty)
         g0 = self.draw(processed, st.talker_sampling, st.seeds, next_frame, 0)
-        emit = self.emit
-        st.out_codes.copy_(self.codes)
-        st.out_emit[0].copy_(emit)
-        # Slots that did not emit stay frozen: their state is what the host reads when it ends them.
-        st.seen.scatter_(1, g0[:, None], emit[:, None] | st.seen.gather(1, g0[:, None]))
-        st.g0.copy_(torch.where(emit, g0, st.g0))
-        st.hidden.copy_(torch.where(emit[:, None], hidden[:, -1], st.hidden))
-        st.position.add_(emit.long())
-        st.frame.add_(emit.long())
-        # Said now rather than by the next step's emit flags: the host learns a step earlier
-        # that a slot is free (runner._drain).
-        st.out_emit[1].copy_(self._emits())
+        self._advance(g0, hidden[:, -1])
+
+    def _advance(self, g0: torch.Tensor, hidden: torch.Tensor) -> None:
+        if self.kernels:
+            from tts_kernels.advance import advance
+            advance(self.st, self.emit, g0, hidden, self.codes, self.eos)
+        else:
+            advance_slots(self.st, self.emit, g0, hidden, self.codes, self.eos)
 
     def draw(self, logits, rows, seeds, frame, group: int, noise=None):
         """tts_cli.model.sampler.choose, as one kernel when the sampler kernel is on. Either way NaN

@@ -1,0 +1,56 @@
+"""The end of a decode step's talker stage as one Triton kernel: each slot that emitted a frame
+takes its new codebook-0 draw and talker state, marks the draw as seen (repetition penalty),
+moves its position and frame count on, and every slot says whether it emits at the next step. In
+torch (tts_cli.engine.step.advance_slots, the reference) that is some eighteen small
+kernels: copies, a gather and a scatter, `where`s and adds, each a launch in the step's graph."""
+import torch
+import triton
+import triton.language as tl
+
+from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
+
+
+@triton.jit
+def _advance(emit_ptr, drawn_ptr, new_hidden_ptr, new_hidden_stride, codes_ptr, g0_ptr, hidden_ptr, position_ptr,
+             frame_ptr, cap_ptr, active_ptr, seen_ptr, out_codes_ptr, out_emit_ptr, rows, groups, vocab, width,
+             eos, GROUPS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0)
+    group = tl.arange(0, GROUPS)
+    let_dependents_launch(PDL)
+    wait_for_predecessor(PDL)
+    emit_byte = tl.load(emit_ptr + row)
+    emit = emit_byte != 0
+    tl.store(out_codes_ptr + row * groups + group, tl.load(codes_ptr + row * groups + group, mask=group < groups),
+             mask=group < groups)
+    tl.store(out_emit_ptr + row, emit.to(tl.int8))
+    drawn = tl.load(drawn_ptr + row)
+    seen = seen_ptr + row * vocab + drawn
+    tl.store(seen, tl.load(seen) | emit.to(tl.int8))
+    g0 = tl.where(emit, drawn, tl.load(g0_ptr + row))
+    tl.store(g0_ptr + row, g0)
+    for start in range(0, width, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        valid = (cols < width) & (tl.zeros([BLOCK], tl.int8) + emit_byte != 0)   # (the interpreter: no scalar here)
+        tl.store(hidden_ptr + row * width + cols,
+                 tl.load(new_hidden_ptr + row * new_hidden_stride + cols, mask=valid), mask=valid)
+    step = emit.to(tl.int64)
+    tl.store(position_ptr + row, tl.load(position_ptr + row) + step)
+    frame = tl.load(frame_ptr + row) + step
+    tl.store(frame_ptr + row, frame)
+    emits_next = (tl.load(active_ptr + row) != 0) & (g0 != eos) & (frame < tl.load(cap_ptr + row))
+    tl.store(out_emit_ptr + rows + row, emits_next.to(tl.int8))
+
+
+def advance(state, emit: torch.Tensor, drawn: torch.Tensor, new_hidden: torch.Tensor, codes: torch.Tensor,
+            eos: int) -> None:
+    """state: the engine's SlotState, updated in place; emit [B] bool (the slots that emitted this
+    step's frame), drawn [B] int64 (the next codebook-0 draw), new_hidden [B, H] fp32 (rows may be
+    strided), codes [B, G] int64 (the frame's codes, for out_codes)."""
+    rows, width = state.hidden.shape
+    groups = codes.shape[1]
+    assert new_hidden.stride(1) == 1 and codes.is_contiguous() and state.out_emit.is_contiguous()
+    as_bytes = [t.view(torch.int8) for t in (emit, state.active, state.seen, state.out_emit)]
+    _advance[(rows,)](as_bytes[0], drawn, new_hidden, new_hidden.stride(0), codes, state.g0, state.hidden,
+                      state.position, state.frame, state.cap, as_bytes[1], as_bytes[2], state.out_codes,
+                      as_bytes[3], rows, groups, state.seen.shape[1], width, eos, GROUPS=triton.next_power_of_2(groups),
+                      BLOCK=min(1024, triton.next_power_of_2(width)), **programmatic(state.hidden))

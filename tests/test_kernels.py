@@ -366,6 +366,18 @@ advance(state, emit, drawn, hidden_rows, codes, eos)
 for name, value in vars(expected).items():
     assert torch.equal(getattr(state, name), value), name
 assert expected.out_emit[1].sum() < expected.out_emit[0].sum() < rows   # the cases above happened
+
+# the start of the depth stage: who emits, the codebook-0 embeddings (the talker's codec_track)
+from tts_cli.engine.step import start_frame_slots
+from tts_kernels.advance import start_frame
+talker = SimpleNamespace(codec_embedding=torch.nn.Embedding(vocab, width).to(device).half())
+talker.codec_track = lambda ids: talker.codec_embedding(ids).float()
+outputs = [(torch.zeros(rows, dtype=torch.bool, device=device), torch.zeros(rows, width, device=device))
+           for _ in range(2)]
+start_frame_slots(expected, talker, *outputs[0], eos)
+start_frame(state, talker.codec_embedding.weight, *outputs[1], eos)
+assert torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1])
+assert torch.equal(outputs[0][0], expected.out_emit[1])
 print("advance ok")
 """
 

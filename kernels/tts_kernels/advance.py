@@ -1,13 +1,46 @@
-"""The end of a decode step's talker stage as one Triton kernel: each slot that emitted a frame
-takes its new codebook-0 draw and talker state, marks the draw as seen (repetition penalty),
-moves its position and frame count on, and every slot says whether it emits at the next step. In
-torch (tts_cli.engine.step.advance_slots, the reference) that is some eighteen small
-kernels: copies, a gather and a scatter, `where`s and adds, each a launch in the step's graph."""
+"""The decode step's bookkeeping on the slots, each part as one Triton kernel instead of a run of
+small torch ones (each a launch in the step's graph):
+- `start_frame`: which slots emit at this step, and the embedding of each slot's codebook-0 code
+  (tts_cli.engine.step.start_frame_slots, the reference: eight torch kernels);
+- `advance`: the end of the talker stage: each slot that emitted a frame takes its new codebook-0
+  draw and talker state, marks the draw as seen (repetition penalty), moves its position and frame
+  count on, and every slot says whether it emits at the next step (advance_slots: some eighteen)."""
 import torch
 import triton
 import triton.language as tl
 
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
+
+
+@triton.jit
+def _emits(active, g0, eos, frame, cap):
+    """Whether a slot emits a frame at the step about to run (tts_cli.engine.step.emits_next)."""
+    return active & (g0 != eos) & (frame < cap)
+
+
+@triton.jit
+def _start_frame(g0_ptr, active_ptr, frame_ptr, cap_ptr, table_ptr, emit_ptr, code0_ptr, width, eos,
+                 BLOCK: tl.constexpr, PDL: tl.constexpr):
+    row = tl.program_id(0)
+    let_dependents_launch(PDL)
+    wait_for_predecessor(PDL)
+    g0 = tl.load(g0_ptr + row)
+    emit = _emits(tl.load(active_ptr + row) != 0, g0, eos, tl.load(frame_ptr + row), tl.load(cap_ptr + row))
+    tl.store(emit_ptr + row, emit.to(tl.int8))
+    for start in range(0, width, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        embedding = tl.load(table_ptr + g0 * width + cols, mask=cols < width).to(tl.float32)
+        tl.store(code0_ptr + row * width + cols, embedding, mask=cols < width)
+
+
+def start_frame(state, table: torch.Tensor, emit: torch.Tensor, code0_embed: torch.Tensor, eos: int) -> None:
+    """emit [B] bool <- which slots of `state` (the engine's SlotState) emit at this step;
+    code0_embed [B, H] fp32 <- the rows of `table` (the talker's codec embedding) at their g0."""
+    rows, width = code0_embed.shape
+    assert table.is_contiguous() and code0_embed.is_contiguous()
+    _start_frame[(rows,)](state.g0, state.active.view(torch.int8), state.frame, state.cap, table,
+                          emit.view(torch.int8), code0_embed, width, eos,
+                          BLOCK=min(1024, triton.next_power_of_2(width)), **programmatic(code0_embed))
 
 
 @triton.jit
@@ -37,7 +70,7 @@ def _advance(emit_ptr, drawn_ptr, new_hidden_ptr, new_hidden_stride, codes_ptr, 
     tl.store(position_ptr + row, tl.load(position_ptr + row) + step)
     frame = tl.load(frame_ptr + row) + step
     tl.store(frame_ptr + row, frame)
-    emits_next = (tl.load(active_ptr + row) != 0) & (g0 != eos) & (frame < tl.load(cap_ptr + row))
+    emits_next = _emits(tl.load(active_ptr + row) != 0, g0, eos, frame, tl.load(cap_ptr + row))
     tl.store(out_emit_ptr + rows + row, emits_next.to(tl.int8))
 
 
@@ -52,5 +85,6 @@ def advance(state, emit: torch.Tensor, drawn: torch.Tensor, new_hidden: torch.Te
     as_bytes = [t.view(torch.int8) for t in (emit, state.active, state.seen, state.out_emit)]
     _advance[(rows,)](as_bytes[0], drawn, new_hidden, new_hidden.stride(0), codes, state.g0, state.hidden,
                       state.position, state.frame, state.cap, as_bytes[1], as_bytes[2], state.out_codes,
-                      as_bytes[3], rows, groups, state.seen.shape[1], width, eos, GROUPS=triton.next_power_of_2(groups),
-                      BLOCK=min(1024, triton.next_power_of_2(width)), **programmatic(state.hidden))
+                      as_bytes[3], rows, groups, state.seen.shape[1], width, eos,
+                      GROUPS=triton.next_power_of_2(groups), BLOCK=min(1024, triton.next_power_of_2(width)),
+                      **programmatic(state.hidden))

@@ -48,11 +48,19 @@ def emits_next(st: SlotState, eos: int) -> torch.Tensor:
     return st.active & (st.g0 != eos) & (st.frame < st.cap)
 
 
+def start_frame_slots(st: SlotState, talker, emit: torch.Tensor, code0_embed: torch.Tensor, eos: int) -> None:
+    """The start of the depth stage: which slots emit at this step (emit [B]), and the embedding
+    of each slot's codebook-0 code (code0_embed [B, H]). The reference of tts_kernels.advance's
+    start_frame."""
+    emit.copy_(emits_next(st, eos))
+    code0_embed.copy_(talker.codec_track(st.g0))
+
+
 def advance_slots(st: SlotState, emit: torch.Tensor, g0: torch.Tensor, hidden: torch.Tensor, codes: torch.Tensor,
                   eos: int) -> None:
     """The end of the talker stage: the step's outputs (the frame's codes [B, G], who emitted),
     and the slots that emitted (emit [B]) move on to their next frame with the draw g0 [B] and
-    the talker state hidden [B, H]. The reference of tts_kernels.advance (one kernel for these)."""
+    the talker state hidden [B, H]. The reference of tts_kernels.advance's advance."""
     st.out_codes.copy_(codes)
     st.out_emit[0].copy_(emit)
     # Slots that did not emit stay frozen: their state is what the host reads when it ends them.
@@ -115,8 +123,11 @@ class DecodeStep:
     @torch.no_grad()
     def _depth(self) -> None:
         st, cp = self.st, self.model.code_predictor
-        self.emit.copy_(self._emits())
-        self.code0_embed.copy_(self.model.talker.codec_track(st.g0))
+        if self.kernels:
+            from tts_kernels.advance import start_frame
+            start_frame(st, self.model.talker.codec_embedding.weight, self.emit, self.code0_embed, self.eos)
+        else:
+            start_frame_slots(st, self.model.talker, self.emit, self.code0_embed, self.eos)
         if self.depth_frame is not None:
             sampling = st.cp_sampling
             residual = self.depth_frame.run(cp.input_projection(torch.stack((st.hidden, self.code0_embed))),
@@ -134,9 +145,6 @@ class DecodeStep:
                                                    None if noise is None else noise[group - 1]),
             caches=st.cp_kv)
         self._emit_frame(residual)
-
-    def _emits(self) -> torch.Tensor:
-        return emits_next(self.st, self.eos)
 
     def _emit_frame(self, residual: torch.Tensor) -> None:
         """The frame's 16 codes into the codec window."""

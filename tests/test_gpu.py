@@ -509,6 +509,38 @@ def test_sampler_kernel_draws_what_the_torch_sampler_draws_at_real_vocab_sizes()
     assert differ == 0, f"{differ} of {2 * 16 * rows} draws differ"
 
 
+def test_talker_draw_with_its_processors_in_the_sampler_kernel_is_the_torch_draw():
+    """The talker's processors (repetition penalty, EOS blocked below min_new_tokens, suppressed
+    ids) in the sampler kernel, compiled (libdevice's division), against TalkerLogitsProcessor then
+    choose, at the talker's 3072 ids and 64 rows, over 16 frames."""
+    from tts_cli.model.sampler import RowSampling, SamplerSettings, TalkerLogitsProcessor, choose
+    from tts_kernels.sampler import TalkerProcessing, sample_rows
+    g = torch.Generator("cuda").manual_seed(0)
+    rows, vocab, eos = 64, 3072, 2150
+    settings = [SamplerSettings(do_sample=i % 9 != 0, temperature=[0.9, 0.7, 1.3][i % 3], top_k=[50, 0, 1, 3][i % 4],
+                                top_p=1.0, repetition_penalty=[1.05, 1.0, 1.3][i % 3]) for i in range(rows)]
+    sampling = RowSampling.stack(settings, "cuda")
+    process = TalkerLogitsProcessor(vocab, eos, "cuda")
+    seeds = torch.randint(0, 2**62, (rows,), device="cuda", generator=g)
+    min_new_tokens = torch.randint(0, 4, (rows,), device="cuda", generator=g)
+    seen = torch.zeros(rows, vocab, dtype=torch.bool, device="cuda")
+    differ = eos_drawn = 0
+    for frame in range(16):
+        frames = torch.full((rows,), frame, device="cuda")
+        logits = torch.randn(rows, vocab, device="cuda", generator=g) * 4
+        logits[:, eos] += 12   # EOS often the best, so that its block matters
+        expected = choose(process(logits, seen, frames + 1 < min_new_tokens, sampling.repetition_penalty), sampling,
+                          seeds, frames + 1, 0, top_p=False)
+        got = sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frames, 0,
+                          frame_offset=1, talker=TalkerProcessing(seen, sampling.repetition_penalty, min_new_tokens,
+                                                                  process.suppressed, eos))
+        differ += int((got != expected).sum())
+        eos_drawn += int((expected == eos).sum())
+        seen.scatter_(1, expected[:, None], True)
+    assert differ == 0, f"{differ} of {16 * rows} draws differ"
+    assert 0 < eos_drawn < 16 * rows
+
+
 @pytest.mark.parametrize("size, rows, dtype", [("1.7b", 13, torch.float16), ("1.7b", 29, torch.float16), ("1.7b", 64, torch.float16),
                                                ("1.7b", 64, torch.bfloat16), ("0.6b", 64, torch.float16)])
 def test_depth_kernel_follows_the_loop_at_real_shapes(size, rows, dtype):

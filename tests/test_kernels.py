@@ -446,6 +446,24 @@ nonfinite = torch.zeros(1, dtype=torch.int32)
 sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, 0, 1, nonfinite=nonfinite)
 assert nonfinite.item() == 4, nonfinite
 
+# the talker's processors in the same kernel (repetition penalty, EOS blocked while the frame drawn,
+# frame + offset, is below min_new_tokens, suppressed ids): TalkerLogitsProcessor then choose
+from tts_cli.model.sampler import TalkerLogitsProcessor
+from tts_kernels.sampler import TalkerProcessing
+vocab, eos = 1100, 1090   # the top 1024 ids suppressed, but EOS
+process = TalkerLogitsProcessor(vocab, eos, "cpu")
+logits = torch.randn(rows, vocab, generator=g) * 3
+logits[:, eos] = 20.0     # EOS wins wherever it is not blocked
+seen = torch.rand(rows, vocab, generator=g) < 0.2
+penalty = torch.tensor([[1.0], [1.05], [1.3], [0.9]] * 3)
+frame, min_new_tokens = torch.arange(rows) % 4, torch.full((rows,), 3)
+expected = choose(process(logits, seen, frame + 1 < min_new_tokens, penalty), sampling, seeds, frame + 1, 0,
+                  top_p=False)
+got = sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, frame, 0, frame_offset=1,
+                  talker=TalkerProcessing(seen, penalty, min_new_tokens, process.suppressed, eos))
+assert torch.equal(got, expected), (got, expected)
+assert (got == eos).any() and (got != eos).any() and ((got < vocab - 1024) | (got == eos)).all()
+
 # the top-k threshold itself: the k-th largest value with multiplicity, for every k of a row
 import triton
 import triton.language as tl

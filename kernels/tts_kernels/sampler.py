@@ -8,6 +8,8 @@ The hash runs in int64 with every product masked to 32 bits, exactly as the torc
 division and logarithms come from libdevice (correctly rounded like torch's; Triton's '/' and
 tl.log are approximations on the GPU), numpy's in the interpreter.
 """
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -92,37 +94,74 @@ def count_nonfinite(count_ptr, logits):
 
 
 @triton.jit
+def _talker_processors(raw, tokens, valid, seen_ptr, penalty, eos_blocked, suppressed_ptr, eos,
+                       LIBDEVICE: tl.constexpr):
+    """tts_cli.model.sampler.TalkerLogitsProcessor on one row: the repetition penalty on the ids
+    seen (int8 flags), EOS at -inf while blocked, the suppressed ids at -inf."""
+    seen = tl.load(seen_ptr + tokens, mask=valid, other=0) != 0
+    if LIBDEVICE:
+        divided = libdevice.div_rn(raw, penalty)
+    else:
+        divided = raw / penalty
+    raw = tl.where(seen, tl.where(raw < 0, raw * penalty, divided), raw)
+    raw = tl.where((tokens == eos) & eos_blocked, float("-inf"), raw)
+    return tl.where(tl.load(suppressed_ptr + tokens, mask=valid, other=0) != 0, float("-inf"), raw)
+
+
+@triton.jit
 def _sample_rows(logits_ptr, logits_stride, temperature_ptr, top_k_ptr, do_sample_ptr, seeds_ptr,
-                 frame_ptr, frame_stride, out_ptr, nonfinite_ptr, group, vocab, BLOCK: tl.constexpr,
-                 LIBDEVICE: tl.constexpr, COUNT: tl.constexpr, PDL: tl.constexpr):
+                 frame_ptr, frame_stride, frame_offset, out_ptr, nonfinite_ptr, group, vocab,
+                 seen_ptr, penalty_ptr, min_new_ptr, suppressed_ptr, eos, BLOCK: tl.constexpr,
+                 LIBDEVICE: tl.constexpr, COUNT: tl.constexpr, TALKER: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     tokens = tl.arange(0, BLOCK)
     valid = tokens < vocab
     let_dependents_launch(PDL)
     wait_for_predecessor(PDL)
     raw = tl.load(logits_ptr + row * logits_stride + tokens, mask=valid, other=float("-inf")).to(tl.float32)
+    frame = tl.load(frame_ptr + row * frame_stride) + frame_offset
+    if TALKER:
+        raw = _talker_processors(raw, tokens, valid, seen_ptr + row * vocab, tl.load(penalty_ptr + row),
+                                 frame < tl.load(min_new_ptr + row), suppressed_ptr, eos, LIBDEVICE)
     if COUNT:
         count_nonfinite(nonfinite_ptr, raw)
     token = draw(raw, tokens, valid, tl.load(temperature_ptr + row), tl.load(top_k_ptr + row),
-                 tl.load(seeds_ptr + row), tl.load(frame_ptr + row * frame_stride), group,
-                 tl.load(do_sample_ptr + row).to(tl.int1), vocab, LIBDEVICE)
+                 tl.load(seeds_ptr + row), frame, group, tl.load(do_sample_ptr + row).to(tl.int1), vocab, LIBDEVICE)
     tl.store(out_ptr + row, token)
+
+
+class TalkerProcessing(NamedTuple):
+    """What the talker's processors read (tts_cli.model.sampler.TalkerLogitsProcessor): seen [B, V]
+    bool, repetition_penalty [B, 1] fp32, min_new_tokens [B] int64 (EOS blocked while the frame
+    drawn is below it), suppressed [V] bool, the EOS id."""
+    seen: torch.Tensor
+    repetition_penalty: torch.Tensor
+    min_new_tokens: torch.Tensor
+    suppressed: torch.Tensor
+    eos: int
 
 
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, do_sample: torch.Tensor,
                 seeds: torch.Tensor, frame: int | torch.Tensor, group: int,
-                nonfinite: torch.Tensor | None = None) -> torch.Tensor:
+                nonfinite: torch.Tensor | None = None, frame_offset: int = 0,
+                talker: TalkerProcessing | None = None) -> torch.Tensor:
     """logits [B, V]; temperature [B, 1] fp32; top_k [B]; do_sample [B] bool; seeds [B] int64; frame:
-    an int or [B]. Returns the drawn ids [B] int64. nonfinite (int32 [1]): gets the count of NaN and
-    +inf logits added."""
+    an int or [B], plus frame_offset: the frame drawn. Returns the drawn ids [B] int64. nonfinite
+    (int32 [1]): gets the count of NaN and +inf logits added. talker: the talker's processors
+    first, in the same kernel (counted after them, as the torch engine counts)."""
     rows, vocab = logits.shape
     if not torch.is_tensor(frame):
         frame = torch.full((1,), frame, dtype=torch.int64, device=logits.device)
     frame_stride = 0 if frame.numel() == 1 else frame.stride(0)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if talker is not None:
+        processing = (talker.seen.contiguous().view(torch.int8), talker.repetition_penalty.contiguous(),
+                      talker.min_new_tokens.contiguous(), talker.suppressed.view(torch.int8), talker.eos)
+    else:
+        processing = (out, out, out, out, 0)
     _sample_rows[(rows,)](logits, logits.stride(0), temperature.contiguous(), top_k.contiguous(),
-                          do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, out,
-                          nonfinite if nonfinite is not None else out, group, vocab,
+                          do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, frame_offset, out,
+                          nonfinite if nonfinite is not None else out, group, vocab, *processing,
                           BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled(), COUNT=nonfinite is not None,
-                          **programmatic(logits))
+                          TALKER=talker is not None, **programmatic(logits))
     return out

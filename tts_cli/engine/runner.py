@@ -139,7 +139,6 @@ class Engine:
                                codec_window)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, kernels=kernels, depth=depth)
         self.prefill = Prefill(model, self.state, max(1, rows // 8), use_graphs)   # tiles of rows / 8 prompts
-        self.process = self.step.process   # the prefill's first draw uses the step's processors
         self.time_stages = time_stages and device.type == "cuda"
         pin = device.type == "cuda"
         self._host = [self._host_buffers(pin) for _ in range(2)]
@@ -188,8 +187,7 @@ class Engine:
         talker = RowSampling.stack([r.talker or self.talker_defaults for r in requests], self.device)
         cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
         seen = torch.zeros(len(requests), self.model.cfg.codec_vocab_size, dtype=torch.bool, device=self.device)
-        processed = self.process(last_logits, seen, min_new_tokens > 0, talker.repetition_penalty)
-        g0 = self.step.draw(processed, talker, seeds, 0, 0)
+        g0 = self.step.draw_g0(last_logits, talker, seen, min_new_tokens, seeds, 0)
         self.state.admit(slots, g0=g0, hidden=last_hidden, prompt_lengths=lengths, caps=caps,
                          min_new_tokens=min_new_tokens, seeds=seeds, talker=talker, cp=cp)
 

@@ -171,10 +171,8 @@ class DecodeStep:
         if not talker.decoder.uses_kernels(st.talker_kv):
             mask = (st.key_positions[None, :] <= st.position[:, None])[:, None, None, :]
         hidden, logits = talker(x, st.position[:, None], mask, st.talker_kv)
-        next_frame = st.frame + 1
-        processed = self.process(logits[:, -1].float(), st.seen, next_frame < st.min_new_tokens,
-                                 st.talker_sampling.repetition_penalty)
-        g0 = self.draw(processed, st.talker_sampling, st.seeds, next_frame, 0)
+        g0 = self.draw_g0(logits[:, -1].float(), st.talker_sampling, st.seen, st.min_new_tokens, st.seeds,
+                          st.frame, frame_offset=1)
         self._advance(g0, hidden[:, -1])
 
     def _advance(self, g0: torch.Tensor, hidden: torch.Tensor) -> None:
@@ -183,6 +181,20 @@ class DecodeStep:
             advance(self.st, self.emit, g0, hidden, self.codes, self.eos)
         else:
             advance_slots(self.st, self.emit, g0, hidden, self.codes, self.eos)
+
+    def draw_g0(self, logits, rows, seen, min_new_tokens, seeds, frame, frame_offset: int = 0):
+        """The codebook-0 draw of frame `frame` + frame_offset (frame: [B] or an int) after the
+        talker's processors (repetition penalty over `seen`, EOS blocked below min_new_tokens,
+        suppressed ids): one kernel with the sampler kernel on, else `process` then `draw`."""
+        if self.sampler_kernel:
+            from tts_kernels.sampler import TalkerProcessing, sample_rows
+            processors = TalkerProcessing(seen, rows.repetition_penalty, min_new_tokens, self.process.suppressed,
+                                          self.eos)
+            return sample_rows(logits, rows.temperature, rows.top_k, rows.do_sample, seeds, frame, 0,
+                               nonfinite=self.st.nonfinite, frame_offset=frame_offset, talker=processors)
+        frame = frame + frame_offset
+        processed = self.process(logits, seen, frame < min_new_tokens, rows.repetition_penalty)
+        return self.draw(processed, rows, seeds, frame, 0)
 
     def draw(self, logits, rows, seeds, frame, group: int, noise=None):
         """tts_cli.model.sampler.choose, as one kernel when the sampler kernel is on. Either way NaN

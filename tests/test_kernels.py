@@ -378,6 +378,28 @@ start_frame_slots(expected, talker, *outputs[0], eos)
 start_frame(state, talker.codec_embedding.weight, *outputs[1], eos)
 assert torch.equal(outputs[0][0], outputs[1][0]) and torch.equal(outputs[0][1], outputs[1][1])
 assert torch.equal(outputs[0][0], expected.out_emit[1])
+
+# the end of the depth stage: the frame's codes into the codec window, the talker's next input
+from tts_cli.engine.step import emit_frame_slots
+from tts_cli.model.depth import CodePredictor
+from tts_kernels.advance import emit_frame
+emit_next, code0_embed = outputs[0]
+code_vocab = 23
+tables = (torch.randn(15 * code_vocab, width, generator=g) * 0.1).half().to(device)
+cp = SimpleNamespace(fused=True, fused_tables=(None, tables), cfg=SimpleNamespace(code_vocab_size=code_vocab))
+cp.frame_embedding = lambda code0, codes: CodePredictor.frame_embedding(cp, code0, codes)
+residual = torch.randint(0, code_vocab, (rows, 16), generator=g).to(device)[:, 1:]   # rows strided
+pad_embed = torch.randn(1, width, generator=g).to(device)
+results = []
+for target in (expected, state):
+    target.window_codes = torch.zeros(rows, 4, groups, dtype=torch.long, device=device)
+    target.window_column = torch.tensor([2], device=device)
+    results.append((torch.zeros(rows, groups, dtype=torch.long, device=device), torch.zeros(rows, width, device=device)))
+emit_frame_slots(expected, emit_next, residual, results[0][0], cp, code0_embed, pad_embed, results[0][1])
+emit_frame(state, emit_next, residual, results[1][0], tables, code0_embed, pad_embed, results[1][1])
+assert torch.equal(results[0][0], results[1][0]) and torch.equal(expected.window_codes, state.window_codes)
+assert torch.equal(state.window_codes[:, 2], results[0][0]) and (results[0][0][:, 0] == 0).any()
+torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-6, atol=1e-6)   # sums in torch's order or not
 print("advance ok")
 """
 

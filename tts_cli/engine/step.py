@@ -56,6 +56,19 @@ def start_frame_slots(st: SlotState, talker, emit: torch.Tensor, code0_embed: to
     code0_embed.copy_(talker.codec_track(st.g0))
 
 
+def emit_frame_slots(st: SlotState, emit: torch.Tensor, residual: torch.Tensor, codes: torch.Tensor, cp,
+                     code0_embed: torch.Tensor, pad_embed: torch.Tensor, talker_input: torch.Tensor) -> None:
+    """The end of the depth stage: the frame's codes (codes [B, G]: codebook 0 from g0 where the
+    slot emits, else 0; residual [B, G - 1] from the code predictor) into the codec window at its
+    column, and the talker's next input (talker_input [B, H]: the frame's codebook embeddings
+    summed, plus tts_pad's text vector). The reference of tts_kernels.advance's emit_frame."""
+    # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
+    codes[:, 0] = torch.where(emit, st.g0, 0)
+    codes[:, 1:] = residual
+    st.window_codes.index_copy_(1, st.window_column, codes[:, None])
+    talker_input.copy_(cp.frame_embedding(code0_embed, codes[:, 1:]) + pad_embed)
+
+
 def advance_slots(st: SlotState, emit: torch.Tensor, g0: torch.Tensor, hidden: torch.Tensor, codes: torch.Tensor,
                   eos: int) -> None:
     """The end of the talker stage: the step's outputs (the frame's codes [B, G], who emitted),
@@ -93,6 +106,7 @@ class DecodeStep:
         self.emit = torch.zeros_like(state.active)
         self.code0_embed = torch.zeros_like(state.hidden)
         self.codes = torch.zeros_like(state.out_codes)
+        self.talker_input = torch.zeros_like(state.hidden)
         self.depth_frame = self._depth_frame(depth, state.g0.shape[0])
         self.stage_fns = {"depth": self._depth, "codec": self._codec, "talker": self._talker}
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -147,12 +161,14 @@ class DecodeStep:
         self._emit_frame(residual)
 
     def _emit_frame(self, residual: torch.Tensor) -> None:
-        """The frame's 16 codes into the codec window."""
-        st = self.st
-        # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
-        self.codes[:, 0] = torch.where(self.emit, st.g0, 0)
-        self.codes[:, 1:] = residual
-        st.window_codes.index_copy_(1, st.window_column, self.codes[:, None])
+        st, cp = self.st, self.model.code_predictor
+        if self.kernels:
+            from tts_kernels.advance import emit_frame
+            emit_frame(st, self.emit, residual, self.codes, cp.fused_tables[1], self.code0_embed, self.pad_embed,
+                       self.talker_input)
+        else:
+            emit_frame_slots(st, self.emit, residual, self.codes, cp, self.code0_embed, self.pad_embed,
+                             self.talker_input)
         st.window_column.add_(1).remainder_(st.window_codes.shape[1])
 
     @torch.no_grad()
@@ -162,9 +178,8 @@ class DecodeStep:
 
     @torch.no_grad()
     def _talker(self) -> None:
-        st, talker, cp = self.st, self.model.talker, self.model.code_predictor
-        residual_embed = cp.frame_embedding(self.code0_embed, self.codes[:, 1:])
-        x = (residual_embed + self.pad_embed)[:, None]
+        st, talker = self.st, self.model.talker
+        x = self.talker_input[:, None]
         for kv in st.talker_kv:
             kv.at = st.position
         mask = None   # the fused path needs none

@@ -195,6 +195,26 @@ def test_one_row_gate_up_gemv_gives_what_the_gemv_then_silu_mul_give(shape):
     assert torch.equal(got, expected)
 
 
+@pytest.mark.parametrize("rows", [2, 8, 64])
+@pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (2048, 2048), (1024, 3072)])
+def test_few_row_projection_is_exact_products_summed_in_fp32(shape, rows):
+    """At 2-64 fp16 rows (a decode step) `project` runs tts_kernels.linear.gemm_rows: the fp64 product
+    of the same fp16 values within fp32 summation error, as cuBLAS's result is."""
+    from tts_kernels.linear import gemm_rows, project
+    n, k = shape
+    g = torch.Generator("cuda").manual_seed(rows)
+    x = torch.randn(rows, k, device="cuda", generator=g).half()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
+    exact = x.double() @ w.double().t()
+    got = project(x, w)
+    assert torch.equal(got, gemm_rows(x, w))
+    cublas = torch.mm(x, w.t(), out_dtype=torch.float32)
+    error = ((got.double() - exact).abs().max() / exact.abs().max()).item()
+    error_cublas = ((cublas.double() - exact).abs().max() / exact.abs().max()).item()
+    print(shape, rows, f"gemm_rows {error:.1e}, cuBLAS {error_cublas:.1e} of the largest output")
+    assert error < 1e-5
+
+
 def test_fused_rms_norm_equals_torch_in_bf16():
     from tts_cli.model.transformer import RMSNorm
     g = torch.Generator("cuda").manual_seed(0)

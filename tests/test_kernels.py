@@ -60,6 +60,14 @@ for n, k in ((48, 1024), (45, 100)):
     got = gemv(x16, w16)
     assert got.dtype == torch.float32 and got.shape == (1, n)
     torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
+# a few fp16 rows (a decode step at 2-64 rows in flight, on CUDA) on the tensor cores, each program
+# over all rows and the whole of K: fp32 sums of the exact products, against fp64
+from tts_kernels.linear import gemm_rows
+for rows in (2, 5, 16, 64):
+    x16, w16 = torch.randn(rows, 256, generator=g).half(), (0.1 * torch.randn(48, 256, generator=g)).half()
+    got = gemm_rows(x16, w16)
+    assert got.dtype == torch.float32 and got.shape == (rows, 48)
+    torch.testing.assert_close(got.double(), x16.double() @ w16.double().t(), rtol=1e-5, atol=1e-5)
 gu = torch.randn(5, 2, 2 * 40, generator=g)
 torch.testing.assert_close(silu_mul(gu), F.silu(gu[..., :40]) * gu[..., 40:], rtol=1e-6, atol=1e-6)
 # the one-row gate/up GEMV that does the SiLU * up itself: the same sums and the same fp16 result

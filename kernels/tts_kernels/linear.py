@@ -173,12 +173,63 @@ def takes_gemv(x_parts: torch.Tensor, weight: torch.Tensor) -> bool:
         and x_parts.is_contiguous() and weight.is_contiguous()
 
 
+@triton.jit
+def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """out[m, n] = sum over k of x[m, k] * w[n, k] for every row m and BLOCK_N rows of w, on the
+    tensor cores: fp32 accumulation along K in BLOCK_K steps, one program over the whole of K (a
+    fixed order, no split). The first weight chunk is read before waiting for the kernel that
+    wrote x (tts_kernels.launch), as in _gemv."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    rows = m[:, None] < M
+    let_dependents_launch(PDL)
+    w = tl.load(w_ptr + n[:, None] * K + ks[None, :])
+    wait_for_predecessor(PDL)
+    x = tl.load(x_ptr + m[:, None] * K + ks[None, :], mask=rows, other=0.0)
+    acc = tl.dot(x, tl.trans(w))
+    for k in range(BLOCK_K, K, BLOCK_K):
+        w = tl.load(w_ptr + n[:, None] * K + (k + ks)[None, :])
+        x = tl.load(x_ptr + m[:, None] * K + (k + ks)[None, :], mask=rows, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+    tl.store(out_ptr + m[:, None] * N + n[None, :], acc, mask=rows)
+
+
+# gemm_rows: the most rows it takes (more: cuBLAS), and its K chunk
+GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K = 64, 128
+
+
+def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether gemm_rows takes this projection: 2 to GEMM_ROWS_MAX fp16 rows over fp16 weights on
+    CUDA, N a multiple of 16 and K of its chunk."""
+    n, k = weight.shape
+    return x.is_cuda and x.dtype == weight.dtype == torch.float16 and 2 <= x.shape[0] <= GEMM_ROWS_MAX \
+        and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 and x.is_contiguous() and weight.is_contiguous()
+
+
+def gemm_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T -> [M, N] fp32 for a few rows (a decode step's, up to
+    GEMM_ROWS_MAX): each program reads BLOCK_N rows of the weight once, for all M rows, and is
+    launched as a programmatic dependent, its first weight chunk read before it waits (cuBLAS
+    kernels are not). BLOCK_N: the widest of 64, 32, 16 that still gives ~128 programs."""
+    (rows, k), n = x.shape, weight.shape[0]
+    block_n = next((b for b in (64, 32) if n % b == 0 and n // b >= 128), 16)
+    out = torch.empty(rows, n, device=x.device, dtype=torch.float32)
+    _gemm_rows[(n // block_n,)](x, weight, out, rows, n, k, BLOCK_M=max(16, triton.next_power_of_2(rows)),
+                                BLOCK_N=block_n, BLOCK_K=GEMM_ROWS_BLOCK_K, num_warps=4, num_stages=4,
+                                **programmatic(x))
+    return out
+
+
 def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x_parts [P * M, K] (split's output) times weight.T: [P * M, N] fp32; the bias joins part 0."""
     if x_parts.device.type == "cpu":   # (Triton's interpreter) CPU torch has no 16-bit mm to fp32: widen, same sums
         out = x_parts.float() @ weight.float().t()
     elif takes_gemv(x_parts, weight):
         out = gemv(x_parts, weight)
+    elif gemm_rows_fits(x_parts, weight):
+        out = gemm_rows(x_parts, weight)
     elif x_parts.dtype == torch.float32:
         out = x_parts @ weight.t()
     else:

@@ -68,6 +68,20 @@ for rows in (2, 5, 16, 64):
     got = gemm_rows(x16, w16)
     assert got.dtype == torch.float32 and got.shape == (rows, 48)
     torch.testing.assert_close(got.double(), x16.double() @ w16.double().t(), rtol=1e-5, atol=1e-5)
+# a narrow weight with partial sums over K slices: 64-row blocks, the parts summed in order by split
+import tts_kernels.linear as linear_module
+linear_module.GEMM_ROWS_PROGRAMS = 8   # (the real aim, 128 programs, needs wider weights)
+x16, w16 = torch.randn(64, 1024, generator=g).half(), (0.1 * torch.randn(128, 1024, generator=g)).half()
+parts = gemm_rows(x16, w16, partial_sums=True)
+assert parts.shape == (4 * 64, 128)   # 2 blocks of 64 x 4 slices of 256
+residual = torch.randn(64, 128, generator=g)
+summed = residual.clone()
+split(summed, torch.float32, delta=parts)
+expected = residual + (((parts[:64] + parts[64:128]) + parts[128:192]) + parts[192:])   # parts first, in order
+torch.testing.assert_close(summed, expected, rtol=0, atol=0)
+torch.testing.assert_close(parts.view(4, 64, 128).double().sum(0), x16.double() @ w16.double().t(), rtol=1e-5,
+                           atol=1e-5)
+linear_module.GEMM_ROWS_PROGRAMS = 128
 gu = torch.randn(5, 2, 2 * 40, generator=g)
 torch.testing.assert_close(silu_mul(gu), F.silu(gu[..., :40]) * gu[..., 40:], rtol=1e-6, atol=1e-6)
 # the one-row gate/up GEMV that does the SiLU * up itself: the same sums and the same fp16 result

@@ -32,10 +32,11 @@ def parts_of(dtype: torch.dtype) -> int:
 
 @triton.jit
 def load_parts(ptr, offsets, part_stride, mask, PARTS: tl.constexpr):
-    """The fp32 sum of the parts at ptr + offsets (part p is part_stride elements further)."""
+    """The fp32 sum of the parts at ptr + offsets (part p is part_stride elements further), added
+    in part order."""
     value = tl.load(ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    if PARTS == 2:
-        value += tl.load(ptr + part_stride + offsets, mask=mask, other=0.0).to(tl.float32)
+    for part in tl.static_range(1, PARTS):
+        value += tl.load(ptr + part * part_stride + offsets, mask=mask, other=0.0).to(tl.float32)
     return value
 
 
@@ -174,30 +175,33 @@ def takes_gemv(x_parts: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """out[m, n] = sum over k of x[m, k] * w[n, k] for every row m and BLOCK_N rows of w, on the
-    tensor cores: fp32 accumulation along K in BLOCK_K steps, one program over the whole of K (a
-    fixed order, no split). The first weight chunk is read before waiting for the kernel that
-    wrote x (tts_kernels.launch), as in _gemv."""
+def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICES: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for every row m, BLOCK_N rows
+    of w and K slice s = program_id(1) (of SLICES): on the tensor cores, fp32
+    accumulation along the slice in BLOCK_K steps (a fixed order). The first weight chunk is read
+    before waiting for the kernel that wrote x (tts_kernels.launch), as in _gemv."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    part = tl.program_id(1)
+    k_part: tl.constexpr = K // SLICES
     m = tl.arange(0, BLOCK_M)
-    ks = tl.arange(0, BLOCK_K)
+    ks = part * k_part + tl.arange(0, BLOCK_K)
     rows = m[:, None] < M
     let_dependents_launch(PDL)
     w = tl.load(w_ptr + n[:, None] * K + ks[None, :])
     wait_for_predecessor(PDL)
     x = tl.load(x_ptr + m[:, None] * K + ks[None, :], mask=rows, other=0.0)
     acc = tl.dot(x, tl.trans(w))
-    for k in range(BLOCK_K, K, BLOCK_K):
+    for k in range(BLOCK_K, k_part, BLOCK_K):
         w = tl.load(w_ptr + n[:, None] * K + (k + ks)[None, :])
         x = tl.load(x_ptr + m[:, None] * K + (k + ks)[None, :], mask=rows, other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
-    tl.store(out_ptr + m[:, None] * N + n[None, :], acc, mask=rows)
+    tl.store(out_ptr + (part * M + m[:, None]) * N + n[None, :], acc, mask=rows)
 
 
-# gemm_rows: the most rows it takes (more: cuBLAS), and its K chunk
-GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K = 64, 128
+# gemm_rows: the most rows it takes (more: cuBLAS), its K chunk, and the programs it aims for (one
+# per SM of the H200, about)
+GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K, GEMM_ROWS_PROGRAMS = 64, 128, 128
 
 
 def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -208,34 +212,45 @@ def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 and x.is_contiguous() and weight.is_contiguous()
 
 
-def gemm_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T -> [M, N] fp32 for a few rows (a decode step's, up to
-    GEMM_ROWS_MAX): each program reads BLOCK_N rows of the weight once, for all M rows, and is
-    launched as a programmatic dependent, its first weight chunk read before it waits (cuBLAS
-    kernels are not). BLOCK_N: the widest of 64, 32, 16 that still gives ~128 programs."""
+    GEMM_ROWS_MAX): each program reads its rows of the weight once, for all M rows, and is launched
+    as a programmatic dependent, its first weight chunk read before it waits (cuBLAS kernels are
+    not). Programs: BLOCK_N weight rows (64, 32 or 16) each, ~GEMM_ROWS_PROGRAMS of them. Every
+    program reads all of x, so a narrow weight split into many 16-row blocks would read x many
+    times over; with partial_sums the caller takes [S * M, N], S partial sums over K slices (a
+    parts tensor: tts_kernels.linear's readers add them in order), and the blocks stay 64 wide."""
     (rows, k), n = x.shape, weight.shape[0]
-    block_n = next((b for b in (64, 32) if n % b == 0 and n // b >= 128), 16)
-    out = torch.empty(rows, n, device=x.device, dtype=torch.float32)
-    _gemm_rows[(n // block_n,)](x, weight, out, rows, n, k, BLOCK_M=max(16, triton.next_power_of_2(rows)),
-                                BLOCK_N=block_n, BLOCK_K=GEMM_ROWS_BLOCK_K, num_warps=4, num_stages=4,
-                                **programmatic(x))
+    block_n = next((b for b in (64, 32) if n % b == 0 and n // b >= GEMM_ROWS_PROGRAMS), None)
+    slices = 1
+    if block_n is None and partial_sums and n % 64 == 0:
+        block_n = 64
+        while n // 64 * slices * 2 <= GEMM_ROWS_PROGRAMS and k % (2 * slices * GEMM_ROWS_BLOCK_K) == 0:
+            slices *= 2
+    block_n = block_n or 16
+    out = torch.empty(slices * rows, n, device=x.device, dtype=torch.float32)
+    _gemm_rows[(n // block_n, slices)](x, weight, out, rows, n, k, slices,
+                                       BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
+                                       BLOCK_K=GEMM_ROWS_BLOCK_K, num_warps=4, num_stages=4, **programmatic(x))
     return out
 
 
-def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x_parts [P * M, K] (split's output) times weight.T: [P * M, N] fp32; the bias joins part 0."""
+def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+            partial_sums: bool = False) -> torch.Tensor:
+    """x_parts [P * M, K] (split's output) times weight.T: [P * M, N] fp32; the bias joins part 0.
+    partial_sums: the caller also takes [S * M, N], S >= 1 sums to add (gemm_rows)."""
     if x_parts.device.type == "cpu":   # (Triton's interpreter) CPU torch has no 16-bit mm to fp32: widen, same sums
         out = x_parts.float() @ weight.float().t()
     elif takes_gemv(x_parts, weight):
         out = gemv(x_parts, weight)
     elif gemm_rows_fits(x_parts, weight):
-        out = gemm_rows(x_parts, weight)
+        out = gemm_rows(x_parts, weight, partial_sums)
     elif x_parts.dtype == torch.float32:
         out = x_parts @ weight.t()
     else:
         out = torch.mm(x_parts, weight.t(), out_dtype=torch.float32)
     if bias is not None:
-        out[:x_parts.shape[0] // parts_of(x_parts.dtype)] += bias
+        out[:x_parts.shape[0] // parts_of(x_parts.dtype)] += bias   # part 0's rows
     return out
 
 

@@ -308,11 +308,13 @@ class Decoder(nn.Module):
             heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
                                      attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
                                      cfg.head_dim ** -0.5, dtype)
-            delta = project(heads, attn.o_proj.weight, attn.o_proj.bias)
+            # the o and down outputs only reach split, which adds any number of partial sums
+            delta = project(heads, attn.o_proj.weight, attn.o_proj.bias, partial_sums=True)
             gate_up_input = split(stream, dtype, layer.post_attention_layernorm.weight, eps, delta=delta,
                                   residual=x, x_rows=x_rows)
             stream, x_rows = x, None
-            delta = project(project_silu(gate_up_input, mlp.gate_up[0], dtype), mlp.down_proj.weight)
+            delta = project(project_silu(gate_up_input, mlp.gate_up[0], dtype), mlp.down_proj.weight,
+                            partial_sums=True)
         return split(stream, torch.float32, self.norm.weight, eps, delta=delta, residual=x,
                      x_rows=x_rows).view(b, s, width)
 

@@ -213,6 +213,10 @@ def test_few_row_projection_is_exact_products_summed_in_fp32(shape, rows):
     error_cublas = ((cublas.double() - exact).abs().max() / exact.abs().max()).item()
     print(shape, rows, f"gemm_rows {error:.1e}, cuBLAS {error_cublas:.1e} of the largest output")
     assert error < 1e-5
+    parts = gemm_rows(x, w, partial_sums=True)   # narrow weights: partial sums over K slices
+    assert parts.shape[0] % rows == 0
+    summed = parts.view(-1, rows, n).double().sum(0)
+    assert ((summed - exact).abs().max() / exact.abs().max()).item() < 1e-5
 
 
 def test_fused_rms_norm_equals_torch_in_bf16():

@@ -195,11 +195,11 @@ def test_one_row_gate_up_gemv_gives_what_the_gemv_then_silu_mul_give(shape):
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("rows", [2, 8, 64])
+@pytest.mark.parametrize("rows", [33, 64])
 @pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (2048, 2048), (1024, 3072)])
 def test_few_row_projection_is_exact_products_summed_in_fp32(shape, rows):
-    """At 2-64 fp16 rows (a decode step) `project` runs tts_kernels.linear.gemm_rows: the fp64 product
-    of the same fp16 values within fp32 summation error, as cuBLAS's result is."""
+    """At 33-64 fp16 rows (a decode step) `project` runs tts_kernels.linear.gemm_rows: the fp64
+    product of the same fp16 values within fp32 summation error, as cuBLAS's result is."""
     from tts_kernels.linear import gemm_rows, project
     n, k = shape
     g = torch.Generator("cuda").manual_seed(rows)

@@ -60,7 +60,7 @@ for n, k in ((48, 1024), (45, 100)):
     got = gemv(x16, w16)
     assert got.dtype == torch.float32 and got.shape == (1, n)
     torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
-# a few fp16 rows (a decode step at 2-64 rows in flight, on CUDA) on the tensor cores, each program
+# a few fp16 rows (`project` gives it a decode step at 33-64 rows on CUDA) on the tensor cores, each program
 # over all rows and the whole of K: fp32 sums of the exact products, against fp64
 from tts_kernels.linear import gemm_rows
 for rows in (2, 5, 16, 64):

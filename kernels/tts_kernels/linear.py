@@ -199,16 +199,18 @@ def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICE
     tl.store(out_ptr + (part * M + m[:, None]) * N + n[None, :], acc, mask=rows)
 
 
-# gemm_rows: the most rows it takes (more: cuBLAS), its K chunk, and the programs it aims for (one
-# per SM of the H200, about)
-GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K, GEMM_ROWS_PROGRAMS = 64, 128, 128
+# gemm_rows: the fewest and the most rows `project` gives it (else cuBLAS), its K chunk, and the
+# programs it aims for (one per SM of the H200, about). H200, talker ms per step against cuBLAS
+# (docs/bench.md, nineteenth and twentieth sessions): 8 rows 1.764 / 1.640, 32 rows 2.124 / 1.749,
+# 64 rows 1.759 / 1.869: it pays only above 32.
+GEMM_ROWS_MIN, GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K, GEMM_ROWS_PROGRAMS = 33, 64, 128, 128
 
 
 def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether gemm_rows takes this projection: 2 to GEMM_ROWS_MAX fp16 rows over fp16 weights on
-    CUDA, N a multiple of 16 and K of its chunk."""
+    """Whether `project` runs this projection on gemm_rows: GEMM_ROWS_MIN to GEMM_ROWS_MAX fp16 rows
+    over fp16 weights on CUDA, N a multiple of 16 and K of its chunk."""
     n, k = weight.shape
-    return x.is_cuda and x.dtype == weight.dtype == torch.float16 and 2 <= x.shape[0] <= GEMM_ROWS_MAX \
+    return x.is_cuda and x.dtype == weight.dtype == torch.float16 and GEMM_ROWS_MIN <= x.shape[0] <= GEMM_ROWS_MAX \
         and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 and x.is_contiguous() and weight.is_contiguous()
 
 

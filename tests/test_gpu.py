@@ -196,6 +196,24 @@ def test_one_row_gate_up_gemv_gives_what_the_gemv_then_silu_mul_give(shape):
 
 
 @pytest.mark.parametrize("rows", [33, 64])
+@pytest.mark.parametrize("shape", [(12288, 2048), (6144, 1024)], ids=["talker", "code_predictor"])
+def test_few_row_gate_up_projection_gives_what_gemm_rows_then_silu_mul_give(shape, rows):
+    """At 33-64 fp16 rows the gate/up projection's gemm_rows does the SiLU * up itself
+    (tts_kernels.swiglu.gemm_rows_silu, by way of project_silu): bit for bit gemm_rows' sums, then
+    silu_mul, at the 1.7B shapes."""
+    from tts_kernels.linear import gemm_rows
+    from tts_kernels.swiglu import project_silu, silu_mul
+    n, k = shape
+    g = torch.Generator("cuda").manual_seed(rows)
+    x = torch.randn(rows, k, device="cuda", generator=g).half()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
+    got = project_silu(x, w, torch.float16)
+    expected = silu_mul(gemm_rows(x, w), torch.float16)
+    print(shape, rows, f"largest difference {(got.float() - expected.float()).abs().max().item():.2e}")
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("rows", [33, 64])
 @pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (2048, 2048), (1024, 3072)])
 def test_few_row_projection_is_exact_products_summed_in_fp32(shape, rows):
     """At 33-64 fp16 rows (a decode step) `project` runs tts_kernels.linear.gemm_rows: the fp64

@@ -7,7 +7,8 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler|conv|window|gemv|gemv-silu [--rows 64] [--tokens 1]
+    python tools/sm90_compile.py depth|attention|sampler|conv|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
+                                 [--rows 64] [--tokens 1]
                                  [--warps N] [--stages N] [--channels 96] [--shape 4096x2048]
                                  [--talker-precision fp16|bf16] [--ptx OUT.ptx]
 
@@ -17,7 +18,8 @@ talker's shapes, `--tokens` new tokens per row; sampler: one draw per row over t
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
 wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; gemv: the one-row
 projection over an fp16 weight of `--shape`; gemv-silu: the one-row gate/up projection that does
-the SiLU * up (`--shape` 2I x K). Kernels with programmatic dependent launch
+the SiLU * up (`--shape` 2I x K); gemm-rows, gemm-rows-silu: the same at `--rows` rows (33-64 in the
+engine). Kernels with programmatic dependent launch
 (tts_kernels.launch) compile with it on, as the H200 runs them.
 """
 from __future__ import annotations
@@ -141,14 +143,21 @@ def attention_launch(rows: int, tokens: int, warps: int | None, stages: int | No
     return attention._attention, args, launch_options(kwargs, warps, stages)
 
 
-def gemv_launch(n: int, k: int, warps: int | None, stages: int | None, silu: bool):
-    """The one-row projection (a talker step at one row) over an fp16 weight [n, k]; with `silu`,
-    the gate/up one that does the SiLU * up (n = 2 I)."""
+PROJECTIONS = ("gemv", "gemv-silu", "gemm-rows", "gemm-rows-silu")
+
+
+def projection_launch(which: str, n: int, k: int, rows: int, warps: int | None, stages: int | None):
+    """A decode step's projection over an fp16 weight [n, k]: the one-row GEMV (a talker step at one
+    row) or gemm_rows (33-64 rows); the -silu ones are the gate/up projections that do the SiLU * up
+    (n = 2 I)."""
     import tts_kernels.linear as linear
     import tts_kernels.swiglu as swiglu
-    kernel, call = (swiglu._gemv_silu, swiglu.gemv_silu) if silu else (linear._gemv, linear.gemv)
+    kernel, call = {"gemv": (linear._gemv, linear.gemv), "gemv-silu": (swiglu._gemv_silu, swiglu.gemv_silu),
+                    "gemm-rows": (linear._gemm_rows, linear.gemm_rows),
+                    "gemm-rows-silu": (swiglu._gemm_rows_silu, swiglu.gemm_rows_silu)}[which]
+    rows = 1 if which.startswith("gemv") else rows
     args, kwargs = captured_launch(kernel, lambda: call(
-        torch.zeros(1, k, dtype=torch.float16), torch.zeros(n, k, dtype=torch.float16)))
+        torch.zeros(rows, k, dtype=torch.float16), torch.zeros(n, k, dtype=torch.float16)))
     return kernel, args, launch_options(kwargs, warps, stages)
 
 
@@ -185,13 +194,13 @@ def window_launch(rows: int, tokens: int, warps: int | None, stages: int | None)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "window", "gemv", "gemv-silu"])
+    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "window", *PROJECTIONS])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--warps", type=int, help="default: what the engine's launcher takes")
     parser.add_argument("--stages", type=int)
     parser.add_argument("--channels", type=int, default=96)
-    parser.add_argument("--shape", default="4096x2048", help="gemv, gemv-silu: the weight's N x K")
+    parser.add_argument("--shape", default="4096x2048", help="gemv, gemm-rows (and -silu): the weight's N x K")
     parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS,
                         help="depth, attention: the weights' dtype, as the engine's --talker-precision")
     parser.add_argument("--tiles", default="", help="depth: depth_schedule.Shapes fields to override, "
@@ -206,9 +215,9 @@ def main() -> None:
         launch = attention_launch(args.rows, args.tokens, args.warps, args.stages, dtype)
     elif args.kernel == "window":
         launch = window_launch(args.rows, args.tokens, args.warps, args.stages)
-    elif args.kernel in ("gemv", "gemv-silu"):
-        launch = gemv_launch(*(int(v) for v in args.shape.split("x")), args.warps, args.stages,
-                             silu=args.kernel == "gemv-silu")
+    elif args.kernel in PROJECTIONS:
+        launch = projection_launch(args.kernel, *(int(v) for v in args.shape.split("x")), args.rows, args.warps,
+                                   args.stages)
     elif args.kernel == "sampler":
         launch = sampler_launch(args.rows, args.warps, args.stages)
     else:

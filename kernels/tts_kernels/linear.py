@@ -175,28 +175,38 @@ def takes_gemv(x_parts: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICES: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for every row m, BLOCK_N rows
-    of w and K slice s = program_id(1) (of SLICES): on the tensor cores, fp32
-    accumulation along the slice in BLOCK_K steps (a fixed order). The first weight chunk is read
-    before waiting for the kernel that wrote x (tts_kernels.launch), as in _gemv."""
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    part = tl.program_id(1)
-    k_part: tl.constexpr = K // SLICES
+def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """[BLOCK_M, len(w_rows)] fp32: sum over k in [k_start, k_start + k_part) of x[m, k] *
+    w[w_rows[j], k] for every row m < M (the rest 0), on the tensor cores, fp32 accumulation in
+    BLOCK_K steps (a fixed order). The first weight chunk is read before waiting for the kernel
+    that wrote x (tts_kernels.launch), as in _gemv. One piece for gemm_rows and gemm_rows_silu."""
     m = tl.arange(0, BLOCK_M)
-    ks = part * k_part + tl.arange(0, BLOCK_K)
+    ks = k_start + tl.arange(0, BLOCK_K)
     rows = m[:, None] < M
     let_dependents_launch(PDL)
-    w = tl.load(w_ptr + n[:, None] * K + ks[None, :])
+    w = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :])
     wait_for_predecessor(PDL)
     x = tl.load(x_ptr + m[:, None] * K + ks[None, :], mask=rows, other=0.0)
     acc = tl.dot(x, tl.trans(w))
     for k in range(BLOCK_K, k_part, BLOCK_K):
-        w = tl.load(w_ptr + n[:, None] * K + (k + ks)[None, :])
+        w = tl.load(w_ptr + w_rows[:, None] * K + (k + ks)[None, :])
         x = tl.load(x_ptr + m[:, None] * K + (k + ks)[None, :], mask=rows, other=0.0)
         acc = tl.dot(x, tl.trans(w), acc)
-    tl.store(out_ptr + (part * M + m[:, None]) * N + n[None, :], acc, mask=rows)
+    return acc
+
+
+@triton.jit
+def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICES: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for every row m, BLOCK_N rows
+    of w and K slice s = program_id(1) (of SLICES)."""
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    part = tl.program_id(1)
+    k_part: tl.constexpr = K // SLICES
+    acc = gemm_rows_sums(x_ptr, w_ptr, n, M, K, part * k_part, k_part, BLOCK_M, BLOCK_K, PDL)
+    m = tl.arange(0, BLOCK_M)
+    tl.store(out_ptr + (part * M + m[:, None]) * N + n[None, :], acc, mask=m[:, None] < M)
 
 
 # gemm_rows: the fewest and the most rows `project` gives it (else cuBLAS), its K chunk, and the
@@ -214,6 +224,18 @@ def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 and x.is_contiguous() and weight.is_contiguous()
 
 
+def gemm_rows_block(n: int) -> int | None:
+    """The weight rows of one gemm_rows program over a weight of n rows: 64 or 32, whichever still
+    gives GEMM_ROWS_PROGRAMS programs; None when neither does (a narrow weight)."""
+    return next((b for b in (64, 32) if n % b == 0 and n // b >= GEMM_ROWS_PROGRAMS), None)
+
+
+def gemm_rows_launch(x: torch.Tensor) -> dict:
+    """The launch settings every gemm_rows kernel takes: the row tile, warps, stages, PDL."""
+    return dict(BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=GEMM_ROWS_BLOCK_K, num_warps=4,
+                num_stages=4, **programmatic(x))
+
+
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T -> [M, N] fp32 for a few rows (a decode step's, up to
     GEMM_ROWS_MAX): each program reads its rows of the weight once, for all M rows, and is launched
@@ -223,7 +245,7 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False)
     times over; with partial_sums the caller takes [S * M, N], S partial sums over K slices (a
     parts tensor: tts_kernels.linear's readers add them in order), and the blocks stay 64 wide."""
     (rows, k), n = x.shape, weight.shape[0]
-    block_n = next((b for b in (64, 32) if n % b == 0 and n // b >= GEMM_ROWS_PROGRAMS), None)
+    block_n = gemm_rows_block(n)
     slices = 1
     if block_n is None and partial_sums and n % 64 == 0:
         block_n = 64
@@ -231,9 +253,7 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False)
             slices *= 2
     block_n = block_n or 16
     out = torch.empty(slices * rows, n, device=x.device, dtype=torch.float32)
-    _gemm_rows[(n // block_n, slices)](x, weight, out, rows, n, k, slices,
-                                       BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n,
-                                       BLOCK_K=GEMM_ROWS_BLOCK_K, num_warps=4, num_stages=4, **programmatic(x))
+    _gemm_rows[(n // block_n, slices)](x, weight, out, rows, n, k, slices, BLOCK_N=block_n, **gemm_rows_launch(x))
     return out
 
 

@@ -1,13 +1,15 @@
 """silu(gate) * up as one Triton kernel over the merged gate/up projection's output (torch: split
 views, silu, multiply, each a kernel), reading and writing activations as parts (tts_kernels.linear):
-the fp32 sum of the input's parts, the result as parts for the down projection. At one fp16 row
-the GEMV of the gate/up projection does it itself (`project_silu`): one kernel fewer per layer."""
+the fp32 sum of the input's parts, the result as parts for the down projection. Where the gate/up
+projection runs on the GEMV (one fp16 row) or on gemm_rows (33-64 fp16 rows), that kernel does it
+itself (`project_silu`): one kernel fewer per layer."""
 import torch
 import triton
 import triton.language as tl
 
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
-from tts_kernels.linear import gemv_sums, gemv_tile, load_parts, parts_of, project, store_parts, takes_gemv
+from tts_kernels.linear import (gemm_rows_block, gemm_rows_fits, gemm_rows_launch, gemm_rows_sums, gemv_sums, gemv_tile,
+                                load_parts, parts_of, project, store_parts, takes_gemv)
 
 
 @triton.jit
@@ -71,10 +73,40 @@ def gemv_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@triton.jit
+def _gemm_rows_silu(x_ptr, w_ptr, out_ptr, M, I: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+    """out[m, i] = silu(gate[m, i]) * up[m, i] for every row m and BLOCK_I outputs, gate and up
+    gemm_rows' sums over w's rows i and I + i, interleaved in the tile as in _gemv_silu."""
+    j = tl.arange(0, 2 * BLOCK_I)
+    i = tl.program_id(0) * BLOCK_I + j // 2
+    sums = gemm_rows_sums(x_ptr, w_ptr, i + (j % 2) * I, M, K, 0, K, BLOCK_M, BLOCK_K, PDL)
+    gate, up = tl.split(tl.reshape(sums, (BLOCK_M, BLOCK_I, 2)))
+    m = tl.arange(0, BLOCK_M)
+    out = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
+    tl.store(out_ptr + m[:, None] * I + out[None, :], _silu_times(gate, up).to(out_ptr.dtype.element_ty),
+             mask=m[:, None] < M)
+
+
+def gemm_rows_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] fp16 (a few rows, as gemm_rows takes them) and gate_up_weight [2 I, K] (gate rows
+    first) -> silu(x @ gate.T) * (x @ up.T) [M, I] fp16, in one kernel: gemm_rows' sums, on its
+    tile of weight rows (half of them gate rows, half the matching up rows)."""
+    (rows, k), two_i = x.shape, gate_up_weight.shape[0]
+    width = two_i // 2
+    block_i = (gemm_rows_block(two_i) or 16) // 2
+    out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
+    _gemm_rows_silu[(width // block_i,)](x, gate_up_weight, out, rows, width, k, BLOCK_I=block_i,
+                                         **gemm_rows_launch(x))
+    return out
+
+
 def project_silu(x_parts: torch.Tensor, gate_up_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The down projection's input, silu(gate) * up of x_parts' gate/up projection (split's output
-    for weights of `dtype`): by `gemv_silu` where `project` would run the GEMV, else as
-    silu_mul(project(...))."""
+    for weights of `dtype`): by `gemv_silu` or `gemm_rows_silu` where `project` would run the GEMV or
+    gemm_rows, else as silu_mul(project(...))."""
     if takes_gemv(x_parts, gate_up_weight):
         return gemv_silu(x_parts, gate_up_weight)
+    if gemm_rows_fits(x_parts, gate_up_weight):
+        return gemm_rows_silu(x_parts, gate_up_weight)
     return silu_mul(project(x_parts, gate_up_weight), dtype)

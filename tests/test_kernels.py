@@ -82,6 +82,17 @@ torch.testing.assert_close(summed, expected, rtol=0, atol=0)
 torch.testing.assert_close(parts.view(4, 64, 128).double().sum(0), x16.double() @ w16.double().t(), rtol=1e-5,
                            atol=1e-5)
 linear_module.GEMM_ROWS_PROGRAMS = 128
+# a tile given by the caller (tools/gemm_bench.py) is the one launched, or refused where it cannot
+# give what the caller takes
+from tts_kernels.linear import RowsTile
+torch.testing.assert_close(gemm_rows(x16, w16, partial_sums=True, tile=RowsTile(32, 2, 64)).view(2, 64, 128).sum(0),
+                           gemm_rows(x16, w16), rtol=1e-5, atol=1e-5)
+for tile, partial in ((RowsTile(64, 4), False), (RowsTile(48), True), (RowsTile(64, 3), True)):
+    try:
+        gemm_rows(x16, w16, partial_sums=partial, tile=tile)
+        raise AssertionError(f"{tile} launched")
+    except ValueError as error:
+        assert "does not cut a [128, 1024] weight" in str(error), error
 gu = torch.randn(5, 2, 2 * 40, generator=g)
 torch.testing.assert_close(silu_mul(gu), F.silu(gu[..., :40]) * gu[..., 40:], rtol=1e-6, atol=1e-6)
 # the one-row gate/up GEMV that does the SiLU * up itself: the same sums and the same fp16 result

@@ -1,88 +1,150 @@
-"""Times a split-K Triton GEMM (bf16 parts x bf16 weights -> fp32 partial sums, summed later by the
-reader, as tts_kernels.linear's hi/lo parts are) against cuBLAS (`torch.mm(..., out_dtype=float32)`)
-at the projection shapes of the 1.7B model, GPU only. Microseconds per call from triton's
-do_bench (L2 flushed between calls: a decode step reads its weights from memory).
+"""The engine's few-row projections (tts_kernels.linear.gemm_rows, and gemm_rows_silu for the
+gate/up ones) against cuBLAS at the 1.7B projection shapes, over tiles: which RowsTile each shape
+should take. GPU only.
 
-    python tools/gemm_bench.py [--rows 2,128,512] [--sweep-rows 128]
+    python tools/gemm_bench.py [--rows 64] [--shapes talker] [--sweep] [--json OUT.json]
 
-Tiles are swept at --sweep-rows; other row counts run the best tiles found there.
+Each arm is timed as a decode step runs it: a CUDA graph of one call per copy of the weight, the
+copies together over 2x the L2 (so every call reads its weight from memory), the calls back to
+back (gemm_rows launched as programmatic dependents, as in the engine); microseconds per call,
+median of the replays. Every arm's result is checked against the fp64 product of the same fp16
+values first (partial sums added), and refused above 1e-5 of the largest output. Arms: cuBLAS
+(torch.mm to fp32, then silu_mul for gate/up), the engine's tile (rows_tile), and with --sweep
+other tiles: weight rows per program x K slices (partial-sum shapes only) x K chunk, at 4 warps and
+4 stages, then warps and stages around the best of those.
 """
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import statistics
 
 import torch
-import triton
-import triton.language as tl
-from triton.testing import do_bench
 
-# (name, K, N): talker hidden 2048, code predictor 1024 (1.7B); gate/up merged
-SHAPES = [("talker qkv", 2048, 4096), ("talker o", 2048, 2048), ("talker gate/up", 2048, 12288),
-          ("talker down", 6144, 2048), ("talker head", 2048, 3072), ("cp qkv", 1024, 4096), ("cp o", 2048, 1024),
-          ("cp gate/up", 1024, 6144), ("cp down", 3072, 1024), ("cp head", 1024, 2048)]
+from tts_cli.engine.graphs import capture
+from tts_kernels.linear import RowsTile, gemm_rows, rows_tile
+from tts_kernels.swiglu import gemm_rows_silu, silu_mul
 
-
-@triton.jit
-def _gemm_split_k(a_ptr, w_ptr, out_ptr, M, N, K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(2)
-    row_ok, col_ok = rows < M, cols < N
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for start in range(0, K // SPLIT_K, BLOCK_K):
-        ks = split * (K // SPLIT_K) + start + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rows[:, None] * K + ks[None, :], mask=row_ok[:, None], other=0.0)
-        w = tl.load(w_ptr + cols[None, :] * K + ks[:, None], mask=col_ok[None, :], other=0.0)
-        acc = tl.dot(a, w, acc)
-    tl.store(out_ptr + split * M * N + rows[:, None] * N + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+# (name, N, K, kind): the 1.7B talker (hidden 2048) and code predictor (hidden 1024); gate/up
+# merged. kind: "whole" sums, "partial" sums (o and down: split adds them), "silu" (gate/up).
+SHAPES = [("talker qkv", 4096, 2048, "whole"), ("talker o", 2048, 2048, "partial"),
+          ("talker gate/up", 12288, 2048, "silu"), ("talker down", 2048, 6144, "partial"),
+          ("talker head", 3072, 2048, "whole"),
+          ("cp qkv", 4096, 1024, "whole"), ("cp o", 1024, 2048, "partial"), ("cp gate/up", 6144, 1024, "silu"),
+          ("cp down", 1024, 3072, "partial"), ("cp head", 2048, 1024, "whole")]
+L2_BYTES = 50 * 2**20   # the H200's
 
 
-def call(a, w, out, split_k, block_m, block_n, block_k, warps, stages):
-    m, k = a.shape
-    n = w.shape[0]
-    return lambda: _gemm_split_k[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
-        a, w, out, m, n, k, split_k, block_m, block_n, block_k, num_warps=warps, num_stages=stages)
+def arm(kind: str, tile: RowsTile | None):
+    """x, w -> the projection's fp32 output (partial sums added, gate/up as silu(gate) * up)."""
+    if tile is None:   # cuBLAS
+        mm = lambda x, w: torch.mm(x, w.t(), out_dtype=torch.float32)
+        return (lambda x, w: silu_mul(mm(x, w), torch.float16)) if kind == "silu" else mm
+    if kind == "silu":
+        return lambda x, w: gemm_rows_silu(x, w, tile)
+    return lambda x, w: gemm_rows(x, w, partial_sums=kind == "partial", tile=tile)
+
+
+def summed(out: torch.Tensor, rows: int) -> torch.Tensor:
+    return out.double().view(-1, rows, out.shape[-1]).sum(0)
+
+
+def expected(x: torch.Tensor, w: torch.Tensor, kind: str) -> torch.Tensor:
+    exact = x.double() @ w.double().t()
+    if kind != "silu":
+        return exact
+    gate, up = exact.chunk(2, dim=1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def time_us(project, x: torch.Tensor, weights: list[torch.Tensor], replays: int) -> float:
+    """Median microseconds per call of project over every copy, back to back in one CUDA graph."""
+    graph, _ = capture(lambda: [project(x, w) for w in weights])
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / len(weights))
+    return statistics.median(samples)
+
+
+def cuts(tile: RowsTile, n: int, k: int, kind: str) -> bool:
+    """Whether the tile cuts a weight [n, k] whole (gate/up: in halves of gate and up rows)."""
+    rows_per_program = tile.block_n // 2 if kind == "silu" else tile.block_n
+    width = n // 2 if kind == "silu" else n
+    return width % rows_per_program == 0 and k % (tile.slices * tile.block_k) == 0
+
+
+def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
+    """The engine's tile first, then (--sweep) the others that cut the shape."""
+    engine = rows_tile(n, k, kind == "partial")
+    if not sweep:
+        return [engine]
+    slices = (1, 2, 4, 8, 16) if kind == "partial" else (1,)
+    tiles = [RowsTile(block_n, s, block_k) for block_n, s, block_k in itertools.product((16, 32, 64, 128), slices,
+                                                                                          (64, 128, 256))]
+    return [engine] + [t for t in tiles if t != engine and cuts(t, n, k, kind)]
+
+
+def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int) -> dict:
+    g = torch.Generator("cuda").manual_seed(0)
+    x = torch.randn(rows, k, device="cuda", generator=g).half()
+    copies = max(2, -(-2 * L2_BYTES // (n * k * 2)))
+    weights = [(torch.randn(n, k, device="cuda", generator=g) * 0.02).half() for _ in range(copies)]
+    reference = expected(x, weights[0], kind)
+    scale = reference.abs().max().item()
+    floor_us = n * k * 2 / 4.8e12 * 1e6
+
+    def run(tile: RowsTile | None) -> float | None:
+        project = arm(kind, tile)
+        try:
+            out = project(x, weights[0])
+        except Exception as error:   # out of registers or shared memory for this tile
+            print(f"  {tile}: {type(error).__name__}: {str(error)[:100]}")
+            return None
+        got = out.double() if kind == "silu" else summed(out, rows)
+        # fp16 outputs (gate/up) carry fp16 rounding on top of the sums' error
+        if (got - reference).abs().max().item() > (1e-3 if kind == "silu" else 1e-5) * scale:
+            print(f"  {tile}: wrong result, refused")
+            return None
+        return time_us(project, x, weights, replays)
+
+    result = dict(name=name, n=n, k=k, kind=kind, rows=rows, floor_us=round(floor_us, 2), cublas_us=run(None))
+    timed = [(us, tile) for tile in candidates(n, k, kind, sweep) if (us := run(tile)) is not None]
+    engine = timed[0] if timed and timed[0][1] == rows_tile(n, k, kind == "partial") else (None, None)
+    if sweep and timed:
+        best = min(timed, key=lambda item: item[0])[1]
+        for warps, stages in itertools.product((4, 8), (3, 4, 5)):
+            tile = RowsTile(best.block_n, best.slices, best.block_k, warps, stages)
+            if tile != best and (us := run(tile)) is not None:
+                timed.append((us, tile))
+    timed.sort(key=lambda item: item[0])
+    result.update(engine_tile=vars(engine[1]) if engine[1] else None, engine_us=engine[0],
+                  best=[dict(us=round(us, 2), **vars(tile)) for us, tile in timed[:5]])
+    best_us = timed[0][0] if timed else float("nan")
+    print(f"{name:15s} {rows} rows  floor {floor_us:6.1f} us  cuBLAS {result['cublas_us'] or float('nan'):6.1f}  "
+          f"engine {engine[0] or float('nan'):6.1f} {engine[1]}  best {best_us:6.1f} {timed[0][1] if timed else None}",
+          flush=True)
+    return result
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", default="128,2,512", help="GEMM rows (hi and lo parts: twice the batch rows)")
-    parser.add_argument("--sweep-rows", type=int, default=128)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=64, help="33-64: where the engine runs gemm_rows")
+    parser.add_argument("--shapes", default="", help="only shapes whose name contains this (e.g. talker, cp, gate/up)")
+    parser.add_argument("--sweep", action="store_true", help="time other tiles too (each is a compile)")
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    chosen = {}
-    for rows in map(int, args.rows.split(",")):
-        for name, k, n in SHAPES:
-            a = torch.randn(rows, k, device="cuda").bfloat16()
-            w = (torch.randn(n, k, device="cuda") * 0.02).bfloat16()
-            ref = torch.mm(a, w.t(), out_dtype=torch.float32)
-            cublas = do_bench(lambda: torch.mm(a, w.t(), out_dtype=torch.float32))
-            floor = w.numel() * 2 / 4.8e12 * 1e6
-            results = []
-            block_m = min(128, max(16, triton.next_power_of_2(rows)))
-            configs = (itertools.product((1, 2, 4, 8), (32, 64, 128), (128,), (4,), (3,))
-                       if rows == args.sweep_rows or name not in chosen else [chosen[name]])
-            for split_k, block_n, block_k, warps, stages in configs:
-                if k % (split_k * block_k):
-                    continue
-                out = torch.empty(split_k, rows, n, device="cuda")
-                try:
-                    fn = call(a, w, out, split_k, block_m, block_n, block_k, warps, stages)
-                    fn()
-                    err = ((out.sum(0) - ref).norm() / ref.norm()).item()
-                    if err > 1e-5:
-                        continue
-                    results.append((do_bench(fn) * 1e3, (split_k, block_n, block_k, warps, stages)))
-                except Exception:   # out of resources for this tile
-                    continue
-            results.sort()
-            best = results[0] if results else (float("nan"), None)
-            if rows == args.sweep_rows and results:
-                chosen[name] = best[1]
-            print(f"rows {rows:4d} {name:15s} floor {floor:5.1f} us  cuBLAS {cublas * 1e3:6.1f} us  "
-                  f"split-K best {best[0]:6.1f} us (split, BN, BK, warps, stages = {best[1]}); "
-                  f"next: {[(round(t, 1), c) for t, c in results[1:3]]}", flush=True)
+    results = [bench_shape(name, n, k, kind, args.rows, args.sweep, args.replays)
+               for name, n, k, kind in SHAPES if args.shapes in name]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)
 
 
 if __name__ == "__main__":

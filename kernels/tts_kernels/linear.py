@@ -18,6 +18,8 @@ flight: by `gemv`, which reads the weights faster than cuBLAS at that size); the
 SwiGLU kernels read and write parts with `load_parts` / `store_parts`; `linear` is the round trip
 for a lone projection.
 """
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -224,36 +226,54 @@ def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 and x.is_contiguous() and weight.is_contiguous()
 
 
-def gemm_rows_block(n: int) -> int | None:
-    """The weight rows of one gemm_rows program over a weight of n rows: 64 or 32, whichever still
-    gives GEMM_ROWS_PROGRAMS programs; None when neither does (a narrow weight)."""
-    return next((b for b in (64, 32) if n % b == 0 and n // b >= GEMM_ROWS_PROGRAMS), None)
+@dataclass(frozen=True)
+class RowsTile:
+    """How one gemm_rows launch cuts its work: weight rows per program, K slices (partial sums that
+    the reader adds), the K chunk of one tensor-core step, warps, pipeline stages."""
+    block_n: int
+    slices: int = 1
+    block_k: int = GEMM_ROWS_BLOCK_K
+    warps: int = 4
+    stages: int = 4
 
 
-def gemm_rows_launch(x: torch.Tensor) -> dict:
-    """The launch settings every gemm_rows kernel takes: the row tile, warps, stages, PDL."""
-    return dict(BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=GEMM_ROWS_BLOCK_K, num_warps=4,
-                num_stages=4, **programmatic(x))
+def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
+    """The tile of a weight [n, k]: 64 or 32 weight rows per program, whichever still gives
+    GEMM_ROWS_PROGRAMS programs. Every program reads all of x, so a narrow weight split into many
+    16-row blocks would read x many times over; where the caller takes partial sums, 64-row blocks
+    over K slices instead, as many as keep ~GEMM_ROWS_PROGRAMS programs; else 16 rows."""
+    block_n = next((b for b in (64, 32) if n % b == 0 and n // b >= GEMM_ROWS_PROGRAMS), None)
+    if block_n is not None:
+        return RowsTile(block_n)
+    if not partial_sums or n % 64:
+        return RowsTile(16)
+    slices = 1
+    while n // 64 * slices * 2 <= GEMM_ROWS_PROGRAMS and k % (2 * slices * GEMM_ROWS_BLOCK_K) == 0:
+        slices *= 2
+    return RowsTile(64, slices)
 
 
-def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False) -> torch.Tensor:
+def gemm_rows_launch(x: torch.Tensor, tile: RowsTile) -> dict:
+    """The launch settings of a gemm_rows kernel: the row tile, the K chunk, warps, stages, PDL."""
+    return dict(BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=tile.block_k, num_warps=tile.warps,
+                num_stages=tile.stages, **programmatic(x))
+
+
+def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False,
+              tile: RowsTile | None = None) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T -> [M, N] fp32 for a few rows (a decode step's, up to
     GEMM_ROWS_MAX): each program reads its rows of the weight once, for all M rows, and is launched
     as a programmatic dependent, its first weight chunk read before it waits (cuBLAS kernels are
-    not). Programs: BLOCK_N weight rows (64, 32 or 16) each, ~GEMM_ROWS_PROGRAMS of them. Every
-    program reads all of x, so a narrow weight split into many 16-row blocks would read x many
-    times over; with partial_sums the caller takes [S * M, N], S partial sums over K slices (a
-    parts tensor: tts_kernels.linear's readers add them in order), and the blocks stay 64 wide."""
+    not). With partial_sums the caller takes [S * M, N] instead, S >= 1 partial sums over K slices
+    (a parts tensor: tts_kernels.linear's readers add them in order). tile: rows_tile's unless
+    given (tools/gemm_bench.py sweeps them)."""
     (rows, k), n = x.shape, weight.shape[0]
-    block_n = gemm_rows_block(n)
-    slices = 1
-    if block_n is None and partial_sums and n % 64 == 0:
-        block_n = 64
-        while n // 64 * slices * 2 <= GEMM_ROWS_PROGRAMS and k % (2 * slices * GEMM_ROWS_BLOCK_K) == 0:
-            slices *= 2
-    block_n = block_n or 16
-    out = torch.empty(slices * rows, n, device=x.device, dtype=torch.float32)
-    _gemm_rows[(n // block_n, slices)](x, weight, out, rows, n, k, slices, BLOCK_N=block_n, **gemm_rows_launch(x))
+    tile = tile or rows_tile(n, k, partial_sums)
+    if n % tile.block_n or k % (tile.slices * tile.block_k) or (tile.slices > 1 and not partial_sums):
+        raise ValueError(f"{tile} does not cut a [{n}, {k}] weight" + ("" if partial_sums else " into whole sums"))
+    out = torch.empty(tile.slices * rows, n, device=x.device, dtype=torch.float32)
+    _gemm_rows[(n // tile.block_n, tile.slices)](x, weight, out, rows, n, k, tile.slices, BLOCK_N=tile.block_n,
+                                                 **gemm_rows_launch(x, tile))
     return out
 
 

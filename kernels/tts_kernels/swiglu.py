@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
-from tts_kernels.linear import (gemm_rows_block, gemm_rows_fits, gemm_rows_launch, gemm_rows_sums, gemv_sums, gemv_tile,
-                                load_parts, parts_of, project, store_parts, takes_gemv)
+from tts_kernels.linear import (RowsTile, gemm_rows_fits, gemm_rows_launch, gemm_rows_sums, gemv_sums, gemv_tile,
+                                load_parts, parts_of, project, rows_tile, store_parts, takes_gemv)
 
 
 @triton.jit
@@ -88,16 +88,19 @@ def _gemm_rows_silu(x_ptr, w_ptr, out_ptr, M, I: tl.constexpr, K: tl.constexpr, 
              mask=m[:, None] < M)
 
 
-def gemm_rows_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
+def gemm_rows_silu(x: torch.Tensor, gate_up_weight: torch.Tensor, tile: RowsTile | None = None) -> torch.Tensor:
     """x [M, K] fp16 (a few rows, as gemm_rows takes them) and gate_up_weight [2 I, K] (gate rows
     first) -> silu(x @ gate.T) * (x @ up.T) [M, I] fp16, in one kernel: gemm_rows' sums, on its
-    tile of weight rows (half of them gate rows, half the matching up rows)."""
+    tile of weight rows (half of them gate rows, half the matching up rows; whole sums, no slices)."""
     (rows, k), two_i = x.shape, gate_up_weight.shape[0]
     width = two_i // 2
-    block_i = (gemm_rows_block(two_i) or 16) // 2
+    tile = tile or rows_tile(two_i, k)
+    block_i = tile.block_n // 2
+    if width % block_i or k % tile.block_k or tile.slices != 1:
+        raise ValueError(f"{tile} does not cut a gate/up weight [{two_i}, {k}] into whole sums")
     out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
     _gemm_rows_silu[(width // block_i,)](x, gate_up_weight, out, rows, width, k, BLOCK_I=block_i,
-                                         **gemm_rows_launch(x))
+                                         **gemm_rows_launch(x, tile))
     return out
 
 

@@ -10,8 +10,9 @@ back (gemm_rows launched as programmatic dependents, as in the engine); microsec
 median of the replays. Every arm's result is checked against the fp64 product of the same fp16
 values first (partial sums added), and refused above 1e-5 of the largest output. Arms: cuBLAS
 (torch.mm to fp32, then silu_mul for gate/up), the engine's tile (rows_tile), and with --sweep
-other tiles: weight rows per program x K slices (partial-sum shapes only) x K chunk, at 4 warps and
-4 stages, then warps and stages around the best of those.
+other tiles: weight rows per program x K slices x K chunk, at 4 warps and 4 stages, then warps and
+stages around the best of those. K slices for the q/k/v and head projections too, whose readers
+(attention, the sampler) take whole sums today: what partial sums there would buy.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def arm(kind: str, tile: RowsTile | None):
         return (lambda x, w: silu_mul(mm(x, w), torch.float16)) if kind == "silu" else mm
     if kind == "silu":
         return lambda x, w: gemm_rows_silu(x, w, tile)
-    return lambda x, w: gemm_rows(x, w, partial_sums=kind == "partial", tile=tile)
+    return lambda x, w: gemm_rows(x, w, partial_sums=kind == "partial" or tile.slices > 1, tile=tile)
 
 
 def summed(out: torch.Tensor, rows: int) -> torch.Tensor:
@@ -84,10 +85,12 @@ def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
     engine = rows_tile(n, k, kind == "partial")
     if not sweep:
         return [engine]
-    slices = (1, 2, 4, 8, 16) if kind == "partial" else (1,)
+    slices = (1,) if kind == "silu" else (1, 2, 4, 8)
     tiles = [RowsTile(block_n, s, block_k) for block_n, s, block_k in itertools.product((16, 32, 64, 128), slices,
-                                                                                          (64, 128, 256))]
-    return [engine] + [t for t in tiles if t != engine and cuts(t, n, k, kind)]
+                                                                                          (64, 128))]
+    # 64-512 programs: fewer leave most of the 132 SMs idle, more re-read x from L2 for little
+    return [engine] + [t for t in tiles if t != engine and cuts(t, n, k, kind)
+                       and 64 <= (n // t.block_n) * t.slices <= 512]
 
 
 def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int) -> dict:

@@ -150,24 +150,34 @@ def test_projections_read_fp32_inputs_to_16_bits_over_bf16_weights(shape, exact_
     assert max(v for k, v in errors.items() if "bf16" not in k) < 3e-5
 
 
-@pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (3072, 2048)])
-def test_one_row_projection_is_exact_products_summed_in_fp32(shape):
-    """At one fp16 row (a talker step at --rows 1) `project` runs tts_kernels.linear.gemv: at the
-    talker's shapes it is the fp64 product of the same fp16 values within fp32 summation error, as
-    cuBLAS's result is."""
-    from tts_kernels.linear import gemv, project
+def _fp16_operands(rows: int, n: int, k: int):
+    """x [rows, k] and a weight [n, k] in fp16, seeded by rows."""
+    g = torch.Generator("cuda").manual_seed(rows)
+    return (torch.randn(rows, k, device="cuda", generator=g).half(),
+            (torch.randn(n, k, device="cuda", generator=g) * 0.02).half())
+
+
+@pytest.mark.parametrize("rows", [1, 33, 64])
+@pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (2048, 2048), (3072, 2048),
+                                   (1024, 3072)])
+def test_decode_step_projection_is_exact_products_summed_in_fp32(shape, rows):
+    """A decode step's fp16 projection: at one row `project` runs tts_kernels.linear.gemv, at 33-64
+    rows gemm_rows (also as partial sums over K slices). At the 1.7B shapes either is the fp64
+    product of the same fp16 values within fp32 summation error, as cuBLAS's result is."""
+    from tts_kernels.linear import gemm_rows, gemv, project
     n, k = shape
-    g = torch.Generator("cuda").manual_seed(0)
-    x = torch.randn(1, k, device="cuda", generator=g).half()
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
+    x, w = _fp16_operands(rows, n, k)
     exact = x.double() @ w.double().t()
+    relative = lambda out: ((out.double() - exact).abs().max() / exact.abs().max()).item()
     got = project(x, w)
-    assert torch.equal(got, gemv(x, w))
-    cublas = torch.mm(x, w.t(), out_dtype=torch.float32)
-    error = ((got.double() - exact).abs().max() / exact.abs().max()).item()
-    error_cublas = ((cublas.double() - exact).abs().max() / exact.abs().max()).item()
-    print(shape, f"gemv {error:.1e}, cuBLAS {error_cublas:.1e} of the largest output")
-    assert error < 1e-6
+    assert torch.equal(got, gemv(x, w) if rows == 1 else gemm_rows(x, w))
+    error, error_cublas = relative(got), relative(torch.mm(x, w.t(), out_dtype=torch.float32))
+    print(shape, rows, f"ours {error:.1e}, cuBLAS {error_cublas:.1e} of the largest output")
+    assert error < (1e-6 if rows == 1 else 1e-5)
+    if rows > 1:
+        parts = gemm_rows(x, w, partial_sums=True)   # narrow weights: partial sums over K slices
+        assert parts.shape[0] % rows == 0
+        assert relative(parts.view(-1, rows, n).double().sum(0)) < 1e-5
 
 
 def test_step_advance_kernel_updates_the_slots_as_torch_does():
@@ -179,62 +189,19 @@ def test_step_advance_kernel_updates_the_slots_as_torch_does():
     assert scope["expected"].out_emit.any()
 
 
+@pytest.mark.parametrize("rows", [1, 33, 64])
 @pytest.mark.parametrize("shape", [(12288, 2048), (6144, 1024)], ids=["talker", "code_predictor"])
-def test_one_row_gate_up_gemv_gives_what_the_gemv_then_silu_mul_give(shape):
-    """At one fp16 row the gate/up projection's GEMV does the SiLU * up itself
-    (tts_kernels.swiglu.gemv_silu): bit for bit the GEMV's sums, then silu_mul, at the 1.7B shapes."""
-    from tts_kernels.linear import gemv
-    from tts_kernels.swiglu import gemv_silu, silu_mul
-    n, k = shape
-    g = torch.Generator("cuda").manual_seed(0)
-    x = torch.randn(1, k, device="cuda", generator=g).half()
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
-    got = gemv_silu(x, w)
-    expected = silu_mul(gemv(x, w), torch.float16)
-    print(shape, f"largest difference {(got.float() - expected.float()).abs().max().item():.2e}")
-    assert torch.equal(got, expected)
-
-
-@pytest.mark.parametrize("rows", [33, 64])
-@pytest.mark.parametrize("shape", [(12288, 2048), (6144, 1024)], ids=["talker", "code_predictor"])
-def test_few_row_gate_up_projection_gives_what_gemm_rows_then_silu_mul_give(shape, rows):
-    """At 33-64 fp16 rows the gate/up projection's gemm_rows does the SiLU * up itself
-    (tts_kernels.swiglu.gemm_rows_silu, by way of project_silu): bit for bit gemm_rows' sums, then
-    silu_mul, at the 1.7B shapes."""
-    from tts_kernels.linear import gemm_rows
+def test_gate_up_projection_that_does_the_silu_gives_its_sums_then_silu_mul(shape, rows):
+    """A decode step's fp16 gate/up projection does the SiLU * up itself (`project_silu`: at one row
+    tts_kernels.swiglu.gemv_silu, at 33-64 rows gemm_rows_silu): bit for bit the projection kernel's
+    sums (gemv, gemm_rows), then silu_mul, at the 1.7B shapes."""
+    from tts_kernels.linear import gemm_rows, gemv
     from tts_kernels.swiglu import project_silu, silu_mul
-    n, k = shape
-    g = torch.Generator("cuda").manual_seed(rows)
-    x = torch.randn(rows, k, device="cuda", generator=g).half()
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
+    x, w = _fp16_operands(rows, *shape)
     got = project_silu(x, w, torch.float16)
-    expected = silu_mul(gemm_rows(x, w), torch.float16)
+    expected = silu_mul(gemv(x, w) if rows == 1 else gemm_rows(x, w), torch.float16)
     print(shape, rows, f"largest difference {(got.float() - expected.float()).abs().max().item():.2e}")
     assert torch.equal(got, expected)
-
-
-@pytest.mark.parametrize("rows", [33, 64])
-@pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (2048, 2048), (1024, 3072)])
-def test_few_row_projection_is_exact_products_summed_in_fp32(shape, rows):
-    """At 33-64 fp16 rows (a decode step) `project` runs tts_kernels.linear.gemm_rows: the fp64
-    product of the same fp16 values within fp32 summation error, as cuBLAS's result is."""
-    from tts_kernels.linear import gemm_rows, project
-    n, k = shape
-    g = torch.Generator("cuda").manual_seed(rows)
-    x = torch.randn(rows, k, device="cuda", generator=g).half()
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
-    exact = x.double() @ w.double().t()
-    got = project(x, w)
-    assert torch.equal(got, gemm_rows(x, w))
-    cublas = torch.mm(x, w.t(), out_dtype=torch.float32)
-    error = ((got.double() - exact).abs().max() / exact.abs().max()).item()
-    error_cublas = ((cublas.double() - exact).abs().max() / exact.abs().max()).item()
-    print(shape, rows, f"gemm_rows {error:.1e}, cuBLAS {error_cublas:.1e} of the largest output")
-    assert error < 1e-5
-    parts = gemm_rows(x, w, partial_sums=True)   # narrow weights: partial sums over K slices
-    assert parts.shape[0] % rows == 0
-    summed = parts.view(-1, rows, n).double().sum(0)
-    assert ((summed - exact).abs().max() / exact.abs().max()).item() < 1e-5
 
 
 def test_fused_rms_norm_equals_torch_in_bf16():

@@ -236,6 +236,25 @@ def test_bench_runs_the_engine_and_writes_json(tmp_path):
     assert "audio-s/s" in result.stdout and "slot-steps that made a frame: " in result.stdout
 
 
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_bench_warmup_admits_groups_of_every_kind_the_run_has(monkeypatch, concurrency):
+    """The warmup admits all slots at once, then one prompt, then three (up to the slots), so that
+    no Triton kernel meets a group size for the first time in the measured run."""
+    from tts_cli import bench
+    from tts_cli.engine.runner import Engine
+    groups = []
+    prefill = Engine._prefill
+    monkeypatch.setattr(Engine, "_prefill", lambda self, admitted: (groups.append(len(admitted)),
+                                                                     prefill(self, admitted)))
+    synth = bench.load_synthesizer(str(cli.BUNDLED_MODEL_DIR), "cpu", torch.float32)
+    requests = bench.make_requests(synth, bench.read_sentences(bench.SENTENCES)[:2], 2, 5, "vivian")
+    bench.warm_engine(synth, concurrency, requests, codec_window=2)
+    print(groups)
+    assert groups[0] == concurrency and 1 in groups[1:] and sum(groups) == concurrency + 4
+    if concurrency >= 3:
+        assert 3 in groups
+
+
 def test_bench_rejects_bad_options():
     result = _invoke("bench", "--device", "cpu", "--concurrency", "1,x")
     assert result.exit_code == 2 and "--concurrency takes integers" in result.stderr

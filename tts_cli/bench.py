@@ -101,18 +101,28 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def warmup_requests(requests: list[EngineRequest], concurrency: int) -> list[EngineRequest]:
+    """Short requests on the prompts of `requests` whose admissions come in groups of every kind the
+    measured run has: all slots at once, then one prompt (slot 0's request ends a wave before the
+    others), then three. Triton specializes a kernel for an integer argument of 1 and for multiples
+    of 16, so a group size first seen in the measured run can compile there (inside its prefill
+    time) on a machine whose kernel cache is cold."""
+    count = concurrency + 4
+    frames = [WARMUP_FRAMES if i == 0 or i >= concurrency else 2 * WARMUP_FRAMES for i in range(count)]
+    return [EngineRequest(key=i, prompt_embeds=requests[i % len(requests)].prompt_embeds, seed=i, max_frames=f,
+                          min_new_tokens=f + 1) for i, f in enumerate(frames)]
+
+
 @torch.no_grad()
 def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineRequest], **engine_options) -> Engine:
     """An engine of `concurrency` slots whose context fits `requests`, warmed up (graphs captured,
-    kernels compiled) on their prompts for WARMUP_FRAMES frames, its stats reset."""
+    kernels compiled) on `warmup_requests`, its stats reset."""
     sampling = synth.ckpt.sampling
     context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
                     **engine_options)
-    warmup = [EngineRequest(key=i, prompt_embeds=r.prompt_embeds, seed=i, max_frames=WARMUP_FRAMES,
-                            min_new_tokens=WARMUP_FRAMES + 1) for i, r in enumerate(requests[:concurrency])]
-    engine.run(warmup)
+    engine.run(warmup_requests(requests, concurrency))
     if engine.device.type == "cuda":
         engine.collect_stage_times()
         torch.cuda.synchronize()

@@ -12,11 +12,12 @@ weights, the reference that the fast path is held to (docs/numerics.md).
 Fast path (the engine switches it on with `use_kernels`): for new tokens against StaticKV caches,
 each layer runs as eight kernels: residual add + norm, one q/k/v projection, attention (with the q/k
 norms, RoPE and the cache write), o projection, residual add + norm, one gate/up projection, SiLU *
-up, down projection (tts_kernels; cuBLAS for the projections at more than one row, a GEMV kernel at
-one fp16 row, whose gate/up projection does the SiLU * up itself: seven kernels). Projections read
-the 16-bit weights once and their fp32 input rounded to the weights' dtype: once to fp16 over fp16
-weights, as two bf16 halves over bf16 ones (tts_kernels.linear); the KV cache, and the queries and
-probabilities that meet it, are in the weights' dtype.
+up, down projection (tts_kernels; the projections a GEMV kernel at one fp16 row, a Triton GEMM at
+33-64 fp16 rows, else cuBLAS; on the first two the gate/up projection does the SiLU * up itself:
+seven kernels). Projections read the 16-bit weights once and their fp32 input rounded to the
+weights' dtype: once to fp16 over fp16 weights, as two bf16 halves over bf16 ones
+(tts_kernels.linear); the KV cache, and the queries and probabilities that meet it, are in the
+weights' dtype.
 The torch code is the reference it is tested against (tests/test_kernels.py, tests/test_gpu.py).
 """
 from __future__ import annotations
@@ -279,10 +280,10 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def _forward_kernels(self, x, caches, x_rows=None):
-        """The same layers as eight kernels each, seven at one fp16 row (module doc). Every layer's
-        cache has the same `at` and rows (set by the caller for all of them). Positions and mask are
-        implied: the new tokens of a row go to cache positions at, at + 1, ... and RoPE uses those;
-        attention is causal by cache position."""
+        """The same layers as eight kernels each, seven at one and at 33-64 fp16 rows (module doc).
+        Every layer's cache has the same `at` and rows (set by the caller for all of them). Positions
+        and mask are implied: the new tokens of a row go to cache positions at, at + 1, ... and RoPE
+        uses those; attention is causal by cache position."""
         from tts_kernels.attention import cached_attention
         from tts_kernels.linear import project, split
         from tts_kernels.swiglu import project_silu

@@ -106,17 +106,16 @@ for width, k in ((48, 1024), (45, 100)):
     exact = x16.double() @ w16.double().t()
     torch.testing.assert_close(got.double(), F.silu(exact[:, :width]) * exact[:, width:], rtol=1e-3, atol=1e-4)
 # the same at a few rows (gemm_rows' gate/up projection, 33-64 rows in the engine): gemm_rows' sums
-# then silu_mul, in tiles of 16 weight rows and (fewer programs wanted) of 64
-from tts_kernels.swiglu import gemm_rows_silu
-for rows, programs in ((5, 128), (40, 2)):
-    linear_module.GEMM_ROWS_PROGRAMS = programs
+# on the same tile (its K chunk orders the sums) then silu_mul, on gemm_rows_silu's own tile (SILU_TILE: 32 weight rows, 64-wide K chunks) and on 16 and 64 rows
+from tts_kernels.swiglu import SILU_TILE, gemm_rows_silu, silu_tile
+assert silu_tile(2 * 64, 256) == SILU_TILE
+for rows, tile in ((5, None), (5, RowsTile(16)), (40, RowsTile(64))):
     x16, w16 = torch.randn(rows, 256, generator=g).half(), (0.1 * torch.randn(2 * 64, 256, generator=g)).half()
-    got = gemm_rows_silu(x16, w16)
+    got = gemm_rows_silu(x16, w16, tile)
     assert got.dtype == torch.float16 and got.shape == (rows, 64)
-    assert torch.equal(got, silu_mul(gemm_rows(x16, w16), torch.float16))
+    assert torch.equal(got, silu_mul(gemm_rows(x16, w16, tile=tile or SILU_TILE), torch.float16))
     exact = x16.double() @ w16.double().t()
     torch.testing.assert_close(got.double(), F.silu(exact[:, :64]) * exact[:, 64:], rtol=1e-3, atol=1e-4)
-linear_module.GEMM_ROWS_PROGRAMS = 128
 
 cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8, num_kv_heads=2,
                     head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False)

@@ -25,7 +25,7 @@ import torch
 
 from tts_cli.engine.graphs import capture
 from tts_kernels.linear import RowsTile, gemm_rows, rows_tile
-from tts_kernels.swiglu import gemm_rows_silu, silu_mul
+from tts_kernels.swiglu import gemm_rows_silu, silu_mul, silu_tile
 
 # (name, N, K, kind): the 1.7B talker (hidden 2048) and code predictor (hidden 1024); gate/up
 # merged. kind: "whole" sums, "partial" sums (o and down: split adds them), "silu" (gate/up).
@@ -80,9 +80,13 @@ def cuts(tile: RowsTile, n: int, k: int, kind: str) -> bool:
     return width % rows_per_program == 0 and k % (tile.slices * tile.block_k) == 0
 
 
+def engine_tile(n: int, k: int, kind: str) -> RowsTile:
+    return silu_tile(n, k) if kind == "silu" else rows_tile(n, k, kind == "partial")
+
+
 def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
     """The engine's tile first, then (--sweep) the others that cut the shape."""
-    engine = rows_tile(n, k, kind == "partial")
+    engine = engine_tile(n, k, kind)
     if not sweep:
         return [engine]
     slices = (1,) if kind == "silu" else (1, 2, 4, 8)
@@ -118,7 +122,7 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
 
     result = dict(name=name, n=n, k=k, kind=kind, rows=rows, floor_us=round(floor_us, 2), cublas_us=run(None))
     timed = [(us, tile) for tile in candidates(n, k, kind, sweep) if (us := run(tile)) is not None]
-    engine = timed[0] if timed and timed[0][1] == rows_tile(n, k, kind == "partial") else (None, None)
+    engine = timed[0] if timed and timed[0][1] == engine_tile(n, k, kind) else (None, None)
     if sweep and timed:
         best = min(timed, key=lambda item: item[0])[1]
         for warps, stages in itertools.product((4, 8), (3, 4, 5)):

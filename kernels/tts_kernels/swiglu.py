@@ -88,13 +88,25 @@ def _gemm_rows_silu(x_ptr, w_ptr, out_ptr, M, I: tl.constexpr, K: tl.constexpr, 
              mask=m[:, None] < M)
 
 
+# gemm_rows_silu's tile: narrower and shallower than rows_tile's (twice the programs, half the K
+# chunk, one more stage). H200, the talker's gate/up [12288, 2048] at 64 rows in a CUDA-graph chain
+# (tools/gemm_bench.py, docs/bench.md, twenty-first session): 17.0 us against 20.6 on rows_tile's
+# RowsTile(64) and 19.5 on cuBLAS with silu_mul's launch not counted.
+SILU_TILE = RowsTile(32, block_k=64, stages=5)
+
+
+def silu_tile(two_i: int, k: int) -> RowsTile:
+    """gemm_rows_silu's tile for a gate/up weight [2 I, K]: SILU_TILE where it cuts the weight."""
+    return SILU_TILE if two_i % SILU_TILE.block_n == 0 and k % SILU_TILE.block_k == 0 else rows_tile(two_i, k)
+
+
 def gemm_rows_silu(x: torch.Tensor, gate_up_weight: torch.Tensor, tile: RowsTile | None = None) -> torch.Tensor:
     """x [M, K] fp16 (a few rows, as gemm_rows takes them) and gate_up_weight [2 I, K] (gate rows
     first) -> silu(x @ gate.T) * (x @ up.T) [M, I] fp16, in one kernel: gemm_rows' sums, on its
     tile of weight rows (half of them gate rows, half the matching up rows; whole sums, no slices)."""
     (rows, k), two_i = x.shape, gate_up_weight.shape[0]
     width = two_i // 2
-    tile = tile or rows_tile(two_i, k)
+    tile = tile or silu_tile(two_i, k)
     block_i = tile.block_n // 2
     if width % block_i or k % tile.block_k or tile.slices != 1:
         raise ValueError(f"{tile} does not cut a gate/up weight [{two_i}, {k}] into whole sums")

@@ -87,6 +87,12 @@ linear_module.GEMM_ROWS_PROGRAMS = 128
 from tts_kernels.linear import RowsTile
 torch.testing.assert_close(gemm_rows(x16, w16, partial_sums=True, tile=RowsTile(32, 2, 64)).view(2, 64, 128).sum(0),
                            gemm_rows(x16, w16), rtol=1e-5, atol=1e-5)
+# the product taken as w @ x.T (swap): the same sums, in whole and in partial sums, at 64 and 5 rows
+for x_rows in (x16, x16[:5]):
+    for tile in (RowsTile(64, swap=True), RowsTile(64, 2, swap=True)):
+        swapped = gemm_rows(x_rows, w16, partial_sums=tile.slices > 1, tile=tile)
+        torch.testing.assert_close(swapped.view(tile.slices, -1, 128).sum(0), gemm_rows(x_rows, w16), rtol=1e-5,
+                                   atol=1e-5)
 for tile, partial in ((RowsTile(64, 4), False), (RowsTile(48), True), (RowsTile(64, 3), True)):
     try:
         gemm_rows(x16, w16, partial_sums=partial, tile=tile)
@@ -106,7 +112,8 @@ for width, k in ((48, 1024), (45, 100)):
     exact = x16.double() @ w16.double().t()
     torch.testing.assert_close(got.double(), F.silu(exact[:, :width]) * exact[:, width:], rtol=1e-3, atol=1e-4)
 # the same at a few rows (gemm_rows' gate/up projection, 33-64 rows in the engine): gemm_rows' sums
-# on the same tile (its K chunk orders the sums) then silu_mul, on gemm_rows_silu's own tile (SILU_TILE: 32 weight rows, 64-wide K chunks) and on 16 and 64 rows
+# on the same tile (its K chunk orders the sums) then silu_mul, on gemm_rows_silu's own tile
+# (SILU_TILE: 32 weight rows, 64-wide K chunks), on 16 and 64 rows, and swapped
 from tts_kernels.swiglu import SILU_TILE, gemm_rows_silu, silu_tile
 assert silu_tile(2 * 64, 256) == SILU_TILE
 for rows, tile in ((5, None), (5, RowsTile(16)), (40, RowsTile(64))):
@@ -114,6 +121,8 @@ for rows, tile in ((5, None), (5, RowsTile(16)), (40, RowsTile(64))):
     got = gemm_rows_silu(x16, w16, tile)
     assert got.dtype == torch.float16 and got.shape == (rows, 64)
     assert torch.equal(got, silu_mul(gemm_rows(x16, w16, tile=tile or SILU_TILE), torch.float16))
+    swap = RowsTile(64, swap=True)
+    assert torch.equal(gemm_rows_silu(x16, w16, swap), silu_mul(gemm_rows(x16, w16, tile=swap), torch.float16))
     exact = x16.double() @ w16.double().t()
     torch.testing.assert_close(got.double(), F.silu(exact[:, :64]) * exact[:, 64:], rtol=1e-3, atol=1e-4)
 

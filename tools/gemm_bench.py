@@ -2,7 +2,7 @@
 gate/up ones) against cuBLAS at the 1.7B projection shapes, over tiles: which RowsTile each shape
 should take. GPU only.
 
-    python tools/gemm_bench.py [--rows 64] [--shapes talker] [--sweep] [--json OUT.json]
+    python tools/gemm_bench.py [--rows 8,32,64] [--shapes talker] [--sweep] [--json OUT.json]
 
 Each arm is timed as a decode step runs it: a CUDA graph of one call per copy of the weight, the
 copies together over 2x the L2 (so every call reads its weight from memory), the calls back to
@@ -10,15 +10,16 @@ back (gemm_rows launched as programmatic dependents, as in the engine); microsec
 median of the replays. Every arm's result is checked against the fp64 product of the same fp16
 values first (partial sums added), and refused above 1e-5 of the largest output. Arms: cuBLAS
 (torch.mm to fp32, then silu_mul for gate/up), the engine's tile (rows_tile; silu_tile for
-gate/up), and with --sweep other tiles: weight rows per program x K slices x K chunk, at 4 warps
-and 4 stages, then warps and stages around the best of those. K slices for the q/k/v and head
-projections too, whose readers (attention, the sampler) take whole sums today: what partial sums
-there would buy (the best whole-sum tile is printed too). The JSON keeps every tile timed,
-fastest first.
+gate/up), and with --sweep other tiles: weight rows per program x K slices x K chunk x the
+product's orientation (`swap`, from 64 weight rows), at 4 warps and 4 stages, then warps and
+stages around the best of those. K slices for the q/k/v and head projections too, whose readers
+(attention, the sampler) take whole sums today: what partial sums there would buy (the best
+whole-sum tile is printed too). The JSON keeps every tile timed, fastest first.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -92,11 +93,12 @@ def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
     if not sweep:
         return [engine]
     slices = (1,) if kind == "silu" else (1, 2, 4, 8)
-    tiles = [RowsTile(block_n, s, block_k) for block_n, s, block_k in itertools.product((16, 32, 64, 128), slices,
-                                                                                          (64, 128))]
-    # 64-512 programs: fewer leave most of the 132 SMs idle, more re-read x from L2 for little
+    tiles = [RowsTile(block_n, s, block_k, swap=swap)
+             for block_n, s, block_k, swap in itertools.product((16, 32, 64, 128), slices, (64, 128), (False, True))]
+    # 64-512 programs: fewer leave most of the 132 SMs idle, more re-read x from L2 for little;
+    # swapped, the weight rows are the product's M side, which wgmma takes 64 at a time
     return [engine] + [t for t in tiles if t != engine and cuts(t, n, k, kind)
-                       and 64 <= (n // t.block_n) * t.slices <= 512]
+                       and 64 <= (n // t.block_n) * t.slices <= 512 and (not t.swap or t.block_n >= 64)]
 
 
 def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int) -> dict:
@@ -128,7 +130,7 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
     if sweep and timed:
         best = min(timed, key=lambda item: item[0])[1]
         for warps, stages in itertools.product((4, 8), (3, 4, 5)):
-            tile = RowsTile(best.block_n, best.slices, best.block_k, warps, stages)
+            tile = dataclasses.replace(best, warps=warps, stages=stages)
             if tile != best and (us := run(tile)) is not None:
                 timed.append((us, tile))
     timed.sort(key=lambda item: item[0])
@@ -147,14 +149,14 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=64, help="33-64: where the engine runs gemm_rows")
+    parser.add_argument("--rows", default="64", help="comma-separated; the engine runs gemm_rows at 33-64")
     parser.add_argument("--shapes", default="", help="only shapes whose name contains this (e.g. talker, cp, gate/up)")
     parser.add_argument("--sweep", action="store_true", help="time other tiles too (each is a compile)")
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    results = [bench_shape(name, n, k, kind, args.rows, args.sweep, args.replays)
-               for name, n, k, kind in SHAPES if args.shapes in name]
+    results = [bench_shape(name, n, k, kind, rows, args.sweep, args.replays)
+               for rows in map(int, args.rows.split(",")) for name, n, k, kind in SHAPES if args.shapes in name]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, results=results), f, indent=1)

@@ -146,15 +146,19 @@ def attention_launch(rows: int, tokens: int, warps: int | None, stages: int | No
 PROJECTIONS = ("gemv", "gemv-silu", "gemm-rows", "gemm-rows-silu")
 
 
-def projection_launch(which: str, n: int, k: int, rows: int, warps: int | None, stages: int | None):
+def projection_launch(which: str, n: int, k: int, rows: int, warps: int | None, stages: int | None,
+                      tiles: dict | None = None):
     """A decode step's projection over an fp16 weight [n, k]: the one-row GEMV (a talker step at one
     row) or gemm_rows (33-64 rows); the -silu ones are the gate/up projections that do the SiLU * up
-    (n = 2 I)."""
+    (n = 2 I). tiles: for gemm_rows, linear.RowsTile fields to override in the engine's tile."""
+    import dataclasses
+
     import tts_kernels.linear as linear
     import tts_kernels.swiglu as swiglu
+    tile = dataclasses.replace(linear.rows_tile(n, k, partial_sums=True), **(tiles or {}))
     kernel, call = {"gemv": (linear._gemv, linear.gemv), "gemv-silu": (swiglu._gemv_silu, swiglu.gemv_silu),
-                    "gemm-rows": (linear._gemm_rows, linear.gemm_rows),
-                    "gemm-rows-silu": (swiglu._gemm_rows_silu, swiglu.gemm_rows_silu)}[which]
+                    "gemm-rows": (linear._gemm_rows, lambda x, w: linear.gemm_rows(x, w, True, tile)),
+                    "gemm-rows-silu": (swiglu._gemm_rows_silu, lambda x, w: swiglu.gemm_rows_silu(x, w, tile))}[which]
     rows = 1 if which.startswith("gemv") else rows
     args, kwargs = captured_launch(kernel, lambda: call(
         torch.zeros(rows, k, dtype=torch.float16), torch.zeros(n, k, dtype=torch.float16)))
@@ -204,12 +208,13 @@ def main() -> None:
     parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS,
                         help="depth, attention: the weights' dtype, as the engine's --talker-precision")
     parser.add_argument("--tiles", default="", help="depth: depth_schedule.Shapes fields to override, "
-                        "'field=value,...', e.g. 'gate_up_block_k=64'")
+                        "'field=value,...', e.g. 'gate_up_block_k=64'; gemm-rows (and -silu): linear.RowsTile's, "
+                        "e.g. 'block_n=64,swap=1'")
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
     dtype = weights_dtype("cuda", args.talker_precision)
+    tiles = {k: int(v) for k, v in (item.split("=") for item in filter(None, args.tiles.split(",")))}
     if args.kernel == "depth":
-        tiles = {k: int(v) for k, v in (item.split("=") for item in filter(None, args.tiles.split(",")))}
         launch = depth_launch(args.rows, args.warps, args.stages, dtype, tiles)
     elif args.kernel == "attention":
         launch = attention_launch(args.rows, args.tokens, args.warps, args.stages, dtype)
@@ -217,7 +222,7 @@ def main() -> None:
         launch = window_launch(args.rows, args.tokens, args.warps, args.stages)
     elif args.kernel in PROJECTIONS:
         launch = projection_launch(args.kernel, *(int(v) for v in args.shape.split("x")), args.rows, args.warps,
-                                   args.stages)
+                                   args.stages, tiles)
     elif args.kernel == "sampler":
         launch = sampler_launch(args.rows, args.warps, args.stages)
     else:

@@ -177,36 +177,53 @@ def takes_gemv(x_parts: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    """[BLOCK_M, len(w_rows)] fp32: sum over k in [k_start, k_start + k_part) of x[m, k] *
-    w[w_rows[j], k] for every row m < M (the rest 0), on the tensor cores, fp32 accumulation in
-    BLOCK_K steps (a fixed order). The first weight chunk is read before waiting for the kernel
-    that wrote x (tts_kernels.launch), as in _gemv. One piece for gemm_rows and gemm_rows_silu."""
-    m = tl.arange(0, BLOCK_M)
-    ks = k_start + tl.arange(0, BLOCK_K)
-    rows = m[:, None] < M
-    let_dependents_launch(PDL)
-    w = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :])
-    wait_for_predecessor(PDL)
-    x = tl.load(x_ptr + m[:, None] * K + ks[None, :], mask=rows, other=0.0)
-    acc = tl.dot(x, tl.trans(w))
-    for k in range(BLOCK_K, k_part, BLOCK_K):
-        w = tl.load(w_ptr + w_rows[:, None] * K + (k + ks)[None, :])
-        x = tl.load(x_ptr + m[:, None] * K + (k + ks)[None, :], mask=rows, other=0.0)
+def _rows_dot(x, w, acc, SWAP: tl.constexpr):
+    """acc + x @ w.T, as x @ w.T or (SWAP) as (w @ x.T).T: the weight rows on the tensor-core
+    product's M side, which Hopper's wgmma wants at least 64 of, and the few x rows on its N side."""
+    if SWAP:
+        acc = tl.dot(w, tl.trans(x), acc)
+    else:
         acc = tl.dot(x, tl.trans(w), acc)
     return acc
 
 
 @triton.jit
+def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr):
+    """[BLOCK_M, len(w_rows)] fp32: sum over k in [k_start, k_start + k_part) of x[m, k] *
+    w[w_rows[j], k] for every row m < M (the rest 0), on the tensor cores, fp32 accumulation in
+    BLOCK_K steps (a fixed order). The first weight chunk is read before waiting for the kernel
+    that wrote x (tts_kernels.launch), as in _gemv. One piece for gemm_rows and gemm_rows_silu.
+    SWAP: the products as w @ x.T (_rows_dot), the sums transposed at the end."""
+    m = tl.arange(0, BLOCK_M)
+    ks = k_start + tl.arange(0, BLOCK_K)
+    rows = m[:, None] < M
+    if SWAP:
+        acc = tl.zeros((w_rows.shape[0], BLOCK_M), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, w_rows.shape[0]), tl.float32)
+    let_dependents_launch(PDL)
+    w = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :])
+    wait_for_predecessor(PDL)
+    x = tl.load(x_ptr + m[:, None] * K + ks[None, :], mask=rows, other=0.0)
+    acc = _rows_dot(x, w, acc, SWAP)
+    for k in range(BLOCK_K, k_part, BLOCK_K):
+        w = tl.load(w_ptr + w_rows[:, None] * K + (k + ks)[None, :])
+        x = tl.load(x_ptr + m[:, None] * K + (k + ks)[None, :], mask=rows, other=0.0)
+        acc = _rows_dot(x, w, acc, SWAP)
+    return tl.trans(acc) if SWAP else acc
+
+
+@triton.jit
 def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICES: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
+               PDL: tl.constexpr):
     """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for every row m, BLOCK_N rows
     of w and K slice s = program_id(1) (of SLICES)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(1)
     k_part: tl.constexpr = K // SLICES
-    acc = gemm_rows_sums(x_ptr, w_ptr, n, M, K, part * k_part, k_part, BLOCK_M, BLOCK_K, PDL)
+    acc = gemm_rows_sums(x_ptr, w_ptr, n, M, K, part * k_part, k_part, BLOCK_M, BLOCK_K, SWAP, PDL)
     m = tl.arange(0, BLOCK_M)
     tl.store(out_ptr + (part * M + m[:, None]) * N + n[None, :], acc, mask=m[:, None] < M)
 
@@ -229,12 +246,16 @@ def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
 @dataclass(frozen=True)
 class RowsTile:
     """How one gemm_rows launch cuts its work: weight rows per program, K slices (partial sums that
-    the reader adds), the K chunk of one tensor-core step, warps, pipeline stages."""
+    the reader adds), the K chunk of one tensor-core step, warps, pipeline stages, and whether the
+    product is taken as w @ x.T (`swap`: under 64 rows Triton 3.6 compiles x @ w.T to mma.sync, at
+    64 to wgmma; w @ x.T is wgmma from 64 weight rows per program at any row count;
+    tools/sm90_compile.py shows which)."""
     block_n: int
     slices: int = 1
     block_k: int = GEMM_ROWS_BLOCK_K
     warps: int = 4
     stages: int = 4
+    swap: bool = False
 
 
 def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
@@ -255,8 +276,8 @@ def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
 
 def gemm_rows_launch(x: torch.Tensor, tile: RowsTile) -> dict:
     """The launch settings of a gemm_rows kernel: the row tile, the K chunk, warps, stages, PDL."""
-    return dict(BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=tile.block_k, num_warps=tile.warps,
-                num_stages=tile.stages, **programmatic(x))
+    return dict(BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=tile.block_k, SWAP=tile.swap,
+                num_warps=tile.warps, num_stages=tile.stages, **programmatic(x))
 
 
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False,

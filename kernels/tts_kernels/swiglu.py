@@ -75,12 +75,12 @@ def gemv_silu(x: torch.Tensor, gate_up_weight: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _gemm_rows_silu(x_ptr, w_ptr, out_ptr, M, I: tl.constexpr, K: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+                    BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr, PDL: tl.constexpr):
     """out[m, i] = silu(gate[m, i]) * up[m, i] for every row m and BLOCK_I outputs, gate and up
     gemm_rows' sums over w's rows i and I + i, interleaved in the tile as in _gemv_silu."""
     j = tl.arange(0, 2 * BLOCK_I)
     i = tl.program_id(0) * BLOCK_I + j // 2
-    sums = gemm_rows_sums(x_ptr, w_ptr, i + (j % 2) * I, M, K, 0, K, BLOCK_M, BLOCK_K, PDL)
+    sums = gemm_rows_sums(x_ptr, w_ptr, i + (j % 2) * I, M, K, 0, K, BLOCK_M, BLOCK_K, SWAP, PDL)
     gate, up = tl.split(tl.reshape(sums, (BLOCK_M, BLOCK_I, 2)))
     m = tl.arange(0, BLOCK_M)
     out = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)

@@ -8,7 +8,7 @@ Per stage it prints the replay's wall time (CUDA events, median), the summed tim
 and their count (the difference is time the GPU spends between kernels), and the kernels that
 take the most time. GPU only.
 
-    python tools/step_profile.py [--size 1.7b] [--rows 64] [--replays 20] [--top 12]
+    python tools/step_profile.py [--size 1.7b] [--rows 64] [--replays 20] [--top 12] [--no-pdl]
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import collections
 import statistics
 
 import torch
+import tts_kernels.launch
 from torch.profiler import ProfilerActivity, profile
 
 from tts_cli.bench import load_synthesizer, make_requests, read_sentences
@@ -72,8 +73,12 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--talker-precision", default=DEFAULT_TALKER_PRECISION, choices=TALKER_PRECISIONS)
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="launch without programmatic dependent launch, so that each kernel's time is its own "
+                             "(with it, a kernel starts before its predecessor ends and its time includes the wait)")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    tts_kernels.launch.enabled = not args.no_pdl
     synth = load_synthesizer(f"random:{args.size}", "cuda", weights_dtype("cuda", args.talker_precision))
     engine = filled_engine(synth, args.rows)
     requests = make_requests(synth, read_sentences(), engine.prefill.tile_rows, 8, "vivian")

@@ -169,8 +169,8 @@ def synth(
         help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
              "a seeded row's audio does not depend on its batch mates (for one --rows setting). Fewer "
              "only when CUDA out-of-memory halvings bring the segments per call below it. More rows, more "
-             "throughput for long corpora (tts bench, H200, random 1.7B weights: 633-634 audio-s/s at 64 rows, "
-             "846 at 128; docs/bench.md)."),
+             "throughput for long corpora (tts bench, H200, random 1.7B weights: about 1.3x the audio-s/s of 64 "
+             "rows at 128; docs/bench.md)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),

@@ -4,6 +4,7 @@ engine's fused path) on random weights with the real 1.7B (or --size 0.6b) code 
 numerics with given codes, draws, determinism, and the frame time of each as a CUDA graph.
 
     python tools/depth_bench.py [--rows 1,16,32,64] [--size 1.7b|0.6b] [--talker-precision fp16|bf16] [--json OUT.json]
+    timeout 120 python tools/depth_bench.py --rows 32,64 --groups 2   # two kernels of 16 / 32 rows sharing the SMs
 
 Per rows: the largest logit difference over the largest logit (given codes: the loop's own
 sampled codes), the share of greedy codes (argmax) the two sets of logits agree on, whether the kernel's
@@ -18,6 +19,7 @@ import json
 import statistics
 
 import torch
+import triton
 
 from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
 from tts_cli.engine.depth_check import kernel_against_loop
@@ -26,7 +28,7 @@ from tts_cli.engine.random_model import build_random
 from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import StaticKV, use_kernels
 from tts_cli.synthesizer import weights_dtype
-from tts_kernels.depth_frame import DepthFrame
+from tts_kernels.depth_frame import DepthFrame, attention_rows
 from tts_kernels.sampler import sample_rows
 
 GROUPS = 15
@@ -102,6 +104,58 @@ def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, 
     return result
 
 
+def concurrent_groups(cp, talker, rows: int, groups: int, replays: int) -> dict:
+    """`groups` persistent kernels of rows / groups rows each, each on its own stream, sharing the SMs
+    and one copy of the weights: does a second resident CTA per SM hide the first's phase hand-offs
+    and chains of dependent loads? Each group runs a tile of its own rows at 4 warps, which fits two
+    CTAs per SM (compiled offline: 16 rows 255 registers and 60 KB, 32 rows 255 and 72 KB, at 4
+    stages). Every CTA of a kernel must be resident (they wait on each other): where two do not fit
+    the run never ends, so run it under `timeout`. Reports one group alone, the groups together and
+    the engine's one kernel over all the rows (alternated), whether each group's codes together equal
+    its codes alone, and group 0's logits against the loop's (given codes)."""
+    each = rows // groups
+    tile = max(16, triton.next_power_of_2(each))
+    own_tile = dict(rows=tile, attn_rows=attention_rows(tile, cp.decoder.cfg.num_kv_heads))
+    inputs = [setup(cp, talker, each, seed=each * 100 + g) for g in range(groups)]
+    frames = [DepthFrame(cp, each, tiles=own_tile, num_warps=4) for _ in range(groups)]
+    for frame in frames[1:]:
+        frame.weights = frames[0].weights   # one copy, as one kernel over all rows would read
+    whole = setup(cp, talker, rows, seed=rows)
+
+    def runner(frame, group_inputs):
+        hidden, code0_embed, sampling, seeds, position, _ = group_inputs
+        x_in = cp.input_projection(torch.stack((hidden, code0_embed)))
+        return lambda: frame.run(x_in, sampling.temperature, sampling.top_k, sampling.do_sample, seeds, position)
+
+    with torch.no_grad():
+        runs = [runner(frame, group_inputs) for frame, group_inputs in zip(frames, inputs)]
+        one_kernel = runner(DepthFrame(cp, rows), whole)
+        one_kernel()
+        alone = [run().clone() for run in runs]
+        hidden, code0_embed = inputs[0][:2]
+        given = kernel_against_loop(cp, hidden, code0_embed, alone[0], frames[0])
+        streams = [torch.cuda.Stream() for _ in runs]
+
+        def together():
+            main_stream = torch.cuda.current_stream()
+            for stream, run in zip(streams, runs):
+                stream.wait_stream(main_stream)
+                with torch.cuda.stream(stream):
+                    run()
+            for stream in streams:
+                main_stream.wait_stream(stream)
+
+        together()
+        torch.cuda.synchronize()
+        same = all(torch.equal(frame.codes[:each], codes) for frame, codes in zip(frames, alone))
+        graphs = {"one_alone": capture(runs[0])[0], "together": capture(together)[0],
+                  "one_kernel": capture(one_kernel)[0]}
+    times = median_replay_us(graphs, replays)
+    return dict(rows=rows, groups=groups, rows_per_group=each, group_tile=own_tile, codes_equal_alone=same, **given,
+                one_group_alone_us=times["one_alone"], groups_together_us=times["together"],
+                one_kernel_all_rows_us=times["one_kernel"])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,16,32,64")
@@ -111,6 +165,9 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=200)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the timed runs (each is another compile)")
+    ap.add_argument("--groups", type=int, default=0,
+                    help="instead: this many kernels of rows / groups rows each at every --rows, on their own "
+                         "streams together, against one alone (concurrent_groups; run under `timeout`)")
     ap.add_argument("--variants", default="", help="more kernel settings to time at the last --rows, ';'-separated, "
                     "each 'field=value,...' of depth_schedule.Shapes, num_warps or num_stages, e.g. "
                     "'gate_up_block_k=256' or 'num_warps=4,num_stages=1'")
@@ -118,7 +175,10 @@ def main(argv=None) -> int:
     model, _ = build_random(args.size, "cuda", weights_dtype("cuda", args.talker_precision))
     use_kernels(model, True)
     results = []
-    for rows in [int(r) for r in args.rows.split(",")]:
+    for rows in [int(r) for r in args.rows.split(",")] if args.groups else []:
+        results.append(concurrent_groups(model.code_predictor, model.talker, rows, args.groups, args.replays))
+        print(json.dumps(results[-1]), flush=True)
+    for rows in [int(r) for r in args.rows.split(",")] if not args.groups else []:
         results.append(compare(model.code_predictor, model.talker, rows, args.replays,
                                breakdown=not args.no_breakdown))
         print(json.dumps(results[-1]), flush=True)

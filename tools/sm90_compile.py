@@ -150,12 +150,14 @@ def projection_launch(which: str, n: int, k: int, rows: int, warps: int | None, 
                       tiles: dict | None = None):
     """A decode step's projection over an fp16 weight [n, k]: the one-row GEMV (a talker step at one
     row) or gemm_rows (33-64 rows); the -silu ones are the gate/up projections that do the SiLU * up
-    (n = 2 I). tiles: for gemm_rows, linear.RowsTile fields to override in the engine's tile."""
+    (n = 2 I). The engine's tile (gemm-rows: as partial sums; gemm-rows-silu: swiglu.silu_tile); tiles:
+    linear.RowsTile fields to override in it."""
     import dataclasses
 
     import tts_kernels.linear as linear
     import tts_kernels.swiglu as swiglu
-    tile = dataclasses.replace(linear.rows_tile(n, k, partial_sums=True), **(tiles or {}))
+    engine_tile = swiglu.silu_tile(n, k) if which == "gemm-rows-silu" else linear.rows_tile(n, k, partial_sums=True)
+    tile = dataclasses.replace(engine_tile, **(tiles or {}))
     kernel, call = {"gemv": (linear._gemv, linear.gemv), "gemv-silu": (swiglu._gemv_silu, swiglu.gemv_silu),
                     "gemm-rows": (linear._gemm_rows, lambda x, w: linear.gemm_rows(x, w, True, tile)),
                     "gemm-rows-silu": (swiglu._gemm_rows_silu, lambda x, w: swiglu.gemm_rows_silu(x, w, tile))}[which]

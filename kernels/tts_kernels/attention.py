@@ -12,9 +12,9 @@ A row's S new tokens go to cache positions start, start + 1, ...: `start` is one
 (the code predictor, a prefill chunk) or a [B] tensor (the talker step). RoPE uses the same
 positions, read from cos/sin tables [capacity, head_dim]: no per-call position or mask tensors.
 
-Numerics: the q/k/v projection's output (parts, summed in fp32: tts_kernels.linear) and norm and
-RoPE are fp32; keys, values and queries are rounded once, to the cache's dtype (in the engine the
-weights': fp16 or bf16). Scores and the online softmax are fp32; the probabilities meet the values
+Numerics: the q/k/v projection's output (parts or partial sums, added in order in fp32:
+tts_kernels.linear), norm and RoPE are fp32; keys, values and queries are rounded once, to the
+cache's dtype (in the engine the weights': fp16 or bf16). Scores and the online softmax are fp32; the probabilities meet the values
 in the cache's dtype; the output is written as parts for the o projection.
 """
 import torch
@@ -65,8 +65,8 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
                Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
                TOKENS_PER_ROW: tl.constexpr,
                CAPACITY: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
-               BLOCK_D: tl.constexpr, IEEE: tl.constexpr, PARTS: tl.constexpr, START_PER_ROW: tl.constexpr,
-               PDL: tl.constexpr):
+               BLOCK_D: tl.constexpr, IEEE: tl.constexpr, QKV_PARTS: tl.constexpr, PARTS: tl.constexpr,
+               START_PER_ROW: tl.constexpr, PDL: tl.constexpr):
     row_in_batch = tl.program_id(0)
     kv_head = tl.program_id(1)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -87,10 +87,10 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     t_valid = t < TOKENS_PER_ROW
     token = row_in_batch * TOKENS_PER_ROW + t
     new_k = _rotated_heads(qkv_ptr, token * width + (Q_HEADS + kv_head) * HEAD_DIM, part_stride, t_valid, k_norm_ptr,
-                           cos_ptr, sin_ptr, start + t, eps, HEAD_DIM, BLOCK_D, PARTS)
+                           cos_ptr, sin_ptr, start + t, eps, HEAD_DIM, BLOCK_D, QKV_PARTS)
     kv_mask = t_valid[:, None] & in_head[None, :]
     new_v = load_parts(qkv_ptr, (token * width + (Q_HEADS + KV_HEADS + kv_head) * HEAD_DIM)[:, None] + dims[None, :],
-                       part_stride, kv_mask, PARTS)
+                       part_stride, kv_mask, QKV_PARTS)
     slots = head_base + (start + t)[:, None] * cache_pos_stride + dims[None, :]
     tl.store(k_cache_ptr + slots, new_k.to(cache_type, fp_downcast_rounding="rtne"), mask=kv_mask)
     tl.store(v_cache_ptr + slots, new_v.to(cache_type, fp_downcast_rounding="rtne"), mask=kv_mask)
@@ -107,7 +107,7 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
         # padding entries look at key 0 only, so that no row of the tile is empty
         q_pos = tl.where(valid, start + i // GROUPS, start)
         q = _rotated_heads(qkv_ptr, q_token * width + head * HEAD_DIM, part_stride, valid, q_norm_ptr, cos_ptr,
-                           sin_ptr, q_pos, eps, HEAD_DIM, BLOCK_D, PARTS).to(cache_type, fp_downcast_rounding="rtne")
+                           sin_ptr, q_pos, eps, HEAD_DIM, BLOCK_D, QKV_PARTS).to(cache_type, fp_downcast_rounding="rtne")
         best = tl.full([BLOCK_Q], float("-inf"), tl.float32)
         total = tl.zeros([BLOCK_Q], tl.float32)
         acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
@@ -144,8 +144,9 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
                      k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, rows: torch.Tensor, start: int | torch.Tensor, tokens_per_row: int,
                      scale: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """qkv [P * B * S, (q_heads + 2 kv_heads) * head_dim] fp32 (the output of one projection whose
-    input had P = parts_of(dtype) parts: tts_kernels.linear) of B rows x S = tokens_per_row tokens;
+    """qkv [Q * B * S, (q_heads + 2 kv_heads) * head_dim] fp32, Q >= 1 parts to add (one projection's
+    output: its input's parts, or gemm_rows' partial sums; tts_kernels.linear) of B rows x S =
+    tokens_per_row tokens;
     cos/sin tables [capacity, head_dim]; caches [R, kv_heads, capacity, head_dim]; rows [B]: each row's
     cache row; start: where each row's first token goes (module doc). Writes the new keys and values
     to the caches; returns the attention output [P * B * S, q_heads * head_dim] in dtype, as parts,
@@ -154,15 +155,17 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     b = rows.shape[0]
     groups = q_heads // kv_heads
     start_ptr, start_value = (start.contiguous(), 0) if torch.is_tensor(start) else (rows, start)
-    parts = parts_of(dtype)
+    parts, qkv_parts = parts_of(dtype), qkv.shape[0] // (b * s)
+    if qkv.shape[0] != qkv_parts * b * s:
+        raise ValueError(f"qkv has {qkv.shape[0]} rows: not a whole number of parts of {b} x {s} tokens")
     out = torch.empty(parts * b * s, q_heads * head_dim, device=qkv.device, dtype=dtype)
     _attention[(b, kv_heads)](
         qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b * s, eps, scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, TOKENS_PER_ROW=s, CAPACITY=k_cache.shape[2],
         BLOCK_S=triton.next_power_of_2(s), BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))), BLOCK_K=32,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=k_cache.dtype == torch.float32, PARTS=parts,
-        START_PER_ROW=torch.is_tensor(start), **programmatic(qkv),
+        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=k_cache.dtype == torch.float32, QKV_PARTS=qkv_parts,
+        PARTS=parts, START_PER_ROW=torch.is_tensor(start), **programmatic(qkv),
         # a prefill chunk's keys and queries spill at 4 warps (255 registers + stack at 32 tokens)
         num_warps=4 if s <= 4 else 8)
     return out

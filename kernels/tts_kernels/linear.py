@@ -259,19 +259,18 @@ class RowsTile:
 
 
 def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
-    """The tile of a weight [n, k]: 64 or 32 weight rows per program, whichever still gives
-    GEMM_ROWS_PROGRAMS programs. Every program reads all of x, so a narrow weight split into many
-    16-row blocks would read x many times over; where the caller takes partial sums, 64-row blocks
-    over K slices instead, as many as keep ~GEMM_ROWS_PROGRAMS programs; else 16 rows."""
+    """The tile of a weight [n, k]. Every program reads all of x, so wide blocks of weight rows:
+    where the caller takes partial sums, 64 rows per program over as many K slices as keep
+    ~GEMM_ROWS_PROGRAMS programs (H200, the talker's q/k/v at 64 rows: 8.0 us on two slices against
+    9.1 on whole 32-row blocks, docs/bench.md, twenty-first session); else 64 or 32 rows, whichever
+    still gives GEMM_ROWS_PROGRAMS programs, else 16."""
+    if partial_sums and n % 64 == 0:
+        slices = 1
+        while n // 64 * slices * 2 <= GEMM_ROWS_PROGRAMS and k % (2 * slices * GEMM_ROWS_BLOCK_K) == 0:
+            slices *= 2
+        return RowsTile(64, slices)
     block_n = next((b for b in (64, 32) if n % b == 0 and n // b >= GEMM_ROWS_PROGRAMS), None)
-    if block_n is not None:
-        return RowsTile(block_n)
-    if not partial_sums or n % 64:
-        return RowsTile(16)
-    slices = 1
-    while n // 64 * slices * 2 <= GEMM_ROWS_PROGRAMS and k % (2 * slices * GEMM_ROWS_BLOCK_K) == 0:
-        slices *= 2
-    return RowsTile(64, slices)
+    return RowsTile(block_n or 16)
 
 
 def gemm_rows_launch(x: torch.Tensor, tile: RowsTile) -> dict:

@@ -305,11 +305,12 @@ class Decoder(nn.Module):
             attn, mlp = layer.self_attn, layer.mlp
             attn_input = split(stream, dtype, layer.input_layernorm.weight, eps, delta=delta, residual=x,
                                x_rows=x_rows)
-            qkv = project(attn_input, *attn.qkv)
+            # the o and down outputs only reach split, which adds any number of partial sums, and
+            # the q/k/v output attention, which does too
+            qkv = project(attn_input, *attn.qkv, partial_sums=True)
             heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
                                      attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
                                      cfg.head_dim ** -0.5, dtype)
-            # the o and down outputs only reach split, which adds any number of partial sums
             delta = project(heads, attn.o_proj.weight, attn.o_proj.bias, partial_sums=True)
             gate_up_input = split(stream, dtype, layer.post_attention_layernorm.weight, eps, delta=delta,
                                   residual=x, x_rows=x_rows)

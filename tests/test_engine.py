@@ -105,9 +105,11 @@ def _assert_same_audio(windowed, per_frame):
         assert np.linalg.norm(w.pcm - f.pcm) <= 1e-6 * np.linalg.norm(f.pcm), f"request {i}"
 
 
-# Lengths chosen so that each run below ends mid-window for K = 2, 3 and 4; one slot: every
-# request ends with the window closed early while the next one waits.
-WINDOW_CASES = {"4 slots, refilled": (4, [12, 30, 7, 20, 28, 11]), "1 slot": (1, [5, 11, 6])}
+# Lengths chosen so that each run below closes a window early for K = 3, 4 and 16 (one slot: a
+# request that ends mid-window, while the next one waits). At K = 2 no window closes early: the
+# host learns of a request that ends on a window's first column a step late, and that step ends
+# the window (one that ends on the last column it learns of at the boundary).
+WINDOW_CASES = {"4 slots, refilled": (4, [12, 30, 7, 20, 25, 5]), "1 slot": (1, [5, 10, 6])}
 
 
 @pytest.fixture(scope="module", params=list(WINDOW_CASES))
@@ -126,7 +128,7 @@ def test_codec_window_gives_the_audio_of_window_1(synth, window_case, window):
         assert np.array_equal(result.codes, p.codes.numpy())
     windowed, closed = _run_counting_closes(_engine(synth, rows, greedy=False, codec_window=window), requests)
     _assert_same_audio(windowed, per_frame)
-    assert closed and all(0 < columns < window for columns in closed)
+    assert all(0 < columns < window for columns in closed) and (closed or window == 2)
 
 
 def test_the_codec_window_is_16_at_one_row_else_4_unless_given(synth):
@@ -145,17 +147,19 @@ def test_codec_window_stops_on_eos_mid_window(synth, eos_case, window):
     assert any(len(r.codes) % window for r in windowed if not r.hit_cap)
 
 
-def test_a_freed_slot_is_refilled_after_one_step_of_host_lag(synth):
-    """The step that emits a request's last frame also says that the slot emits no more, so the
-    host, reading it while the next step runs, refills the slot for the step after that: one idle
-    step per request (the host's one-step lag), not two."""
-    frames = [5, 11, 6]
+@pytest.mark.parametrize("window", [1, 4])
+def test_a_slot_freed_at_a_window_end_is_refilled_for_the_next_step(synth, window):
+    """The step that emits a request's last frame also says that the slot emits no more; at a
+    window boundary the host waits for that step's flags before admitting, so a request that
+    ends on a window's last column leaves no idle step (before, the host learnt it a step late:
+    one step, and a window closed early, per request)."""
+    frames = [4, 12, 8]
     requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
                               min_new_tokens=f + 1) for i, f in enumerate(frames)]
-    engine = _engine(synth, rows=1, greedy=False)
-    results = engine.run(requests)
+    engine = _engine(synth, rows=1, greedy=False, codec_window=window)
+    results, closed = _run_counting_closes(engine, requests)
     assert [len(r.codes) for r in results] == frames
-    assert engine.stats.steps == sum(frames) + len(frames)
+    assert engine.stats.steps == sum(frames) and closed == []
 
 
 def test_a_request_that_cannot_fit_a_slot_is_refused(synth):

@@ -423,9 +423,10 @@ def test_one_row_engine_gives_the_same_audio_with_and_without_dependent_launches
 
 def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
     """Admissions, releases and drains only queue work: no CUDA call that waits for the stream (a
-    Python value assigned through an index is such a call: a blocking copy), so the host's one wait
-    per step is the event of the step before. 6 requests of different lengths through 4 slots:
-    admissions into freed slots, releases of slots nobody takes."""
+    Python value assigned through an index is such a call: a blocking copy), so the host waits
+    only on events: the step before's, and at a window boundary the flags of the window's last
+    step. 6 requests of different lengths through 4 slots: admissions into freed slots, releases
+    of slots nobody takes."""
     synth = Synthesizer.from_pretrained(TINY, device="cuda")
     sampling = synth.ckpt.sampling
     frames = [12, 30, 7, 20, 27, 11]

@@ -1,15 +1,18 @@
 """The engine's loop: admit -> prefill -> decode step -> drain, over a fixed number of row slots
 that are refilled from a queue as requests end.
 
-The host never waits inside a step: after launching step n it reads step n-1's outputs from
-pinned memory (waiting only on that step's event), ends finished requests, and admits new ones
-into the freed slots before launching step n+1.
+The host never waits inside a window: after launching step n it reads step n-1's outputs from
+pinned memory (waiting only on that step's event) and ends finished requests before launching
+step n+1.
 
 The codec runs every `codec_window` (K) steps over the window of the last K frames, so admission
 happens at window boundaries only (step count mod K == 0). A request that stops mid-window frees
-its slot for the next boundary; it ends when the PCM of its last window reaches the host. When no
-slot emits anymore (the run's end, or every slot stopped while requests wait), the window is
-decoded at once instead of stepping idle slots to its end.
+its slot for the next boundary; it ends when the PCM of its last window reaches the host. At a
+boundary the host first waits for the flags of the window's last step (copied before its codec
+runs), which say who emitted their last frame there, and refills those slots too while the GPU
+decodes the window: else they would idle a whole window (a quarter of the requests at K = 4, about
+one slot-step per request). When no slot emits anymore (the run's end, or every slot stopped while
+requests wait), the window is decoded at once instead of stepping idle slots to its end.
 """
 from __future__ import annotations
 
@@ -71,7 +74,8 @@ class _Running:
 class _Launch:
     """What one launch (a decode step, or the decode of a window closed early) leaves to read."""
     buffers: dict                   # the pinned host buffers its outputs were copied to
-    event: object                   # CUDA event after the copies (None on CPU)
+    flags_event: object             # CUDA event after the codes, emit flags and counts (None on CPU)
+    event: object                   # CUDA event after every copy (None on CPU)
     owners: list                    # slot -> the _Running it held at launch (None: free)
     stepped: bool                   # a decode step: codes and emit flags are in buffers
     window_end: bool                # the codec ran: the window's PCM is in buffers
@@ -211,6 +215,8 @@ class Engine:
         start = time.perf_counter()
         while True:
             if column == 0:
+                if previous is not None:
+                    self._mark_stops(previous)
                 self._admit(queue, running)
             launched = None
             emitting = any(r is not None and not r.stopped for r in running)
@@ -219,11 +225,11 @@ class Engine:
                 parity ^= 1
                 if emitting:
                     column = (column + 1) % self.codec_window
-                    self._launch_step(buffers, window_end=column == 0)
+                    flags_event = self._launch_step(buffers, window_end=column == 0)
                 else:
                     self._launch_window_close(buffers, column)
-                    column = 0
-                launched = _Launch(buffers, self._record_event(), list(running), stepped=emitting,
+                    column, flags_event = 0, None
+                launched = _Launch(buffers, flags_event, self._record_event(), list(running), stepped=emitting,
                                    window_end=column == 0)
             if previous is not None:
                 self._drain(previous, running, results, on_result)
@@ -249,20 +255,21 @@ class Engine:
             running[slot] = _Running(r, now)
         self._add_time("prefill", t0)
 
-    def _launch_step(self, buffers, window_end: bool) -> None:
+    def _launch_step(self, buffers, window_end: bool):
+        """Launches a decode step and the copies of its outputs, then at a window's end the codec
+        and its PCM's copy; returns the event after the codes, emit flags and counts."""
         st = self.state
-        for name in STAGES:
-            if name == "codec" and not window_end:
-                continue
-            t0 = self._event()
-            self.step.run_stage(name)
-            self._add_time(name, t0)
+        self._run_stage("depth")
+        self._run_stage("talker")
         self.stats.steps += 1
         buffers["codes"].copy_(st.out_codes, non_blocking=True)
         buffers["emit"].copy_(st.out_emit, non_blocking=True)
         buffers["nonfinite"].copy_(st.nonfinite, non_blocking=True)
+        flags_event = self._record_event()
         if window_end:
+            self._run_stage("codec")
             self._copy_pcm(buffers)
+        return flags_event
 
     def _launch_window_close(self, buffers, columns: int) -> None:
         t0 = self._event()
@@ -270,10 +277,28 @@ class Engine:
         self._add_time("codec", t0)
         self._copy_pcm(buffers)
 
+    def _run_stage(self, name: str) -> None:
+        t0 = self._event()
+        self.step.run_stage(name)
+        self._add_time(name, t0)
+
     def _copy_pcm(self, buffers) -> None:
         buffers["pcm"].copy_(self.state.out_pcm, non_blocking=True)
         if "overflow" in buffers:
             buffers["overflow"].copy_(self._vocoder_overflow(), non_blocking=True)
+
+    def _mark_stops(self, launch: _Launch) -> None:
+        """Waits for a decode step's flags (not its codec), then marks the requests that it says will
+        not emit at the next step (their EOS or cap) as stopped: their slots are free for the next
+        window boundary without waiting for that step."""
+        if not launch.stepped:
+            return
+        if launch.flags_event is not None:
+            launch.flags_event.synchronize()
+        emits_next = launch.buffers["emit"].numpy()[1]
+        for slot, run in enumerate(launch.owners):
+            if run is not None and not emits_next[slot]:
+                run.stopped = True
 
     def _drain(self, launch: _Launch, running, results, on_result) -> None:
         """Reads one finished launch: appends a step's emitted frames and marks the requests that
@@ -283,6 +308,7 @@ class Engine:
         window's PCM."""
         if launch.event is not None:
             launch.event.synchronize()
+        self._mark_stops(launch)
         now = time.perf_counter()
         emit, codes, pcm = (launch.buffers[name].numpy() for name in ("emit", "codes", "pcm"))
         if launch.window_end and "overflow" in launch.buffers:
@@ -294,12 +320,8 @@ class Engine:
         for slot, run in enumerate(launch.owners):
             if run is None or run.ended:
                 continue
-            if launch.stepped:
-                if emit[0, slot]:
-                    run.codes.append(codes[slot].copy())
-                # stopped once a step says it emits no more (the next step's EOS or cap), so that
-                # its slot is free for the next window boundary without waiting for that step
-                run.stopped = run.stopped or not emit[1, slot]
+            if launch.stepped and emit[0, slot]:
+                run.codes.append(codes[slot].copy())
             if launch.window_end:
                 # Admitted at a boundary and emitting until it stops, a request's frames of this
                 # window are its columns 0, 1, ...: the frames not decoded yet.

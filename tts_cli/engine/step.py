@@ -22,7 +22,10 @@ from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.sampler import TalkerLogitsProcessor, choose, gumbel_noise
 
 log = logging.getLogger(__name__)
-STAGES = ("depth", "codec", "talker")
+# In launch order: the talker needs only the depth stage's frame and the codec (at a window's end)
+# only the window's codes, so the codec goes last, and the host, waiting at a window boundary for
+# the talker's flags of who stopped, refills their slots while the GPU decodes (runner).
+STAGES = ("depth", "talker", "codec")
 _logged: set[str] = set()   # the depth-setting messages said so far (once per process)
 
 

@@ -21,7 +21,7 @@ from .recipe import load_recipe
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
 # On cuda a synthesize call holds this many segments per engine slot: every call ends with slots
 # idle while its last segments finish, so larger calls waste less (tools/admission_order.py, 1024
-# bundled sentences at 64 rows: calls of 4 x rows 694 engine steps, of 16 x rows 643). A call's
+# bundled sentences at 64 rows, longest first: calls of 4 x rows 627 engine steps, of 16 x rows 602). A call's
 # work is redone after a crash, and its rows are reported when it ends.
 CALL_ROWS_PER_SLOT = 16
 DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel sequence per position), kernel "

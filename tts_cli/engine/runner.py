@@ -1,9 +1,9 @@
 """The engine's loop: admit -> prefill -> decode step -> drain, over a fixed number of row slots
 that are refilled from a queue as requests end.
 
-The host never waits inside a window: after launching step n it reads step n-1's outputs from
+The host never waits inside a step: after launching step n it reads step n-1's outputs from
 pinned memory (waiting only on that step's event) and ends finished requests before launching
-step n+1.
+step n+1 (at a window boundary it first waits for step n's flags as well: below).
 
 The codec runs every `codec_window` (K) steps over the window of the last K frames, so admission
 happens at window boundaries only (step count mod K == 0). A request that stops mid-window frees

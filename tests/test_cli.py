@@ -249,7 +249,6 @@ def test_bench_warmup_admits_groups_of_every_kind_the_run_has(monkeypatch, concu
     synth = bench.load_synthesizer(str(cli.BUNDLED_MODEL_DIR), "cpu", torch.float32)
     requests = bench.make_requests(synth, bench.read_sentences(bench.SENTENCES)[:2], 2, 5, "vivian")
     bench.warm_engine(synth, concurrency, requests, codec_window=2)
-    print(groups)
     assert groups[0] == concurrency and 1 in groups[1:] and sum(groups) == concurrency + 4
     if concurrency >= 3:
         assert 3 in groups

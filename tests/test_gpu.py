@@ -157,11 +157,11 @@ def _fp16_operands(rows: int, n: int, k: int):
             (torch.randn(n, k, device="cuda", generator=g) * 0.02).half())
 
 
-@pytest.mark.parametrize("rows", [1, 33, 64])
+@pytest.mark.parametrize("rows", [1, 8, 33, 64])
 @pytest.mark.parametrize("shape", [(4096, 2048), (12288, 2048), (2048, 6144), (2048, 2048), (3072, 2048),
                                    (1024, 3072)])
 def test_decode_step_projection_is_exact_products_summed_in_fp32(shape, rows):
-    """A decode step's fp16 projection: at one row `project` runs tts_kernels.linear.gemv, at 33-64
+    """A decode step's fp16 projection: at one row `project` runs tts_kernels.linear.gemv, at 2-64
     rows gemm_rows (also as partial sums over K slices). At the 1.7B shapes either is the fp64
     product of the same fp16 values within fp32 summation error, as cuBLAS's result is."""
     from tts_kernels.linear import gemm_rows, gemv, project
@@ -189,11 +189,11 @@ def test_step_advance_kernel_updates_the_slots_as_torch_does():
     assert scope["expected"].out_emit.any()
 
 
-@pytest.mark.parametrize("rows", [1, 33, 64])
+@pytest.mark.parametrize("rows", [1, 8, 33, 64])
 @pytest.mark.parametrize("shape", [(12288, 2048), (6144, 1024)], ids=["talker", "code_predictor"])
 def test_gate_up_projection_that_does_the_silu_gives_its_sums_then_silu_mul(shape, rows):
     """A decode step's fp16 gate/up projection does the SiLU * up itself (`project_silu`: at one row
-    tts_kernels.swiglu.gemv_silu, at 33-64 rows gemm_rows_silu): bit for bit the projection kernel's
+    tts_kernels.swiglu.gemv_silu, at 2-64 rows gemm_rows_silu): bit for bit the projection kernel's
     sums (gemv, gemm_rows on gemm_rows_silu's tile), then silu_mul, at the 1.7B shapes."""
     from tts_kernels.linear import gemm_rows, gemv
     from tts_kernels.swiglu import project_silu, silu_mul, silu_tile

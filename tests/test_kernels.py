@@ -60,7 +60,7 @@ for n, k in ((48, 1024), (45, 100)):
     got = gemv(x16, w16)
     assert got.dtype == torch.float32 and got.shape == (1, n)
     torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
-# a few fp16 rows (`project` gives it a decode step at 33-64 rows on CUDA) on the tensor cores, each program
+# a few fp16 rows (`project` gives it a decode step at 2-64 rows on CUDA) on the tensor cores, each program
 # over all rows and the whole of K: fp32 sums of the exact products, against fp64
 from tts_kernels.linear import gemm_rows
 for rows in (2, 5, 16, 64):
@@ -111,7 +111,7 @@ for width, k in ((48, 1024), (45, 100)):
     assert torch.equal(got, silu_mul(gemv(x16, w16), torch.float16))
     exact = x16.double() @ w16.double().t()
     torch.testing.assert_close(got.double(), F.silu(exact[:, :width]) * exact[:, width:], rtol=1e-3, atol=1e-4)
-# the same at a few rows (gemm_rows' gate/up projection, 33-64 rows in the engine): gemm_rows' sums
+# the same at a few rows (gemm_rows' gate/up projection, 2-64 rows in the engine): gemm_rows' sums
 # on the same tile (its K chunk orders the sums) then silu_mul, on gemm_rows_silu's own tile
 # (SILU_TILE: 32 weight rows, 64-wide K chunks), on 16 and 64 rows, and swapped
 from tts_kernels.swiglu import SILU_TILE, gemm_rows_silu, silu_tile
@@ -183,7 +183,7 @@ for _ in range(3):
 for p_kv, f_kv in zip(a, b):
     torch.testing.assert_close(f_kv.k, p_kv.k, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(f_kv.v, p_kv.v, rtol=1e-5, atol=1e-5)   # one merged GEMM: other sum order
-# q/k/v as partial sums (gemm_rows' K slices: 33-64 fp16 rows on the GPU), which attention adds in
+# q/k/v as partial sums (gemm_rows' K slices: 2-64 fp16 rows on the GPU), which attention adds in
 # order: the same keys, values and output as from their sum
 from tts_kernels.attention import cached_attention
 attention = fused.layers[0].self_attn

@@ -149,7 +149,7 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default="64", help="comma-separated; the engine runs gemm_rows at 33-64")
+    parser.add_argument("--rows", default="64", help="comma-separated; the engine runs gemm_rows at 2-64")
     parser.add_argument("--shapes", default="", help="only shapes whose name contains this (e.g. talker, cp, gate/up)")
     parser.add_argument("--sweep", action="store_true", help="time other tiles too (each is a compile)")
     parser.add_argument("--replays", type=int, default=20)

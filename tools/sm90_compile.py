@@ -18,7 +18,7 @@ talker's shapes, `--tokens` new tokens per row; sampler: one draw per row over t
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
 wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; gemv: the one-row
 projection over an fp16 weight of `--shape`; gemv-silu: the one-row gate/up projection that does
-the SiLU * up (`--shape` 2I x K); gemm-rows, gemm-rows-silu: the same at `--rows` rows (33-64 in the
+the SiLU * up (`--shape` 2I x K); gemm-rows, gemm-rows-silu: the same at `--rows` rows (2-64 in the
 engine). Kernels with programmatic dependent launch
 (tts_kernels.launch) compile with it on, as the H200 runs them.
 """
@@ -149,7 +149,7 @@ PROJECTIONS = ("gemv", "gemv-silu", "gemm-rows", "gemm-rows-silu")
 def projection_launch(which: str, n: int, k: int, rows: int, warps: int | None, stages: int | None,
                       tiles: dict | None = None):
     """A decode step's projection over an fp16 weight [n, k]: the one-row GEMV (a talker step at one
-    row) or gemm_rows (33-64 rows); the -silu ones are the gate/up projections that do the SiLU * up
+    row) or gemm_rows (2-64 rows); the -silu ones are the gate/up projections that do the SiLU * up
     (n = 2 I). The engine's tile (gemm-rows: as partial sums; gemm-rows-silu: swiglu.silu_tile); tiles:
     linear.RowsTile fields to override in it."""
     import dataclasses

@@ -202,7 +202,11 @@ def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl
         acc = tl.zeros((w_rows.shape[0], BLOCK_M), tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, w_rows.shape[0]), tl.float32)
-    let_dependents_launch(PDL)
+    # Under 64 rows the dependents launch only once the sums are done: launched early there, their
+    # CTAs seem to wait on SMs this kernel still needs (H200, docs/bench.md, twenty-third session:
+    # talker ms per step 1.678 -> 1.453 at 32 rows). At 64 rows launching late lost (1.508 -> 1.523).
+    if BLOCK_M >= 64:
+        let_dependents_launch(PDL)
     w = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :])
     wait_for_predecessor(PDL)
     x = tl.load(x_ptr + m[:, None] * K + ks[None, :], mask=rows, other=0.0)
@@ -211,6 +215,8 @@ def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl
         w = tl.load(w_ptr + w_rows[:, None] * K + (k + ks)[None, :])
         x = tl.load(x_ptr + m[:, None] * K + (k + ks)[None, :], mask=rows, other=0.0)
         acc = _rows_dot(x, w, acc, SWAP)
+    if BLOCK_M < 64:
+        let_dependents_launch(PDL)
     return tl.trans(acc) if SWAP else acc
 
 
@@ -230,9 +236,10 @@ def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICE
 
 # gemm_rows: the fewest and the most rows `project` gives it (else cuBLAS), its K chunk, and the
 # programs it aims for (one per SM of the H200, about). H200, talker ms per step against cuBLAS
-# (docs/bench.md, nineteenth and twentieth sessions): 8 rows 1.764 / 1.640, 32 rows 2.124 / 1.749,
-# 64 rows 1.759 / 1.869: it pays only above 32.
-GEMM_ROWS_MIN, GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K, GEMM_ROWS_PROGRAMS = 33, 64, 128, 128
+# (docs/bench.md, nineteenth and twentieth sessions), before partial sums were swapped: 8 rows
+# 1.764 / 1.640, 32 rows 2.124 / 1.749, 64 rows 1.759 / 1.869. Swapped, with the dependents
+# launched after the sums: 8 rows 1.368 / 1.579, 32 rows 1.453 / 1.678 (twenty-third session).
+GEMM_ROWS_MIN, GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K, GEMM_ROWS_PROGRAMS = 2, 64, 128, 128
 
 
 def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -261,14 +268,16 @@ class RowsTile:
 def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
     """The tile of a weight [n, k]. Every program reads all of x, so wide blocks of weight rows:
     where the caller takes partial sums, 64 rows per program over as many K slices as keep
-    ~GEMM_ROWS_PROGRAMS programs (H200, the talker's q/k/v at 64 rows: 8.0 us on two slices against
-    9.1 on whole 32-row blocks, docs/bench.md, twenty-first session); else 64 or 32 rows, whichever
-    still gives GEMM_ROWS_PROGRAMS programs, else 16."""
+    ~GEMM_ROWS_PROGRAMS programs, swapped (wgmma under 64 rows; at 64 the same code). H200, the
+    talker's projections in gemm_bench's chain (docs/bench.md, twenty-first session): q/k/v 8.0 us on
+    two slices against 9.1 on whole 32-row blocks at 64 rows; at 32 rows q/k/v 7.2, o 4.7 and down
+    10.0 us swapped, against 7.7, 6.8 and 12.6 on cuBLAS. Else 64 or 32 rows, whichever still gives
+    GEMM_ROWS_PROGRAMS programs, else 16."""
     if partial_sums and n % 64 == 0:
         slices = 1
         while n // 64 * slices * 2 <= GEMM_ROWS_PROGRAMS and k % (2 * slices * GEMM_ROWS_BLOCK_K) == 0:
             slices *= 2
-        return RowsTile(64, slices)
+        return RowsTile(64, slices, swap=True)
     block_n = next((b for b in (64, 32) if n % b == 0 and n // b >= GEMM_ROWS_PROGRAMS), None)
     return RowsTile(block_n or 16)
 

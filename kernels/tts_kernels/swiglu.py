@@ -1,7 +1,7 @@
 """silu(gate) * up as one Triton kernel over the merged gate/up projection's output (torch: split
 views, silu, multiply, each a kernel), reading and writing activations as parts (tts_kernels.linear):
 the fp32 sum of the input's parts, the result as parts for the down projection. Where the gate/up
-projection runs on the GEMV (one fp16 row) or on gemm_rows (33-64 fp16 rows), that kernel does it
+projection runs on the GEMV (one fp16 row) or on gemm_rows (2-64 fp16 rows), that kernel does it
 itself (`project_silu`): one kernel fewer per layer."""
 import torch
 import triton

@@ -13,7 +13,7 @@ Fast path (the engine switches it on with `use_kernels`): for new tokens against
 each layer runs as eight kernels: residual add + norm, one q/k/v projection, attention (with the q/k
 norms, RoPE and the cache write), o projection, residual add + norm, one gate/up projection, SiLU *
 up, down projection (tts_kernels; the projections a GEMV kernel at one fp16 row, a Triton GEMM at
-33-64 fp16 rows, else cuBLAS; on the first two the gate/up projection does the SiLU * up itself:
+2-64 fp16 rows, else cuBLAS; on the first two the gate/up projection does the SiLU * up itself:
 seven kernels). Projections read the 16-bit weights once and their fp32 input rounded to the
 weights' dtype: once to fp16 over fp16 weights, as two bf16 halves over bf16 ones
 (tts_kernels.linear); the KV cache, and the queries and probabilities that meet it, are in the
@@ -280,7 +280,7 @@ class Decoder(nn.Module):
         return self.norm(x)
 
     def _forward_kernels(self, x, caches, x_rows=None):
-        """The same layers as eight kernels each, seven at one and at 33-64 fp16 rows (module doc).
+        """The same layers as eight kernels each, seven at one and at 2-64 fp16 rows (module doc).
         Every layer's cache has the same `at` and rows (set by the caller for all of them). Positions
         and mask are implied: the new tokens of a row go to cache positions at, at + 1, ... and RoPE
         uses those; attention is causal by cache position."""

@@ -202,9 +202,10 @@ def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl
         acc = tl.zeros((w_rows.shape[0], BLOCK_M), tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, w_rows.shape[0]), tl.float32)
-    # Under 64 rows the dependents launch only once the sums are done: launched early there, their
-    # CTAs seem to wait on SMs this kernel still needs (H200, docs/bench.md, twenty-third session:
-    # talker ms per step 1.678 -> 1.453 at 32 rows). At 64 rows launching late lost (1.508 -> 1.523).
+    # Under 64 rows the dependents launch only once the sums are done, which measured faster (H200,
+    # docs/bench.md, twenty-third session: talker ms per step 1.678 -> 1.453 at 32 rows); at 64 rows
+    # it lost (1.508 -> 1.523). Why is not known: early dependents' CTAs and their first weight reads
+    # may compete with this kernel's.
     if BLOCK_M >= 64:
         let_dependents_launch(PDL)
     w = tl.load(w_ptr + w_rows[:, None] * K + ks[None, :])

@@ -12,9 +12,8 @@ values first (partial sums added), and refused above 1e-5 of the largest output.
 (torch.mm to fp32, then silu_mul for gate/up), the engine's tile (rows_tile; silu_tile for
 gate/up), and with --sweep other tiles: weight rows per program x K slices x K chunk x the
 product's orientation (`swap`, from 64 weight rows), at 4 warps and 4 stages, then warps and
-stages around the best of those. K slices for the q/k/v and head projections too, whose readers
-(attention, the sampler) take whole sums today: what partial sums there would buy (the best
-whole-sum tile is printed too). The JSON keeps every tile timed, fastest first.
+stages around the best of those. K slices for the heads too, whose reader (the sampler) takes
+whole sums today: what partial sums there would buy (the best whole-sum tile is printed too). The JSON keeps every tile timed, fastest first.
 """
 from __future__ import annotations
 
@@ -31,11 +30,12 @@ from tts_kernels.linear import RowsTile, gemm_rows, rows_tile
 from tts_kernels.swiglu import gemm_rows_silu, silu_mul, silu_tile
 
 # (name, N, K, kind): the 1.7B talker (hidden 2048) and code predictor (hidden 1024); gate/up
-# merged. kind: "whole" sums, "partial" sums (o and down: split adds them), "silu" (gate/up).
-SHAPES = [("talker qkv", 4096, 2048, "whole"), ("talker o", 2048, 2048, "partial"),
+# merged. kind: "whole" sums (the heads: the sampler reads them), "partial" sums (q/k/v, o and down:
+# attention and split add them), "silu" (gate/up).
+SHAPES = [("talker qkv", 4096, 2048, "partial"), ("talker o", 2048, 2048, "partial"),
           ("talker gate/up", 12288, 2048, "silu"), ("talker down", 2048, 6144, "partial"),
           ("talker head", 3072, 2048, "whole"),
-          ("cp qkv", 4096, 1024, "whole"), ("cp o", 1024, 2048, "partial"), ("cp gate/up", 6144, 1024, "silu"),
+          ("cp qkv", 4096, 1024, "partial"), ("cp o", 1024, 2048, "partial"), ("cp gate/up", 6144, 1024, "silu"),
           ("cp down", 1024, 3072, "partial"), ("cp head", 2048, 1024, "whole")]
 L2_BYTES = 50 * 2**20   # the H200's
 
@@ -140,7 +140,7 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
     print(f"{name:15s} {rows} rows  floor {floor_us:6.1f} us  cuBLAS {result['cublas_us'] or float('nan'):6.1f}  "
           f"engine {engine[0] or float('nan'):6.1f} {engine[1]}  best {best_us:6.1f} {timed[0][1] if timed else None}",
           flush=True)
-    # whole-sum readers (attention, the sampler) cannot take the K-sliced tiles yet
+    # the heads' reader (the sampler) cannot take the K-sliced tiles yet
     whole = next(((us, tile) for us, tile in timed if tile.slices == 1), None)
     if kind == "whole" and whole and whole is not timed[0]:
         print(f"{'':15s} best in whole sums {whole[0]:6.1f} {whole[1]}", flush=True)

@@ -13,7 +13,8 @@ values first (partial sums added), and refused above 1e-5 of the largest output.
 gate/up), and with --sweep other tiles: weight rows per program x K slices x K chunk x the
 product's orientation (`swap`, from 64 weight rows), at 4 warps and 4 stages, then warps and
 stages around the best of those. K slices for the heads too, whose reader (the sampler) takes
-whole sums today: what partial sums there would buy (the best whole-sum tile is printed too). The JSON keeps every tile timed, fastest first.
+whole sums today: what partial sums there would buy (the best whole-sum tile is printed too). The
+JSON keeps every tile timed, fastest first.
 """
 from __future__ import annotations
 

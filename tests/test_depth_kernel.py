@@ -21,24 +21,100 @@ def _tasks_by_phase(schedule):
     return found
 
 
-@pytest.mark.parametrize("ctas", [132, 7, 1])
-def test_every_wait_is_matched_by_the_signals_of_its_phase(ctas):
-    """A task waits for all tasks of the phase before its own; each task signals its phase once:
-    every wait's count equals the number of tasks that signal it, and every tile of every phase is
-    run exactly once."""
-    schedule = plan.build(REAL_1_7B, ctas, sms=132)
-    signals = _tasks_by_phase(schedule)
-    for index, phase in enumerate(schedule.phases):
-        assert signals[index] == phase.tasks
+def _signallers(schedule):
+    """counter -> the (phase, tile) of every task that increments it."""
+    found: dict[int, set] = {}
     for tasks in schedule.table:
-        for kind, phase, position, layer, tile, wait_phase, wait_count in tasks:
+        for task in tasks:
+            found.setdefault(task[7], set()).add((task[1], task[4]))
+    return found
+
+
+def _reads(shapes, kind, tile):
+    """The tiles of the phase before that a task of `kind` reads, from the tensors' column layout
+    (independently of the schedule's groups); None: all of them."""
+    overlap = lambda a, b: a[0] < b[1] and b[0] < a[1]
+    hd, per_group = shapes.head_dim, shapes.q_heads // shapes.kv_heads
+    if kind == plan.ATTN:   # its kv head's query heads, key and value, every K slice
+        h = tile % shapes.kv_heads
+        wanted = [(h * per_group * hd, (h + 1) * per_group * hd), ((shapes.q_heads + h) * hd, (shapes.q_heads + h + 1) * hd),
+                  ((shapes.q_heads + shapes.kv_heads + h) * hd, (shapes.q_heads + shapes.kv_heads + h + 1) * hd)]
+        return {t for t in range(shapes.tasks(plan.QKV))
+                if any(overlap((t // shapes.qkv_splits * shapes.qkv_n, (t // shapes.qkv_splits + 1) * shapes.qkv_n), w)
+                       for w in wanted)}
+    if kind == plan.O:   # its K slice of the attention output: the query heads of some kv groups, every row
+        width = shapes.q_heads * hd // shapes.o_splits
+        s = tile % shapes.o_splits
+        return {t for t in range(shapes.tasks(plan.ATTN))
+                if overlap((s * width, (s + 1) * width),
+                           (t % shapes.kv_heads * per_group * hd, (t % shapes.kv_heads + 1) * per_group * hd))}
+    if kind == plan.DOWN:   # its K slice of silu(gate) * up
+        width = shapes.intermediate // shapes.down_splits
+        s = tile % shapes.down_splits
+        return {t for t in range(shapes.tasks(plan.GATE_UP))
+                if overlap((s * width, (s + 1) * width), (t * shapes.gate_up_n, (t + 1) * shapes.gate_up_n))}
+    return None
+
+
+GROUPINGS = {"real": REAL_1_7B, "whole phases": plan.Shapes(**{**REAL_1_7B.__dict__, "group_waits": False}),
+             "wide slices": plan.Shapes(**{**REAL_1_7B.__dict__, "o_n": 32, "o_splits": 4, "qkv_n": 256,
+                                           "qkv_splits": 8}),
+             "16 rows": plan.Shapes(**{**REAL_1_7B.__dict__, "rows": 16, "attn_rows": 1}),
+             "wide gate/up tiles": plan.Shapes(**{**REAL_1_7B.__dict__, "gate_up_n": 256}),
+             "narrow tiles": plan.Shapes(**{**REAL_1_7B.__dict__, "qkv_n": 64, "qkv_splits": 2, "o_n": 128,
+                                            "o_splits": 16})}
+
+
+@pytest.mark.parametrize("ctas", [132, 7, 1])
+@pytest.mark.parametrize("grouping", list(GROUPINGS))
+def test_every_task_waits_for_all_it_reads_and_every_wait_is_matched_by_its_signals(grouping, ctas):
+    """Each task waits on one counter until the count of the tasks that increment it, all of them
+    in the phase before its own; and they include every task whose output it reads: the whole
+    phase before, or for attention, o and down (with group_waits) the tiles of their inputs. Every
+    tile of every phase runs exactly once."""
+    shapes = GROUPINGS[grouping]
+    schedule = plan.build(shapes, ctas, sms=132)
+    signallers = _signallers(schedule)
+    grouped = 0
+    for tasks in schedule.table:
+        for kind, phase, position, layer, tile, wait_counter, wait_count, signal in tasks:
             if phase == 0:
-                assert wait_phase == plan.NO_WAIT
+                assert wait_counter == plan.NO_WAIT
+                continue
+            waited = signallers[wait_counter]
+            assert len(waited) == wait_count and {p for p, _ in waited} == {phase - 1}
+            reads = _reads(shapes, kind, tile)
+            if reads is None or not shapes.group_waits:
+                assert len(waited) == schedule.phases[phase - 1].tasks
             else:
-                assert wait_phase == phase - 1 and wait_count == signals[wait_phase]
+                assert reads <= {t for _, t in waited}
+                grouped += len(waited) < schedule.phases[phase - 1].tasks
+    # which consumers wait by group: all three in the engine's tiles; none without group_waits; where a
+    # slice spans kv groups (4 o slices of 512) or a tile spans heads (256-wide q/k/v tiles) or down
+    # slices (256-wide gate/up tiles across slices of 384), the whole phase
+    kinds_grouped = {task[0] for tasks in schedule.table for task in tasks
+                     if task[5] >= len(schedule.phases) or task[7] >= len(schedule.phases)}
+    every = {plan.QKV, plan.ATTN, plan.O, plan.GATE_UP, plan.DOWN}
+    assert kinds_grouped == {"real": every, "16 rows": every, "whole phases": set(),
+                             "wide slices": {plan.GATE_UP, plan.DOWN},
+                             "wide gate/up tiles": {plan.QKV, plan.ATTN, plan.O},
+                             "narrow tiles": every}[grouping]
+    assert (grouped > 0) == bool(kinds_grouped)
     tiles = Counter((task[1], task[4]) for tasks in schedule.table for task in tasks)
     assert all(count == 1 for count in tiles.values())
     assert len(tiles) == sum(p.tasks for p in schedule.phases)
+    assert schedule.counters == len(schedule.phases) + len({task[7] for tasks in schedule.table for task in tasks
+                                                            if task[7] >= len(schedule.phases)})
+
+
+def test_group_waits_wait_for_the_producers_of_their_inputs_alone():
+    """In the engine's tiles: an attention task waits for the 16 q/k/v tasks of its kv head (2 query
+    heads, its key and value, 4 K slices each), an o task for the 16 attention tasks of its slice's
+    kv group, a down task for the 12 gate/up tiles of its slice, instead of 128, 128 and 96."""
+    schedule = plan.build(REAL_1_7B, 132, sms=132)
+    counts = {kind: {task[6] for tasks in schedule.table for task in tasks if task[0] == kind}
+              for kind in (plan.ATTN, plan.O, plan.DOWN, plan.QKV, plan.GATE_UP)}
+    assert counts == {plan.ATTN: {16}, plan.O: {16}, plan.DOWN: {12}, plan.QKV: {64}, plan.GATE_UP: {64}}
 
 
 def test_each_cta_runs_its_tasks_in_phase_order():

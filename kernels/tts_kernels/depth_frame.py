@@ -1,8 +1,9 @@
 """The code predictor's frame (16 positions x every layer, the 15 heads and draws) as one
 persistent Triton kernel: one launch of one CTA per SM walks the task lists of
 tts_kernels.depth_schedule, each task waiting on a counter in global memory for the phase before
-it. The loop it replaces (tts_cli.model.depth, fused path) launches ~850 kernels per frame, each
-paying launch, memory latency and ramp-up; here a phase hand-off costs a counter round trip.
+it (or for the part of it that it reads). The loop it replaces (tts_cli.model.depth, fused path)
+launches ~850 kernels per frame, each paying launch, memory latency and ramp-up; here a phase
+hand-off costs a counter round trip.
 
 Numerics follow the loop's: activations fp32; every projection reads its fp32 input as the
 loop's projections do (tts_kernels.linear: rounded once to fp16 over fp16 weights, as bf16 hi + lo
@@ -303,7 +304,7 @@ def _depth_frame(table_ptr, counters_ptr,
         task = table_ptr + (cta * MAX_TASKS + t) * _FIELDS
         kind = tl.load(task)
         if kind >= 0:   # padding entries: -1
-            phase = tl.load(task + 1)
+            signal = tl.load(task + 7)
             position = tl.load(task + 2)
             layer = tl.load(task + 3)
             tile = tl.load(task + 4)
@@ -311,12 +312,12 @@ def _depth_frame(table_ptr, counters_ptr,
             if TIMING:
                 tl.store(stamps, _now())
             if SYNC:
-                wait_phase = tl.load(task + 5)
-                if wait_phase >= 0:
+                wait_counter = tl.load(task + 5)
+                if wait_counter >= 0:
                     wait_count = tl.load(task + 6)
-                    seen = tl.atomic_add(counters_ptr + wait_phase, 0, sem="acquire", scope="gpu")
+                    seen = tl.atomic_add(counters_ptr + wait_counter, 0, sem="acquire", scope="gpu")
                     while seen < wait_count:
-                        seen = tl.atomic_add(counters_ptr + wait_phase, 0, sem="acquire", scope="gpu")
+                        seen = tl.atomic_add(counters_ptr + wait_counter, 0, sem="acquire", scope="gpu")
                 tl.debug_barrier()
             if TIMING:
                 tl.store(stamps + 1, _now())
@@ -357,7 +358,7 @@ def _depth_frame(table_ptr, counters_ptr,
                 tl.debug_barrier()
                 if TIMING:
                     tl.store(stamps + 2, _now())
-                tl.atomic_add(counters_ptr + phase, 1, sem="release", scope="gpu")
+                tl.atomic_add(counters_ptr + signal, 1, sem="release", scope="gpu")
 
 
 def shapes_for(hidden: int, intermediate: int, q_heads: int, kv_heads: int, head_dim: int, vocab: int, layers: int,
@@ -475,7 +476,7 @@ class DepthFrame:
         self.scratch["v_cache"] = torch.zeros_like(self.scratch["k_cache"])
         self.logits = torch.zeros(m, plan.GROUPS, vocab, **f32)
         self.codes = torch.zeros(m, plan.GROUPS, device=device, dtype=torch.int64)
-        self.counters = torch.zeros(len(self.schedule.phases), device=device, dtype=torch.int32)
+        self.counters = torch.zeros(self.schedule.counters, device=device, dtype=torch.int32)
         self.eps, self.scale = cfg.rms_norm_eps, cfg.head_dim ** -0.5
         self.timed = timed and self.sync
         self.times = torch.zeros(ctas, self.schedule.max_tasks if self.timed else 1, 3, device=device,

@@ -19,25 +19,34 @@ one tile of one step:
   norm_1   rows: h += down's partial sums, xn = the next layer's input norm (or the final norm)
   head     (n tile, k split): partial logits of the final norm of h
 
-Every task waits until all tasks of the phase before its own have signalled (a counter per
-phase in global memory, incremented once by each task of that phase), then runs and signals.
-Because each phase waits for the whole phase before it, every earlier phase is complete too: a
-task may read anything written before its predecessor phase, and no phase writes a buffer that
-a still-running task reads. Weight tiles are read straight from global memory (no shared-memory
-ring), so there are no pages to plan.
+Every task waits on one counter in global memory until it reaches a count, then runs and
+increments one counter (release; the wait is an acquire). Most tasks wait for the whole phase
+before their own (a counter per phase, incremented once by each of its tasks). Three consumers
+read only part of their phase before, and wait for that part alone (`Shapes.group_waits`): an
+attention task the q/k/v tiles of its kv head, an o task (one K slice) the attention tasks of the
+kv group its slice covers, a down task (one K slice) the gate/up tiles of its slice; their
+producers increment their group's counter instead of the phase's. So a consumer need not wait
+for the slowest task of the whole phase before it. Safety: each of those windows (q/k/v ->
+attention -> o, gate/up -> down) lies between whole-phase waits (the norms, which wait for every
+task of the phase before, and so, group by group, of the phases before that), so every task
+outside the window is complete when it starts; inside it, a group's consumers read and write
+only their group's columns of q/k/v, the attention output and the cache (or their own slice of
+the partial sums, which the last norm has finished reading). Weight tiles are read straight from
+global memory (no shared-memory ring), so there are no pages to plan.
 
 The tasks of a phase go round-robin over the CTAs, each CTA's list in phase order. All CTAs must
 be resident at once (they wait on each other): one per SM, at most the SM count.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 # task kinds (the kernel dispatches on these numbers)
 EMBED, QKV, ATTN, O, NORM_2, GATE_UP, DOWN, NORM_1, HEAD = range(9)
 KIND_NAMES = ("embed", "qkv", "attn", "o", "norm_2", "gate_up", "down", "norm_1", "head")
 # fields of one task in the table
-FIELDS = ("kind", "phase", "position", "layer", "tile", "wait_phase", "wait_count")
+FIELDS = ("kind", "phase", "position", "layer", "tile", "wait_counter", "wait_count", "signal_counter")
 NO_WAIT = -1
 POSITIONS = 16   # the talker hidden state, codebook 0, codebooks 1..14
 GROUPS = 15      # codebooks drawn per frame (1..15)
@@ -84,6 +93,44 @@ class Shapes:
     head_n: int = 128
     head_splits: int = 8
     attn_rows: int = 4   # rows per attention task (embed and norm tasks: one row each)
+    group_waits: bool = True   # attention, o and down wait for the producers of their inputs alone
+
+    def signal_group(self, kind: int, tile: int) -> int | None:
+        """The group of the next phase's readers that this task's output serves, or None where the
+        next phase waits for all of this one: q/k/v tiles and attention tasks by kv head, gate/up
+        tiles by the K slice of down that reads them."""
+        if not self.group_waits:
+            return None
+        if kind == QKV and self.head_dim % self.qkv_n == 0:
+            head = tile // self.qkv_splits * self.qkv_n // self.head_dim   # q heads, then k, then v heads
+            return head // (self.q_heads // self.kv_heads) if head < self.q_heads else (head - self.q_heads) % self.kv_heads
+        if kind == ATTN and self._o_slice_in_one_group():
+            return tile % self.kv_heads
+        if kind == GATE_UP and self._down_slice_in_whole_tiles():
+            return tile * self.gate_up_n // (self.intermediate // self.down_splits)
+        return None
+
+    def wait_group(self, kind: int, tile: int) -> int | None:
+        """The group of the phase before (its signal_group) that this task reads alone, or None."""
+        if not self.group_waits:
+            return None
+        if kind == ATTN and self.head_dim % self.qkv_n == 0:
+            return tile % self.kv_heads
+        if kind == O and self._o_slice_in_one_group():
+            return tile % self.o_splits * (self.q_heads * self.head_dim // self.o_splits) // self._kv_group_width()
+        if kind == DOWN and self._down_slice_in_whole_tiles():
+            return tile % self.down_splits
+        return None
+
+    def _kv_group_width(self) -> int:
+        """Columns of the attention output that one kv head serves (its query heads')."""
+        return self.q_heads // self.kv_heads * self.head_dim
+
+    def _o_slice_in_one_group(self) -> bool:
+        return self._kv_group_width() % (self.q_heads * self.head_dim // self.o_splits) == 0
+
+    def _down_slice_in_whole_tiles(self) -> bool:
+        return self.intermediate // self.down_splits % self.gate_up_n == 0
 
     def gemms(self) -> dict[int, tuple[int, int, int, int, int]]:
         """kind -> (N, K, n tile, k splits, block_k)."""
@@ -128,6 +175,7 @@ class Schedule:
     ctas: int
     phases: list[Phase]
     table: list[list[tuple[int, ...]]] = field(default_factory=list)   # [cta][i] -> FIELDS
+    counters: int = 0   # one per phase, then one per group of the phases whose readers wait by group
 
     @property
     def max_tasks(self) -> int:
@@ -166,9 +214,29 @@ def build(shapes: Shapes, ctas: int, sms: int) -> Schedule:
         raise ValueError(f"{ctas} CTAs on {sms} SMs: the CTAs wait on each other, so all must be resident "
                          "(at most one per SM)")
     phases = frame_phases(shapes)
+    counters = len(phases)
+    group_base: dict[int, int] = {}   # phase -> its first group counter, for the phases that signal by group
+    for index, phase in enumerate(phases):
+        groups = [shapes.signal_group(phase.kind, tile) for tile in range(phase.tasks)]
+        if None not in groups:
+            group_base[index] = counters
+            counters += max(groups) + 1
+    signals = {}   # (phase, tile) -> the counter it increments
+    for index, phase in enumerate(phases):
+        for tile in range(phase.tasks):
+            signals[index, tile] = group_base[index] + shapes.signal_group(phase.kind, tile) \
+                if index in group_base else index
+    signalled = Counter(signals.values())   # counter -> the tasks that increment it
     table: list[list[tuple[int, ...]]] = [[] for _ in range(ctas)]
     for index, phase in enumerate(phases):
-        wait = (NO_WAIT, 0) if index == 0 else (index - 1, phases[index - 1].tasks)
         for tile in range(phase.tasks):
-            table[tile % ctas].append((phase.kind, index, phase.position, phase.layer, tile, *wait))
-    return Schedule(shapes, ctas, phases, table)
+            wait = (NO_WAIT, 0)
+            if index > 0:
+                group = shapes.wait_group(phase.kind, tile)
+                if (group is None) != (index - 1 not in group_base):
+                    raise AssertionError(f"{KIND_NAMES[phase.kind]} and the phase before disagree on groups")
+                counter = index - 1 if group is None else group_base[index - 1] + group
+                wait = (counter, signalled[counter])
+            table[tile % ctas].append((phase.kind, index, phase.position, phase.layer, tile, *wait,
+                                       signals[index, tile]))
+    return Schedule(shapes, ctas, phases, table, counters)

@@ -61,7 +61,7 @@ GROUPINGS = {"real": REAL_1_7B, "whole phases": plan.Shapes(**{**REAL_1_7B.__dic
                                            "qkv_splits": 8}),
              "16 rows": plan.Shapes(**{**REAL_1_7B.__dict__, "rows": 16, "attn_rows": 1}),
              "wide gate/up tiles": plan.Shapes(**{**REAL_1_7B.__dict__, "gate_up_n": 256}),
-             "narrow tiles": plan.Shapes(**{**REAL_1_7B.__dict__, "qkv_n": 64, "qkv_splits": 2, "o_n": 128,
+             "narrow tiles": plan.Shapes(**{**REAL_1_7B.__dict__, "qkv_n": 32, "qkv_splits": 2, "o_n": 128,
                                             "o_splits": 16})}
 
 

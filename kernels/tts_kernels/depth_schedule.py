@@ -80,9 +80,12 @@ class Shapes:
     vocab: int
     layers: int
     rows: int            # BLOCK_M: the rows of one launch (a power of two >= 16)
-    block_k: int = 64      # q/k/v, o, head (H200, 64 rows: 6.12 ms per frame against 6.28 at 128)
-    qkv_n: int = 128
-    qkv_splits: int = 4
+    # q/k/v, o, head. H200, fp16 weights, swept in the twenty-fourth session (docs/bench.md): 128-wide
+    # chunks, 64-wide q/k/v tiles in two partial sums and 64-wide head tiles in four took the 64-row
+    # frame from 2.77 to 2.66 ms (32 rows: 2.66 -> 2.59, 16: 2.38 -> 2.32)
+    block_k: int = 128
+    qkv_n: int = 64
+    qkv_splits: int = 2
     o_n: int = 64
     o_splits: int = 8
     gate_up_n: int = 32
@@ -90,8 +93,8 @@ class Shapes:
     down_n: int = 64
     down_splits: int = 8
     down_block_k: int = 128
-    head_n: int = 128
-    head_splits: int = 8
+    head_n: int = 64
+    head_splits: int = 4
     attn_rows: int = 4   # rows per attention task (embed and norm tasks: one row each)
     group_waits: bool = True   # attention, o and down wait for the producers of their inputs alone
 

@@ -276,9 +276,11 @@ def test_bundled_model_end_to_end(tmp_path, monkeypatch):
                              "speaker": [None, "nobody", None, None],
                              "language": [None, None, None, "english"]}), manifest)
     out = tmp_path / "out"
-    result = _invoke("synth", manifest, "--out", out, "--max-frames", 6, "--batch-size", 2)
+    result = _invoke("-v", "synth", manifest, "--out", out, "--max-frames", 6, "--batch-size", 2)
     assert result.exit_code == 1, result.output
     assert "random weights: its audio is noise" in result.stderr
+    assert "tts: synthesis path: plain model (cpu)" in result.stderr   # --verbose: the path taken
+    assert cli._verbose_handler is None   # removed when the command ended
     report = json.loads((out / "report.json").read_text())
     rows = {r["id"]: r for r in report["rows"]}
     assert rows.keys() == {"a", "b", "c", "d"}
@@ -334,3 +336,16 @@ def test_unknown_recipe_lists_the_known_names(fake, tmp_path):
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--recipe", "nope")
     assert result.exit_code == 2
     assert "recipe not found: nope" in result.stderr and "qwen3tts-1.7b-customvoice, tiny" in result.stderr
+
+
+def test_verbose_logging_is_added_once_and_removed_without_it():
+    import logging
+    try:
+        cli.log_to_stderr(True)
+        cli.log_to_stderr(True)
+        assert [h for h in logging.getLogger("tts_cli").handlers if h is cli._verbose_handler] == [cli._verbose_handler]
+    finally:
+        cli.log_to_stderr(False)
+    assert cli._verbose_handler is None
+    assert not any(isinstance(h, logging.StreamHandler) and h.formatter and h.formatter._fmt == "tts: %(message)s"
+                   for name in cli.LOGGERS for h in logging.getLogger(name).handlers)

@@ -1,7 +1,9 @@
 """The `tts` command: parses options, calls the pipeline, prints what happened."""
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -119,12 +121,38 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
+LOGGERS = ("tts_cli", "tts_kernels")   # the packages whose choices --verbose shows
+_verbose_handler: logging.Handler | None = None
+
+
+def log_to_stderr(verbose: bool) -> None:
+    """With verbose, INFO lines of LOGGERS on stderr as `tts: ...`; without, none of ours."""
+    global _verbose_handler
+    for name in LOGGERS:
+        if _verbose_handler is not None:
+            logging.getLogger(name).removeHandler(_verbose_handler)
+    _verbose_handler = None
+    if verbose:
+        _verbose_handler = logging.StreamHandler(sys.stderr)
+        _verbose_handler.setFormatter(logging.Formatter("tts: %(message)s"))
+        for name in LOGGERS:
+            logging.getLogger(name).addHandler(_verbose_handler)
+            logging.getLogger(name).setLevel(logging.INFO)
+
+
 @app.callback()
 def main(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                  help="Print the tts version and exit."),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Log on stderr which path each stage takes and why (the engine or the "
+                                      "plain model, the persistent depth kernel or the loop, a kernel's "
+                                      "fallback), as `tts: ...` lines. Give it before the command: tts -v synth ..."),
 ) -> None:
     """Offline batch text-to-speech for Qwen3-TTS 12Hz CustomVoice checkpoints."""
+    log_to_stderr(verbose)
+    ctx.call_on_close(lambda: log_to_stderr(False))   # nothing of ours left on a stream that outlives the command
 
 
 @app.command(short_help="Synthesize a manifest into audio files plus report.json and report.md; resumable.")

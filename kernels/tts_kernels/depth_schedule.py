@@ -219,16 +219,15 @@ def build(shapes: Shapes, ctas: int, sms: int) -> Schedule:
     phases = frame_phases(shapes)
     counters = len(phases)
     group_base: dict[int, int] = {}   # phase -> its first group counter, for the phases that signal by group
-    for index, phase in enumerate(phases):
-        groups = [shapes.signal_group(phase.kind, tile) for tile in range(phase.tasks)]
-        if None not in groups:
-            group_base[index] = counters
-            counters += max(groups) + 1
     signals = {}   # (phase, tile) -> the counter it increments
     for index, phase in enumerate(phases):
-        for tile in range(phase.tasks):
-            signals[index, tile] = group_base[index] + shapes.signal_group(phase.kind, tile) \
-                if index in group_base else index
+        groups = [shapes.signal_group(phase.kind, tile) for tile in range(phase.tasks)]
+        if None in groups:
+            signals.update(((index, tile), index) for tile in range(phase.tasks))
+            continue
+        group_base[index] = counters
+        signals.update(((index, tile), counters + group) for tile, group in enumerate(groups))
+        counters += max(groups) + 1
     signalled = Counter(signals.values())   # counter -> the tasks that increment it
     table: list[list[tuple[int, ...]]] = [[] for _ in range(ctas)]
     for index, phase in enumerate(phases):

@@ -79,6 +79,7 @@ class _Launch:
     owners: list                    # slot -> the _Running it held at launch (None: free)
     stepped: bool                   # a decode step: codes and emit flags are in buffers
     window_end: bool                # the codec ran: the window's PCM is in buffers
+    stops_marked: bool = False      # _mark_stops has read its flags (at a window boundary, before _drain)
 
 
 @dataclass
@@ -291,8 +292,9 @@ class Engine:
         """Waits for a decode step's flags (not its codec), then marks the requests that it says will
         not emit at the next step (their EOS or cap) as stopped: their slots are free for the next
         window boundary without waiting for that step."""
-        if not launch.stepped:
+        if not launch.stepped or launch.stops_marked:
             return
+        launch.stops_marked = True
         if launch.flags_event is not None:
             launch.flags_event.synchronize()
         emits_next = launch.buffers["emit"].numpy()[1]

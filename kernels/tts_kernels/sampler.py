@@ -21,6 +21,13 @@ from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_pre
 LOW32 = 0xFFFFFFFF
 
 
+def sampler_warps(block: int) -> int:
+    """Warps per row of the sampler kernel. They change only the time, not the draw (the threshold
+    is an exact count). On the H200 (tools/sampler_bench.py) 16 warps took the talker's 4096-wide
+    rows from 20.7 to 17.5 us; the code predictor's 2048 were fastest at 4 (10.2 us)."""
+    return 16 if block >= 4096 else 4
+
+
 @triton.jit
 def _mix32(x):
     """lowbias32 on int64 values in [0, 2^32), as tts_cli.model.sampler._mix32."""
@@ -163,5 +170,6 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
                           do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, frame_offset, out,
                           nonfinite if nonfinite is not None else out, group, vocab, *processing,
                           BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled(), COUNT=nonfinite is not None,
-                          TALKER=talker is not None, **programmatic(logits))
+                          TALKER=talker is not None, num_warps=sampler_warps(triton.next_power_of_2(vocab)),
+                          **programmatic(logits))
     return out

@@ -9,7 +9,11 @@ The steps are a chain of ~1200 small kernels bound by latency, the codec a few h
 ones bound by compute: on shared SMs the codec's blocks hold the SMs the chain's next kernel
 waits for, so only a partition may let both run at their own pace. GPU only; prints a line per way.
 
-    python tools/overlap_bench.py [--rows 64] [--green 32,48,64,80] [--replays 20]
+Green contexts are off by default: the persistent depth kernel (`--depth auto` from 2 rows over
+fp16 weights) launches one CTA per SM of the whole GPU and its CTAs wait for each other, so on
+fewer SMs than that it would never finish. They are for the loop (`--depth loop`).
+
+    python tools/overlap_bench.py [--rows 64] [--depth auto|kernel|loop] [--green 32,48,64,80] [--replays 20]
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import torch
 
 from step_profile import filled_engine, median_ms
 from tts_cli.bench import load_synthesizer
+from tts_cli.engine import DEFAULT_DEPTH, DEPTH_CHOICES
 from tts_cli.synthesizer import weights_dtype
 
 STEPS = 4
@@ -51,12 +56,14 @@ def on_streams(*work):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=64)
-    parser.add_argument("--green", default="32,48,64,80", help="SM counts for the codec's green context")
+    parser.add_argument("--depth", default=DEFAULT_DEPTH, choices=DEPTH_CHOICES)
+    parser.add_argument("--green", default="", help="SM counts for the codec's green context (with --depth loop "
+                        "only: module doc)")
     parser.add_argument("--replays", type=int, default=20)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     synth = load_synthesizer("random:1.7b", "cuda", weights_dtype("cuda"))
-    engine = filled_engine(synth, args.rows)
+    engine = filled_engine(synth, args.rows, args.depth)
     fns = engine.step.stage_fns
 
     def steps():
@@ -75,7 +82,7 @@ def main() -> None:
         launch = on_streams((low, captured(fns["codec"], low)), (high, captured(steps, high)))
         print(f"streams: {median_ms(launch, args.replays) / STEPS:.3f} ms per step", flush=True)
         total = torch.cuda.get_device_properties(0).multi_processor_count
-        for codec_sms in (int(n) for n in args.green.split(",")):
+        for codec_sms in (int(n) for n in args.green.split(",") if n):
             try:
                 from torch.cuda.green_contexts import GreenContext
                 codec_ctx = GreenContext.create(num_sms=codec_sms, device_id=0)

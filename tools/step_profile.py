@@ -21,7 +21,7 @@ import tts_kernels.launch
 from torch.profiler import ProfilerActivity, profile
 
 from tts_cli.bench import load_synthesizer, make_requests, read_sentences
-from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
+from tts_cli.engine import DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
 from tts_cli.engine.runner import Engine
 from tts_cli.synthesizer import code_predictor_settings, talker_settings, weights_dtype
 
@@ -40,11 +40,11 @@ def median_ms(launch, replays: int) -> float:
     return statistics.median(times)
 
 
-def filled_engine(synth, rows: int) -> Engine:
+def filled_engine(synth, rows: int, depth: str = DEFAULT_DEPTH) -> Engine:
     """An engine of `rows` slots (its stage graphs captured) that has run one request per slot,
     8 frames each, so that its state holds real values."""
     sampling = synth.ckpt.sampling
-    engine = Engine(synth.model, synth.codec, rows=rows, context=256,
+    engine = Engine(synth.model, synth.codec, rows=rows, context=256, depth=depth,
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
     with torch.no_grad():
         engine.run(make_requests(synth, read_sentences(), rows, 8, "vivian"))

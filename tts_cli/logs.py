@@ -1,5 +1,5 @@
 """`tts -v`: the engine's choices and fallbacks (INFO records of our packages) as lines on stderr,
-in the main process and in the worker processes of `--devices`."""
+in the main process and in the worker processes of `--gpus`."""
 from __future__ import annotations
 
 import logging

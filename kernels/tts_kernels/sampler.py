@@ -157,6 +157,7 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     (int32 [1]): gets the count of NaN and +inf logits added. talker: the talker's processors
     first, in the same kernel (counted after them, as the torch engine counts)."""
     rows, vocab = logits.shape
+    block = triton.next_power_of_2(vocab)
     if not torch.is_tensor(frame):
         frame = torch.full((1,), frame, dtype=torch.int64, device=logits.device)
     frame_stride = 0 if frame.numel() == 1 else frame.stride(0)
@@ -169,7 +170,6 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
     _sample_rows[(rows,)](logits, logits.stride(0), temperature.contiguous(), top_k.contiguous(),
                           do_sample.contiguous(), seeds.contiguous(), frame, frame_stride, frame_offset, out,
                           nonfinite if nonfinite is not None else out, group, vocab, *processing,
-                          BLOCK=triton.next_power_of_2(vocab), LIBDEVICE=compiled(), COUNT=nonfinite is not None,
-                          TALKER=talker is not None, num_warps=sampler_warps(triton.next_power_of_2(vocab)),
-                          **programmatic(logits))
+                          BLOCK=block, LIBDEVICE=compiled(), COUNT=nonfinite is not None,
+                          TALKER=talker is not None, num_warps=sampler_warps(block), **programmatic(logits))
     return out

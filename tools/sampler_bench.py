@@ -9,8 +9,9 @@ warp count draws the same tokens.
 import argparse
 
 import torch
-
 import tts_kernels.sampler as sampler
+
+from step_profile import median_ms
 
 
 def draws(rows: int, vocab: int, talker: bool):
@@ -37,15 +38,7 @@ def us_per_draw(call, repeats: int = 20) -> float:
     with torch.cuda.graph(graph):
         for _ in range(repeats):
             call()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / repeats)
-    return sorted(times)[2]
+    return median_ms(graph.replay, 5) * 1000 / repeats
 
 
 def main() -> None:

@@ -68,8 +68,8 @@ def median_replay_us(graphs: dict, replays: int) -> dict:
 def compare(cp, talker, rows: int, replays: int = 0, tiles: dict | None = None, breakdown: bool = True,
             **launch) -> dict:
     """The kernel against the loop at `rows` rows (module doc); frame times when replays > 0, and
-    then with `breakdown` a timed run's per-kind split. tiles, launch (num_warps, num_stages): the
-    kernel's (DepthFrame)."""
+    then with `breakdown` a timed run's per-kind split. tiles, launch (num_warps, num_stages, ctas):
+    the kernel's (DepthFrame)."""
     hidden, code0_embed, sampling, seeds, frame, caches = setup(cp, talker, rows, seed=rows)
     draw = lambda group, logits: sample_rows(logits, sampling.temperature, sampling.top_k, sampling.do_sample,
                                               seeds, frame, group)
@@ -169,8 +169,8 @@ def main(argv=None) -> int:
                     help="instead: this many kernels of rows / groups rows each at every --rows, on their own "
                          "streams together, against one alone (concurrent_groups; run under `timeout`)")
     ap.add_argument("--variants", default="", help="more kernel settings to time at the last --rows, ';'-separated, "
-                    "each 'field=value,...' of depth_schedule.Shapes, num_warps or num_stages, e.g. "
-                    "'gate_up_block_k=256' or 'num_warps=4,num_stages=1'")
+                    "each 'field=value,...' of depth_schedule.Shapes, num_warps, num_stages or ctas (fewer CTAs than "
+                    "SMs), e.g. 'gate_up_block_k=256' or 'num_warps=4,num_stages=1' or 'ctas=100'")
     args = ap.parse_args(argv)
     model, _ = build_random(args.size, "cuda", weights_dtype("cuda", args.talker_precision))
     use_kernels(model, True)
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         print(json.dumps(results[-1]), flush=True)
     for variant in filter(None, args.variants.split(";")):
         settings = {k: int(v) for k, v in (item.split("=") for item in variant.split(","))}
-        launch = {k: settings.pop(k) for k in ("num_warps", "num_stages") if k in settings}
+        launch = {k: settings.pop(k) for k in ("num_warps", "num_stages", "ctas") if k in settings}
         results.append(dict(variant=variant, **compare(model.code_predictor, model.talker, int(args.rows.split(",")[-1]),
                                                        args.replays, settings, not args.no_breakdown, **launch)))
         print(json.dumps(results[-1]), flush=True)

@@ -162,6 +162,42 @@ def test_a_slot_freed_at_a_window_end_is_refilled_for_the_next_step(synth, windo
     assert engine.stats.steps == sum(frames) and closed == []
 
 
+class _LateEvent:
+    """A CUDA event's stand-in on CPU, where the work is done when queued: it says it has not passed
+    until the host waits for it, so the engine reads each window's PCM as late as it can."""
+
+    def __init__(self, counts: dict):
+        self.counts = counts
+
+    def query(self) -> bool:
+        self.counts["not yet"] += 1
+        return False
+
+    def synchronize(self) -> None:
+        self.counts["waited"] += 1
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_windows_read_late_give_the_same_requests_the_same_audio(synth, window):
+    """With the codec on its own stream the host reads a window's PCM when that stream's event
+    says it is there, which may be windows later: the requests end with the same codes and PCM,
+    bit for bit. 6 requests of different lengths through 4 slots, so slots are refilled while an
+    earlier request's windows are still unread."""
+    frames = [12, 30, 7, 20, 25, 9]
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
+                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    in_time = _engine(synth, rows=4, greedy=False, codec_window=window).run(requests)
+    engine = _engine(synth, rows=4, greedy=False, codec_window=window)
+    counts = {"not yet": 0, "waited": 0}
+    engine._record_event = lambda: _LateEvent(counts)
+    late = engine.run(requests)
+    assert counts["not yet"] > 0 and counts["waited"] > 0
+    assert [len(r.codes) for r in late] == frames
+    for a, b in zip(late, in_time):
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
+        assert a.pcm.shape == (len(a.codes) * synth.codec.samples_per_frame,)
+
+
 def test_a_request_that_cannot_fit_a_slot_is_refused(synth):
     engine = _engine(synth, rows=2, greedy=True)
     too_long = EngineRequest(key=0, prompt_embeds=_embeds(synth, 0), seed=0, max_frames=170)

@@ -394,6 +394,33 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_and_slot():
         assert np.array_equal(other[0].pcm, alone[0].pcm)
 
 
+def test_codec_on_its_own_stream_gives_the_audio_of_the_codec_in_line():
+    """The codec on a stream of its own, beside the next window's steps (the default on CUDA),
+    against everything in order on one stream, at the real 1.7B shapes (random fp16 weights, so
+    that the codec runs long enough to overlap the steps): 96 requests of 6-40 frames through 64
+    slots (refills reset a slot's codec state on the codec's stream), the same codes and PCM, bit
+    for bit."""
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
+    sampling = synth.ckpt.sampling
+    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    frames = [6 + (7 * i) % 35 for i in range(96)]
+    requests = [EngineRequest(key=i, prompt_embeds=embeds[i % len(embeds)], seed=i, max_frames=f,
+                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+
+    def run(codec_stream):
+        engine = Engine(model, codec, rows=64, context=128, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), codec_stream=codec_stream)
+        assert (engine.codec_stream is not None) == codec_stream
+        return engine.run(requests)
+
+    in_line, beside = run(False), run(True)
+    assert [len(r.codes) for r in beside] == frames
+    for i, (a, b) in enumerate(zip(beside, in_line)):
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm), f"request {i}"
+
+
 def test_one_row_engine_gives_the_same_audio_with_and_without_dependent_launches(monkeypatch):
     """At one row the talker's and code predictor's kernels launch with programmatic dependent
     launch on Hopper (tts_kernels.launch): the same requests give the same codes and PCM, bit for

@@ -28,7 +28,7 @@ from tts_cli.engine.runner import Engine
 from tts_cli.synthesizer import weights_dtype
 
 # the runner's methods whose host time is named in the report
-RANGES = {"_admit": "admit + prefill", "_launch_step": "decode step", "_launch_window_close": "window close",
+RANGES = {"_admit": "admit + prefill", "_launch_step": "decode step", "_launch_codec": "codec window",
           "_drain": "drain"}
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 

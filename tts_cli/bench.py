@@ -63,6 +63,7 @@ class BenchRow:
     peak_gpu_gib: float | None
     depth: str   # what ran the code predictor: kernel or loop
     codec_window: int   # K: the codec ran every K steps over the last K frames
+    codec_stream: bool  # the codec ran on its own stream beside the steps: the stage times overlap
 
 
 def load_synthesizer(spec: str, device: str, dtype: torch.dtype) -> Synthesizer:
@@ -157,7 +158,8 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
         ms_per_step={k: round(v, 3) for k, v in engine.stats.per_step().items()}, steps=engine.stats.steps,
         slots_busy=round(frames / max(1, engine.stats.steps * concurrency), 3),
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
-        depth="kernel" if engine.step.depth_frame is not None else "loop", codec_window=engine.codec_window)
+        depth="kernel" if engine.step.depth_frame is not None else "loop", codec_window=engine.codec_window,
+        codec_stream=engine.codec_stream is not None)
     del engine
     return row
 

@@ -542,6 +542,9 @@ def bench(
                ", ".join(f"{r['slots_busy']:.0%} at {r['concurrency']} rows" for r in result["rows"]))
     typer.echo(f"--depth {depth}: the code predictor ran as " +
                ", ".join(f"{r['depth']} at {r['concurrency']} rows" for r in result["rows"]))
+    if any(r["codec_stream"] for r in result["rows"]):
+        typer.echo("the codec ran on its own stream beside the steps: its ms/step overlap the others', "
+                   "and host is what the wall leaves after their sum (0 when they overlap more)")
     typer.echo(f"results: {json_out}")
 
 

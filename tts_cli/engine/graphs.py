@@ -9,9 +9,9 @@ import torch
 T = TypeVar("T")
 
 
-def capture(fn: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
-    """fn() captured as a CUDA graph (warm it up first): (graph, what fn returned, its tensors
-    living in the graph's pool). Python's garbage collector is held off meanwhile: a collection
+def capture(fn: Callable[[], T], pool=None, stream: torch.cuda.Stream | None = None) -> tuple[torch.cuda.CUDAGraph, T]:
+    """fn() captured as a CUDA graph (warm it up first) on `stream` (default: torch's capture
+    stream): (graph, what fn returned, its tensors living in the graph's pool). Python's garbage collector is held off meanwhile: a collection
     could free an older engine's graph, and destroying a graph while a stream captures invalidates
     the capture (seen on the H200 as cuBLAS failing inside it). torch collects before a capture
     only when asked to (torch.compiler.config.force_cudagraph_gc), so we collect here."""
@@ -20,7 +20,7 @@ def capture(fn: Callable[[], T], pool=None) -> tuple[torch.cuda.CUDAGraph, T]:
     gc.disable()
     try:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.graph(graph, pool=pool, stream=stream):
             out = fn()
     finally:
         if was_enabled:

@@ -13,9 +13,17 @@ runs), which say who emitted their last frame there, and refills those slots too
 decodes the window: else they would idle a whole window (a quarter of the requests at K = 4, about
 one slot-step per request). When no slot emits anymore (the run's end, or every slot stopped while
 requests wait), the window is decoded at once instead of stepping idle slots to its end.
+
+With `codec_stream` (CUDA) the codec runs on a stream of its own, beside the next window's steps:
+the window's codes are first copied to the codec's own buffer (the next steps overwrite the
+window), admission resets a slot's codec state on that stream (after the window it ends, before
+the one it starts), and the host reads a window's PCM once that stream's event says it is there.
+Without it everything runs in order on one stream. Either way the same kernels see the same
+inputs: the audio is the same, bit for bit.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -66,6 +74,7 @@ class _Running:
     pcm: list = field(default_factory=list)
     decoded: int = 0                # frames whose PCM is in `pcm`
     stopped: bool = False           # it emits no more frames (its slot may be reused)
+    all_codes: bool = False         # stopped, and the launch that said so is drained: every frame's codes are in
     ended: bool = False             # its result is out
     first_audio_at: float | None = None
 
@@ -78,8 +87,28 @@ class _Launch:
     event: object                   # CUDA event after every copy (None on CPU)
     owners: list                    # slot -> the _Running it held at launch (None: free)
     stepped: bool                   # a decode step: codes and emit flags are in buffers
-    window_end: bool                # the codec ran: the window's PCM is in buffers
+    window: _Window | None          # the codec ran after it: where the window's PCM lands
     stops_marked: bool = False      # _mark_stops has read its flags (at a window boundary, before _drain)
+
+
+@dataclass
+class _Window:
+    """A codec window on its way to the host: its PCM lands in `buffers` once `event` has passed."""
+    buffers: dict                   # pinned host buffers: pcm (and the vocoder's overflow count)
+    event: object                   # CUDA event after their copies (None on CPU)
+    owners: list | None = None      # slot -> the _Running it held (set when its step is drained)
+    frames: list | None = None      # slot -> that request's frame count up to this window's end
+
+
+@dataclass
+class _Run:
+    """One call of Engine.run: who holds each slot, the results so far, the windows whose PCM is
+    not read yet."""
+    running: list                   # slot -> the request whose frames it holds (None: free); a
+                                    # stopped one stays until the slot is reused or its last PCM is read
+    results: dict
+    on_result: object
+    windows: deque = field(default_factory=deque)
 
 
 @dataclass
@@ -117,7 +146,8 @@ class Engine:
     def __init__(self, model, codec, rows: int, context: int, talker_defaults: SamplerSettings,
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
                  time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int | None = None,
-                 depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION):
+                 depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
+                 codec_stream: bool | None = None):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -142,17 +172,34 @@ class Engine:
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
-        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, kernels=kernels, depth=depth)
+        if codec_stream is None:
+            codec_stream = device.type == "cuda"
+        elif codec_stream and device.type != "cuda":
+            raise ValueError(f"a codec stream needs a CUDA device, not {device.type}")
+        # the steps on a high-priority stream: where both have blocks waiting for an SM, theirs go first
+        self.step_stream = torch.cuda.Stream(device, priority=-1) if codec_stream else None
+        self.codec_stream = torch.cuda.Stream(device) if codec_stream else None
+        if codec_stream:
+            log.info("engine: the codec runs on its own CUDA stream, beside the next window's steps")
+        self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, kernels=kernels, depth=depth,
+                               codec_stream=self.codec_stream)
         self.prefill = Prefill(model, self.state, max(1, rows // 8), use_graphs)   # tiles of rows / 8 prompts
         self.time_stages = time_stages and device.type == "cuda"
         pin = device.type == "cuda"
         self._host = [self._host_buffers(pin) for _ in range(2)]
+        self._pcm_host = [self._pcm_buffers(pin) for _ in range(2)]   # by window parity
+        self._windows_launched = 0
+        self._codec_done = None   # the event after the last window's codec and copies
         self.stats = EngineStats()
         self._pending_times: list = []
 
     def _host_buffers(self, pin: bool):
         st = self.state
-        outputs = [("codes", st.out_codes), ("pcm", st.out_pcm), ("emit", st.out_emit), ("nonfinite", st.nonfinite)]
+        outputs = [("codes", st.out_codes), ("emit", st.out_emit), ("nonfinite", st.nonfinite)]
+        return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in outputs}
+
+    def _pcm_buffers(self, pin: bool):
+        outputs = [("pcm", self.state.out_pcm)]
         if self._vocoder_overflow() is not None:
             outputs.append(("overflow", self._vocoder_overflow()))
         return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in outputs}
@@ -179,7 +226,7 @@ class Engine:
     @torch.no_grad()
     def _prefill(self, admitted: list[tuple[int, EngineRequest]]) -> None:
         """The prefill (prefill.py) of every newly admitted request: keys and values to the slots'
-        static caches, the first codebook-0 draw to the slot state."""
+        static caches, the first codebook-0 draw to the slot state, the slots' codec state reset."""
         requests = [r for _, r in admitted]
         # Everything the host knows goes over in one pinned, non-blocking copy: a plain
         # torch.tensor(..., device=cuda) would wait for the step that is still running.
@@ -187,7 +234,13 @@ class Engine:
                              for slot, r in admitted], dtype=torch.int64)
         if self.device.type == "cuda":
             host = host.pin_memory()
-        slots, lengths, caps, min_new_tokens, seeds = host.to(self.device, non_blocking=True).unbind(1)
+        on_device = host.to(self.device, non_blocking=True)
+        slots, lengths, caps, min_new_tokens, seeds = on_device.unbind(1)
+        with self._on_codec_stream():
+            # after the window just launched (the slots' previous requests), before the next one
+            self.state.codec.reset(slots)
+        if self.codec_stream is not None:
+            on_device.record_stream(self.codec_stream)
         last_hidden, last_logits = self.prefill([r.prompt_embeds for r in requests], slots, lengths)
         talker = RowSampling.stack([r.talker or self.talker_defaults for r in requests], self.device)
         cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
@@ -205,11 +258,12 @@ class Engine:
         if self._vocoder_overflow() is not None:
             self._vocoder_overflow().zero_()
         self.state.nonfinite.zero_()
+        with self._on_step_stream():
+            return self._run(requests, on_result)
+
+    def _run(self, requests: list[EngineRequest], on_result) -> list[EngineResult]:
         queue = deque(requests)
-        # slot -> the request whose frames it holds; a stopped one stays until the slot is reused
-        # or its last PCM is read
-        running: list[_Running | None] = [None] * self.rows
-        results: dict[int, EngineResult] = {}
+        run = _Run(running=[None] * self.rows, results={}, on_result=on_result)
         previous = None   # the launch whose outputs are unread
         parity = 0
         column = 0        # steps launched in the current codec window
@@ -218,27 +272,32 @@ class Engine:
             if column == 0:
                 if previous is not None:
                     self._mark_stops(previous)
-                self._admit(queue, running)
+                self._admit(queue, run.running)
             launched = None
-            emitting = any(r is not None and not r.stopped for r in running)
+            emitting = any(r is not None and not r.stopped for r in run.running)
             if emitting or column > 0:
                 buffers = self._host[parity]
                 parity ^= 1
+                window = None
                 if emitting:
                     column = (column + 1) % self.codec_window
-                    flags_event = self._launch_step(buffers, window_end=column == 0)
+                    flags_event = self._launch_step(buffers)
                 else:
-                    self._launch_window_close(buffers, column)
+                    self.step.close_window(column)
                     column, flags_event = 0, None
-                launched = _Launch(buffers, flags_event, self._record_event(), list(running), stepped=emitting,
-                                   window_end=column == 0)
+                if column == 0:
+                    window = self._launch_codec(run)
+                launched = _Launch(buffers, flags_event, self._record_event(), list(run.running),
+                                   stepped=emitting, window=window)
             if previous is not None:
-                self._drain(previous, running, results, on_result)
+                self._drain(previous, run)
+            if launched is None:   # nothing left to overlap with: the windows' PCM is all there is to wait for
+                self._read_windows(run, wait=True)
             previous = launched
-            if previous is None and not queue and all(r is None for r in running):
+            if previous is None and not queue and all(r is None for r in run.running):
                 break
         self.stats.wall_s += time.perf_counter() - start
-        return [results[r.key] for r in requests]
+        return [run.results[r.key] for r in requests]
 
     def _admit(self, queue: deque, running: list) -> None:
         """Fills free slots (empty, or holding a request that stopped) from the queue. Call at a
@@ -256,9 +315,9 @@ class Engine:
             running[slot] = _Running(r, now)
         self._add_time("prefill", t0)
 
-    def _launch_step(self, buffers, window_end: bool):
-        """Launches a decode step and the copies of its outputs, then at a window's end the codec
-        and its PCM's copy; returns the event after the codes, emit flags and counts."""
+    def _launch_step(self, buffers):
+        """Launches a decode step and the copies of its outputs; returns the event after the codes,
+        emit flags and counts."""
         st = self.state
         self._run_stage("depth")
         self._run_stage("talker")
@@ -266,27 +325,58 @@ class Engine:
         buffers["codes"].copy_(st.out_codes, non_blocking=True)
         buffers["emit"].copy_(st.out_emit, non_blocking=True)
         buffers["nonfinite"].copy_(st.nonfinite, non_blocking=True)
-        flags_event = self._record_event()
-        if window_end:
-            self._run_stage("codec")
-            self._copy_pcm(buffers)
-        return flags_event
+        return self._record_event()
 
-    def _launch_window_close(self, buffers, columns: int) -> None:
-        t0 = self._event()
-        self.step.close_window(columns)
-        self._add_time("codec", t0)
-        self._copy_pcm(buffers)
+    def _launch_codec(self, run: _Run) -> _Window:
+        """At a window's end: its codes to the codec's own buffer, then the codec and the copy of
+        its PCM, on the codec stream where there is one."""
+        st = self.state
+        if self.codec_stream is not None and self._codec_done is not None:
+            # the last window's codec may still be reading the codes these overwrite
+            torch.cuda.current_stream(self.device).wait_event(self._codec_done)
+        st.codec_codes.copy_(st.window_codes)
+        buffers = self._pcm_host[self._windows_launched % 2]
+        self._windows_launched += 1
+        self._read_windows(run, freeing=buffers)   # the window two before copied its PCM there
+        with self._on_codec_stream():
+            self._run_stage("codec")
+            buffers["pcm"].copy_(st.out_pcm, non_blocking=True)
+            if "overflow" in buffers:
+                buffers["overflow"].copy_(self._vocoder_overflow(), non_blocking=True)
+            self._codec_done = self._record_event()
+            return _Window(buffers, self._codec_done)
+
+    @contextlib.contextmanager
+    def _on_step_stream(self):
+        """With a codec stream, a run's work is queued on the step stream (after the caller's), and the
+        caller's stream waits for both at the end."""
+        if self.step_stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self.step_stream.wait_stream(caller)
+        try:
+            with torch.cuda.stream(self.step_stream):
+                yield
+        finally:
+            caller.wait_stream(self.step_stream)
+            caller.wait_stream(self.codec_stream)
+
+    @contextlib.contextmanager
+    def _on_codec_stream(self):
+        """Work queued inside runs on the codec stream (after what the current stream has queued so
+        far), or in order on the current stream where there is none."""
+        if self.codec_stream is None:
+            yield
+            return
+        self.codec_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.codec_stream):
+            yield
 
     def _run_stage(self, name: str) -> None:
         t0 = self._event()
         self.step.run_stage(name)
         self._add_time(name, t0)
-
-    def _copy_pcm(self, buffers) -> None:
-        buffers["pcm"].copy_(self.state.out_pcm, non_blocking=True)
-        if "overflow" in buffers:
-            buffers["overflow"].copy_(self._vocoder_overflow(), non_blocking=True)
 
     def _mark_stops(self, launch: _Launch) -> None:
         """Waits for a decode step's flags (not its codec), then marks the requests that it says will
@@ -302,39 +392,64 @@ class Engine:
             if run is not None and not emits_next[slot]:
                 run.stopped = True
 
-    def _drain(self, launch: _Launch, running, results, on_result) -> None:
+    def _drain(self, launch: _Launch, run: _Run) -> None:
         """Reads one finished launch: appends a step's emitted frames and marks the requests that
-        will not emit at the next step as stopped; at a window's end hands each request the PCM of
-        its frames in that window. A request ends once it has stopped and all its PCM is read. Slots
-        are taken as they were at launch: a slot reused since still owes its previous request that
-        window's PCM."""
+        will not emit at the next step as stopped; a launch that ended a window queues the window,
+        whose PCM is read as soon as it is there (_read_windows). A request ends once it has stopped
+        and all its PCM is read. Slots are taken as they were at launch: a slot reused since still
+        owes its previous request that window's PCM."""
         if launch.event is not None:
             launch.event.synchronize()
         self._mark_stops(launch)
         now = time.perf_counter()
-        emit, codes, pcm = (launch.buffers[name].numpy() for name in ("emit", "codes", "pcm"))
-        if launch.window_end and "overflow" in launch.buffers:
-            self.codec.decoder.check_range(int(launch.buffers["overflow"][0]))
         nonfinite = int(launch.buffers["nonfinite"][0]) if launch.stepped else 0
         if nonfinite:
             raise NonFiniteError(self._non_finite_message(nonfinite))
-        samples = self.codec.samples_per_frame
-        for slot, run in enumerate(launch.owners):
-            if run is None or run.ended:
+        emit, codes = launch.buffers["emit"].numpy(), launch.buffers["codes"].numpy()
+        for slot, owner in enumerate(launch.owners):
+            if owner is None or owner.ended:
                 continue
             if launch.stepped and emit[0, slot]:
-                run.codes.append(codes[slot].copy())
-            if launch.window_end:
-                # Admitted at a boundary and emitting until it stops, a request's frames of this
-                # window are its columns 0, 1, ...: the frames not decoded yet.
-                fresh = len(run.codes) - run.decoded
+                owner.codes.append(codes[slot].copy())
+            owner.all_codes = owner.stopped   # (stops are marked on the undrained launch only)
+            if launch.window is None and owner.all_codes and owner.decoded == len(owner.codes):
+                self._end(slot, owner, run, now)
+        if launch.window is not None:
+            # Admitted at a boundary and emitting until it stops, a request's frames of this
+            # window are its frames not decoded yet, up to this count.
+            launch.window.owners = launch.owners
+            launch.window.frames = [None if owner is None else len(owner.codes) for owner in launch.owners]
+            run.windows.append(launch.window)
+        self._read_windows(run)
+
+    def _read_windows(self, run: _Run, wait: bool = False, freeing: dict | None = None) -> None:
+        """Hands each request the PCM of its frames in the windows whose PCM is there, oldest first.
+        With `wait` it waits for every window; with `freeing` (pinned buffers) for the windows up to
+        the one that holds its PCM there."""
+        while run.windows:
+            window = run.windows[0]
+            if window.event is not None:
+                must = wait or any(w.buffers is freeing for w in run.windows)
+                if not (must or window.event.query()):
+                    return
+                window.event.synchronize()
+            run.windows.popleft()
+            now = time.perf_counter()
+            if "overflow" in window.buffers:
+                self.codec.decoder.check_range(int(window.buffers["overflow"][0]))
+            pcm = window.buffers["pcm"].numpy()
+            samples = self.codec.samples_per_frame
+            for slot, owner in enumerate(window.owners):
+                if owner is None or owner.ended:
+                    continue
+                fresh = window.frames[slot] - owner.decoded
                 if fresh:
-                    run.pcm.append(pcm[slot, :fresh * samples].copy())
-                    run.decoded += fresh
-                    if run.first_audio_at is None:
-                        run.first_audio_at = now
-            if run.stopped and run.decoded == len(run.codes):
-                self._end(slot, run, running, results, now, on_result)
+                    owner.pcm.append(pcm[slot, :fresh * samples].copy())
+                    owner.decoded += fresh
+                    if owner.first_audio_at is None:
+                        owner.first_audio_at = now
+                if owner.all_codes and owner.decoded == len(owner.codes):
+                    self._end(slot, owner, run, now)
 
     def _non_finite_message(self, count: int) -> str:
         message = f"the talker and code predictor produced {count} NaN or infinite logits: this audio would be wrong"
@@ -343,21 +458,22 @@ class Engine:
                     "--talker-precision bf16 runs them in bf16 with 16-bit inputs instead")
         return message
 
-    def _end(self, slot: int, run: _Running, running, results, now: float, on_result) -> None:
-        frames = len(run.codes)
+    def _end(self, slot: int, owner: _Running, run: _Run, now: float) -> None:
+        frames = len(owner.codes)
         result = EngineResult(
-            key=run.request.key,
-            codes=np.stack(run.codes) if run.codes else np.zeros((0, self.model.cfg.num_code_groups), dtype=np.int64),
-            pcm=np.concatenate(run.pcm) if run.pcm else np.zeros(0, dtype=np.float32),
-            hit_cap=frames >= run.request.max_frames, admitted_at=run.admitted_at,
-            first_audio_at=run.first_audio_at, finished_at=now)
-        run.ended = True
-        results[run.request.key] = result
-        if running[slot] is run:   # not reused by a request admitted at a window boundary since
-            running[slot] = None
+            key=owner.request.key,
+            codes=np.stack(owner.codes) if owner.codes else np.zeros((0, self.model.cfg.num_code_groups),
+                                                                     dtype=np.int64),
+            pcm=np.concatenate(owner.pcm) if owner.pcm else np.zeros(0, dtype=np.float32),
+            hit_cap=frames >= owner.request.max_frames, admitted_at=owner.admitted_at,
+            first_audio_at=owner.first_audio_at, finished_at=now)
+        owner.ended = True
+        run.results[owner.request.key] = result
+        if run.running[slot] is owner:   # not reused by a request admitted at a window boundary since
+            run.running[slot] = None
             self.state.release(slot)
-        if on_result is not None:
-            on_result(result)
+        if run.on_result is not None:
+            run.on_result(result)
 
     # -- timing -------------------------------------------------------------------------------------
 

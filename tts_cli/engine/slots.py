@@ -56,6 +56,7 @@ class SlotState:
         self.codec = codec.new_state(rows)
         self.window_codes = torch.zeros(rows, codec_window, cfg.num_code_groups, dtype=torch.int64, device=device)
         self.window_column = torch.zeros(1, dtype=torch.int64, device=device)
+        self.codec_codes = torch.zeros_like(self.window_codes)   # what the codec decodes: the window, copied
         # outputs of the last step (PCM: of the last window), copied to pinned host memory by the runner
         self.out_codes = torch.zeros(rows, cfg.num_code_groups, dtype=torch.int64, device=device)
         self.out_pcm = torch.zeros(rows, codec_window * codec.samples_per_frame, device=device)
@@ -68,7 +69,8 @@ class SlotState:
               caps: torch.Tensor, min_new_tokens: torch.Tensor, seeds: torch.Tensor, talker: RowSampling,
               cp: RowSampling) -> None:
         """Start requests in `slots` [n] (their prompts' keys and values are already written); every
-        argument has one row per slot, on the device. Vectorized: a few kernels for any n.
+        argument has one row per slot, on the device. Vectorized: a few kernels for any n. Their
+        codec state is the runner's to reset (on the codec's stream, where it has one).
 
         Constants go in as fill kernels (index_fill_, fill_), never as Python values assigned
         through an index (`t[slots] = 0`): torch sends those to the GPU as a blocking copy, which
@@ -86,7 +88,6 @@ class SlotState:
         self.seen[slots, g0] = torch.ones_like(g0, dtype=torch.bool)
         self.talker_sampling.assign(slots, talker)
         self.cp_sampling.assign(slots, cp)
-        self.codec.reset(slots)
 
     def release(self, slot: int) -> None:
         self.active.narrow(0, slot, 1).fill_(False)   # not `active[slot] = False`: see admit

@@ -3,7 +3,9 @@
   depth:  codebooks 1..15 of the slot's current frame (code predictor + its sampler), written
           into the codec window at column step mod K
   codec:  every K-th step only: the window's K frames -> K * 1920 PCM samples per slot (streamed
-          decoder, per-slot state, so decoding K frames at once is the same as one at a time)
+          decoder, per-slot state, so decoding K frames at once is the same as one at a time),
+          from a copy of the window's codes (the runner's, at the window's end), so that it may
+          run on a stream of its own beside the next window's steps (runner)
   talker: the next talker position (frame embedding sum + tts_pad) and the next codebook-0 draw
 
 No host synchronisation inside a step: what the host needs (codes, PCM, which slots emitted)
@@ -92,8 +94,9 @@ def advance_slots(st: SlotState, emit: torch.Tensor, g0: torch.Tensor, hidden: t
 
 class DecodeStep:
     def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool,
-                 kernels: bool = False, depth: str = DEFAULT_DEPTH):
+                 kernels: bool = False, depth: str = DEFAULT_DEPTH, codec_stream: torch.cuda.Stream | None = None):
         self.model, self.codec, self.st = model, codec, state
+        self.codec_stream = codec_stream
         cfg = model.cfg
         device = state.g0.device
         self.eos = cfg.codec_eos_id
@@ -177,7 +180,7 @@ class DecodeStep:
     @torch.no_grad()
     def _codec(self) -> None:
         st = self.st
-        st.out_pcm.copy_(self.codec.decode_step(st.window_codes, st.codec).float())
+        st.out_pcm.copy_(self.codec.decode_step(st.codec_codes, st.codec).float())
 
     @torch.no_grad()
     def _talker(self) -> None:
@@ -236,6 +239,15 @@ class DecodeStep:
         torch.cuda.current_stream().wait_stream(stream)
         pool = None
         for name in STAGES:
+            if name == "codec" and self.codec_stream is not None:
+                # Replayed beside the others: a memory pool of its own, and warmed up and captured on
+                # its stream, so that its cuBLAS workspace is that stream's (one per stream), not the steps'.
+                self.codec_stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.codec_stream):
+                    self.stage_fns[name]()
+                torch.cuda.current_stream().wait_stream(self.codec_stream)
+                self.graphs[name], _ = capture(self.stage_fns[name], stream=self.codec_stream)
+                continue
             graph, _ = capture(self.stage_fns[name], pool)
             pool = graph.pool()
             self.graphs[name] = graph
@@ -243,13 +255,12 @@ class DecodeStep:
 
     @torch.no_grad()
     def close_window(self, columns: int) -> None:
-        """Decodes the current window after only `columns` steps (once no slot emits, waiting for
-        the rest would only step idle slots). The other columns still hold the previous window's
-        frames: they become code 0, as for any slot that does not emit, and their PCM is not read.
-        The next step starts a new window."""
+        """Ends the current window after only `columns` steps, for the runner to decode (once no slot
+        emits, waiting for the rest would only step idle slots). The other columns still hold the
+        previous window's frames: they become code 0, as for any slot that does not emit, and their
+        PCM is not read. The next step starts a new window."""
         self.st.window_codes[:, columns:] = 0
         self.st.window_column.zero_()
-        self.run_stage("codec")
 
     def run_stage(self, name: str) -> None:
         if self.graphs:

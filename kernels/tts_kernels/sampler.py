@@ -49,17 +49,26 @@ def _order_key(x):
 @triton.jit
 def kth_largest(values, k):
     """The k-th largest of values [BLOCK] fp32, counted with multiplicity (1 <= k <= BLOCK): a
-    bisection over the values' order keys, 32 counts over the row. A sort of the row in registers
-    took ~40 us per draw on the H200 (tools/step_profile.py); the counts take a fraction of that."""
+    bisection over the values' order keys, one count over the row per step, at most 32. A sort of
+    the row in registers took ~40 us per draw on the H200 (tools/step_profile.py). The bisection
+    stops as soon as some threshold has exactly k keys at or above it: the smallest of those is the
+    answer. Between the logits around the k-th largest there is usually a gap that a threshold
+    falls into long before the 32nd step. Where ties straddle the k-th place it runs to the end."""
     keys = _order_key(values)
     # invariant: at least k keys >= lo, fewer than k keys > hi
     lo = tl.min(keys, axis=0).to(tl.int64)
     hi = tl.max(keys, axis=0).to(tl.int64)
-    for _ in range(32):
+    while lo < hi:
         mid = lo + (hi - lo + 1) // 2
-        enough = tl.sum((keys >= mid.to(tl.int32)).to(tl.int32), axis=0) >= k
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid - 1)
+        above = keys >= mid.to(tl.int32)
+        count = tl.sum(above.to(tl.int32), axis=0)
+        if count == k:
+            lo = tl.min(tl.where(above, keys, 2147483647), axis=0).to(tl.int64)
+            hi = lo
+        elif count > k:
+            lo = mid
+        else:
+            hi = mid - 1
     return _order_key(lo.to(tl.int32)).to(tl.float32, bitcast=True)
 
 

@@ -254,6 +254,25 @@ def test_bench_warmup_admits_groups_of_every_kind_the_run_has(monkeypatch, concu
         assert 3 in groups
 
 
+@pytest.mark.parametrize("flag, engine_gets, setting", [(None, None, "own stream on CUDA"),
+                                                        ("--codec-in-line", False, "in line")])
+def test_bench_codec_stream_switch_reaches_the_engine(monkeypatch, tmp_path, flag, engine_gets, setting):
+    """--codec-in-line asks the engine for the codec in line; by default the engine chooses (its own
+    stream on CUDA). The CPU runs it in line either way."""
+    from tts_cli.engine.runner import Engine
+    asked = []
+    init = Engine.__init__
+    monkeypatch.setattr(Engine, "__init__", lambda self, *a, **kw: (asked.append(kw.get("codec_stream", "absent")),
+                                                                   init(self, *a, **kw))[1])
+    out = tmp_path / "bench.json"
+    result = _invoke("bench", "--device", "cpu", "--model", cli.BUNDLED_MODEL_DIR, "--concurrency", "1",
+                     "--requests", "1", "--frames", "3", "--json", out, *([flag] if flag else []))
+    assert result.exit_code == 0, result.output
+    assert asked and all(a is engine_gets for a in asked)
+    report = json.loads(out.read_text())
+    assert report["codec_stream_setting"] == setting and report["rows"][0]["codec_stream"] is False
+
+
 def test_bench_rejects_bad_options():
     result = _invoke("bench", "--device", "cpu", "--concurrency", "1,x")
     assert result.exit_code == 2 and "--concurrency takes integers" in result.stderr

@@ -134,13 +134,13 @@ def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineReque
 @torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
               codec_window: int | None = None, depth: str = DEFAULT_DEPTH,
-              codec_precision: str = DEFAULT_CODEC_PRECISION) -> BenchRow:
+              codec_precision: str = DEFAULT_CODEC_PRECISION, codec_stream: bool | None = None) -> BenchRow:
     cuda = synth.model.talker.codec_embedding.weight.device.type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     engine = warm_engine(synth, concurrency, requests, time_stages=True, codec_window=codec_window, depth=depth,
-                         codec_precision=codec_precision)
+                         codec_precision=codec_precision, codec_stream=codec_stream)
     start = time.perf_counter()
     results = engine.run(requests)
     wall = time.perf_counter() - start
@@ -174,7 +174,9 @@ def default_requests(concurrency: int) -> int:
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int | None = None,
               depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
-              talker_precision: str = DEFAULT_TALKER_PRECISION) -> dict:
+              talker_precision: str = DEFAULT_TALKER_PRECISION, codec_stream: bool = True) -> dict:
+    """codec_stream: on CUDA the codec on a stream of its own (Engine's default there), else in line;
+    the CPU always runs it in line."""
     dtype = weights_dtype(device, talker_precision)
     if device.startswith("cuda"):
         allow_tf32()
@@ -186,7 +188,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     for c in concurrencies:
         count = requests or default_requests(c)
         rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
-                              codec_precision))
+                              codec_precision, None if codec_stream else False))
     return {
         "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
@@ -196,7 +198,8 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
         "codec_window": codec_window or f"auto ({CODEC_WINDOW_RULE})",
-        "depth_setting": depth, "codec_precision": codec_precision,
+        "depth_setting": depth, "codec_stream_setting": "own stream on CUDA" if codec_stream else "in line",
+        "codec_precision": codec_precision,
         "talker_precision": talker_precision,
         "rows": [asdict(r) for r in rows],
     }

@@ -498,6 +498,10 @@ def bench(
              f"{CODEC_WINDOW_RULE} (larger K: faster codec, later first audio; at more than one row also idle "
              "slots, waiting for a window to end)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
+    codec_stream: bool = typer.Option(
+        True, "--codec-stream/--codec-in-line",
+        help="On CUDA, run the codec on a CUDA stream of its own beside the next window's steps (as `tts synth` "
+             "does), or in line after them, to compare. The audio is the same either way; on CPU it runs in line."),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
     talker_precision: str = typer.Option(DEFAULT_TALKER_PRECISION, "--talker-precision",
@@ -521,7 +525,7 @@ def bench(
         check_engine_choices(depth, codec_precision, talker_precision)
         result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision,
-                           talker_precision=talker_precision)
+                           talker_precision=talker_precision, codec_stream=codec_stream)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)

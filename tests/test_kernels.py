@@ -189,13 +189,18 @@ from tts_kernels.attention import cached_attention
 attention = fused.layers[0].self_attn
 qkv_parts = torch.randn(3, rows, (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim, generator=g)
 kv_summed, kv_parts = caches()[0], caches()[0]
-def attend(qkv, kv):
+def attend(qkv, kv, **launch):
     return cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attention.q_norm.weight,
                             attention.k_norm.weight, 1e-6, *fused.rope_tables[-1], kv.k, kv.v, torch.arange(rows),
-                            torch.tensor([5, 9, 13]), 1, cfg.head_dim ** -0.5)
+                            torch.tensor([5, 9, 13]), 1, cfg.head_dim ** -0.5, **launch)
 expected = attend((qkv_parts[0] + qkv_parts[1]) + qkv_parts[2], kv_summed)
 assert torch.equal(attend(qkv_parts.reshape(3 * rows, -1), kv_parts), expected)
 assert torch.equal(kv_parts.k, kv_summed.k) and torch.equal(kv_parts.v, kv_summed.v) and kv_parts.k.any()
+# other key steps (tools/attention_bench.py times them): the same output but for the order of the
+# softmax's steps
+for block_k in (16, 64):
+    torch.testing.assert_close(attend(qkv_parts.reshape(3 * rows, -1), caches()[0], block_k=block_k), expected,
+                               rtol=1e-5, atol=1e-5)
 
 # fp16 weights (the engine's default on CUDA): every projection's input rounded once to fp16, fp16
 # caches (the torch path rounds its keys and values there too), fp16 queries and probabilities

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 
+from step_profile import median_ms
 from tts_cli.engine.graphs import capture
 from tts_kernels.attention import cached_attention
 
@@ -50,15 +50,7 @@ def call(x: dict, layer: int, **variant) -> torch.Tensor:
 
 def time_us(x: dict, replays: int, **variant) -> float:
     graph, _ = capture(lambda: [call(x, layer, **variant) for layer in range(LAYERS)])
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / LAYERS)
-    return statistics.median(samples)
+    return median_ms(graph.replay, replays) * 1000 / LAYERS
 
 
 def parse_variant(text: str) -> dict:

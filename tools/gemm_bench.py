@@ -22,10 +22,10 @@ import argparse
 import dataclasses
 import itertools
 import json
-import statistics
 
 import torch
 
+from step_profile import median_ms
 from tts_cli.engine.graphs import capture
 from tts_kernels.linear import RowsTile, gemm_rows, rows_tile
 from tts_kernels.swiglu import gemm_rows_silu, silu_mul, silu_tile
@@ -66,15 +66,7 @@ def expected(x: torch.Tensor, w: torch.Tensor, kind: str) -> torch.Tensor:
 def time_us(project, x: torch.Tensor, weights: list[torch.Tensor], replays: int) -> float:
     """Median microseconds per call of project over every copy, back to back in one CUDA graph."""
     graph, _ = capture(lambda: [project(x, w) for w in weights])
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(replays):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / len(weights))
-    return statistics.median(samples)
+    return median_ms(graph.replay, replays) * 1000 / len(weights)
 
 
 def cuts(tile: RowsTile, n: int, k: int, kind: str) -> bool:

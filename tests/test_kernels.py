@@ -1,7 +1,8 @@
 """The Triton kernels against the torch code they replace. On CPU they run in Triton's
 interpreter (TRITON_INTERPRET=1, set before triton is imported: hence a subprocess), in fp32:
-the interpreter's fp32 -> bf16 casts truncate instead of rounding, so bf16 is checked on the
-GPU (tests/test_gpu.py)."""
+the interpreter's fp32 -> bf16 casts truncate instead of rounding, and its tl.dot of bf16
+operands is wrong outright (a 16 x 16 product off by ~1e10 under Triton 3.9), so bf16 is checked
+on the GPU (tests/test_gpu.py)."""
 import importlib.util
 import os
 import subprocess

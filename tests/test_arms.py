@@ -25,3 +25,25 @@ def test_arms_prepare_builds_patched_trees_of_a_commit_without_the_test_fixtures
     assert described["here"]["commit"] == "." and arms.tree_of("here", described) == ROOT
     assert described["patched"]["patches"] == [str(patch)]
     assert not (tmp_path / "arms" / "here").exists()
+
+
+def test_arms_bench_gives_each_arm_its_own_options_after_the_common_ones(tmp_path, monkeypatch):
+    """`NAME=SOURCE::OPTIONS`: one tree, two settings of `tts bench`, alternated."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import arms
+    monkeypatch.setattr(arms, "ARMS", tmp_path / "arms")
+    arms.prepare(["stream=.", "inline=.::--codec-in-line --codec-window 2"], with_tests=False)
+    commands = []
+
+    def fake_bench(command, **kwargs):   # writes the rows `tts bench --json` would
+        commands.append(command)
+        Path(command[command.index("--json") + 1]).write_text(json.dumps({"rows": [{"concurrency": 64}]}))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(arms.subprocess, "run", fake_bench)
+    arms.bench("64", 2, tmp_path / "out", ["--requests", "8"])
+    options = [command[command.index("--json") + 2:] for command in commands]
+    assert options == [["--requests", "8"], ["--codec-in-line", "--codec-window", "2", "--requests", "8"]] * 2
+    runs = json.loads((tmp_path / "out" / "arms.json").read_text())["runs"]
+    assert [(r["arm"], r["bench_args"]) for r in runs][:2] == [("stream", []),
+                                                               ("inline", ["--codec-in-line", "--codec-window", "2"])]

@@ -5,6 +5,7 @@ loans differ by ~1%).
 Here, before the device run (the trees travel in the working tree: carry `.arms`):
 
     python tools/arms.py prepare main=. epilogue=HEAD+docs/prepared/gemv-last-program-epilogue.patch
+    python tools/arms.py prepare stream=. "inline=.::--codec-in-line"     # one tree, two settings
 
 On the device, from the repository root (Python packages the device lacks: see
 /work/.library/device/README.md on carrying wheels):
@@ -12,7 +13,7 @@ On the device, from the repository root (Python packages the device lacks: see
     python3 tools/arms.py bench --concurrency 1,64 --repeats 2 [--arms main,epilogue] --out $OUT [-- EXTRA ARGS]
 
 Each arm is a tree `.arms/NAME` (git archive of the commit, then `git apply` of each patch), or
-`.` for the working tree itself. A tree leaves out the test fixtures, the golden records and docs
+`.` for the working tree itself, with `tts bench` options of its own after `::` if any. A tree leaves out the test fixtures, the golden records and docs
 (~10 of its 16 MB; what travels to the device is limited to 64 MiB) unless `--with-tests`. The
 bench runs every arm once per repeat, arms in the order given, and writes one JSON of every run
 (audio-s/s, ms per step, slots busy) to OUT/arms.json, each run's log appended to OUT/arms.log,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -42,15 +44,18 @@ def tree_of(name: str, described: dict) -> Path:
 
 
 def prepare(specs: list[str], with_tests: bool) -> None:
-    """specs: NAME=REV[+PATCH[+PATCH...]], or NAME=. (the working tree)."""
+    """specs: NAME=REV[+PATCH[+PATCH...]], or NAME=. (the working tree), each optionally followed by
+    ::OPTIONS, `tts bench` options for that arm only (e.g. `inline=.::--codec-in-line`)."""
     shutil.rmtree(ARMS, ignore_errors=True)
     ARMS.mkdir()
     described = {}
     for spec in specs:
         name, _, source = spec.partition("=")
+        source, _, options = source.partition("::")
+        bench_args = shlex.split(options)
         if source == ".":
-            described[name] = {"commit": ".", "patches": []}
-            print(f"{name}: the working tree")
+            described[name] = {"commit": ".", "patches": [], "bench_args": bench_args}
+            print(f"{name}: the working tree {' '.join(bench_args)}")
             continue
         rev, *patches = source.split("+")
         tree = ARMS / name
@@ -67,8 +72,8 @@ def prepare(specs: list[str], with_tests: bool) -> None:
                            env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(ARMS)))
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
                                 capture_output=True, text=True).stdout.strip()
-        described[name] = {"commit": commit, "patches": patches}
-        print(f"{name}: {commit} {' + '.join(patches)}")
+        described[name] = {"commit": commit, "patches": patches, "bench_args": bench_args}
+        print(f"{name}: {commit} {' + '.join(patches)} {' '.join(bench_args)}")
     (ARMS / "arms.json").write_text(json.dumps(described, indent=1) + "\n")
 
 
@@ -92,7 +97,8 @@ def bench(concurrency: str, repeats: int, out: Path, extra: list[str], only: lis
                     log.write(f"== {name} repeat {repeat}\n")
                     log.flush()
                     status = subprocess.run([sys.executable, "-m", "tts_cli", "bench", "--concurrency", concurrency,
-                                             "--json", str(result)] + extra, cwd=tree, env=env, stdout=log,
+                                             "--json", str(result)] + described[name].get("bench_args", []) + extra,
+                                            cwd=tree, env=env, stdout=log,
                                             stderr=subprocess.STDOUT).returncode
                     rows = json.loads(result.read_text())["rows"] if status == 0 else []
                 for row in rows or [{}]:

@@ -102,6 +102,26 @@ def test_flags_not_scored_and_report_files_agree(tmp_path):
         assert part in markdown
 
 
+def test_transcriber_decodes_at_temperature_zero_only(monkeypatch):
+    """No fallback to sampling (asr.TRANSCRIBE_OPTIONS): the same audio gets the same hypothesis
+    in every run. faster-whisper's default temperatures are a list that ends in sampling."""
+    import faster_whisper
+    from tts_cli.quality.asr import Transcriber
+    asked = {}
+
+    class Model:   # stands in for faster_whisper.WhisperModel: records what transcribe is given
+        def __init__(self, *args, **kwargs):
+            self.model = type("Inner", (), {"is_multilingual": False})()
+
+        def transcribe(self, audio, **options):
+            asked.update(options)
+            return [], type("Info", (), {"language": "en"})()
+
+    monkeypatch.setattr(faster_whisper, "WhisperModel", Model)
+    Transcriber(Path("unused")).transcribe((np.full(1600, 0.1, dtype=np.float32), 16000), "A sentence.", "english")
+    assert asked["temperature"] == 0.0 and asked["language"] == "en" and asked["beam_size"] == 5
+
+
 @needs_asr_model
 def test_asr_pool_hears_files_in_workers_and_reports_bad_files(tmp_path):
     from tts_cli.quality.asr_pool import AsrPool

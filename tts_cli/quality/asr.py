@@ -15,8 +15,12 @@ import numpy as np
 from ..errors import TTSError
 
 SAMPLE_RATE = 16000  # whisper's input rate; faster-whisper resamples on load
-# Seed-TTS-eval forces the language and transcribes; beam 5 is faster-whisper's default.
-TRANSCRIBE_OPTIONS = {"task": "transcribe", "beam_size": 5}
+# Seed-TTS-eval forces the language and transcribes; beam 5 is faster-whisper's default. Temperature
+# 0 only: by default faster-whisper re-decodes a hypothesis that looks failed (noise, garbled
+# speech) by sampling at rising temperatures, so the same WAVs scored differently from run to run
+# (the bundled example: mean WER 100% and 129%; one of three processes heard "Like, subscribe for
+# more video" in a row the others heard as ".").
+TRANSCRIBE_OPTIONS = {"task": "transcribe", "beam_size": 5, "temperature": 0.0}
 COMPUTE_TYPE = "int8"  # CTranslate2 on CPU: ~2x faster than float32, same hypotheses on our tests
 # Our checkpoints' language names -> whisper's codes; the dialects are Chinese speech.
 WHISPER_LANGUAGE = {"english": "en", "chinese": "zh", "beijing_dialect": "zh", "sichuan_dialect": "zh",

@@ -13,8 +13,9 @@ On the device, from the repository root (Python packages the device lacks: see
     python3 tools/arms.py bench --concurrency 1,64 --repeats 2 [--arms main,epilogue] --out $OUT [-- EXTRA ARGS]
 
 Each arm is a tree `.arms/NAME` (git archive of the commit, then `git apply` of each patch), or
-`.` for the working tree itself, with `tts bench` options of its own after `::` if any. A tree leaves out the test fixtures, the golden records and docs
-(~10 of its 16 MB; what travels to the device is limited to 64 MiB) unless `--with-tests`. The
+`.` for the working tree itself, with `tts bench` options of its own after `::` if any. A tree
+leaves out the test fixtures, the golden records and docs (~10 of its 16 MB; what travels to the
+device is limited to 64 MiB) unless `--with-tests`. The
 bench runs every arm once per repeat, arms in the order given, and writes one JSON of every run
 (audio-s/s, ms per step, slots busy) to OUT/arms.json, each run's log appended to OUT/arms.log,
 and a summary table to stdout.
@@ -55,7 +56,7 @@ def prepare(specs: list[str], with_tests: bool) -> None:
         bench_args = shlex.split(options)
         if source == ".":
             described[name] = {"commit": ".", "patches": [], "bench_args": bench_args}
-            print(f"{name}: the working tree {' '.join(bench_args)}")
+            print(" ".join([f"{name}: the working tree", *bench_args]))
             continue
         rev, *patches = source.split("+")
         tree = ARMS / name
@@ -73,7 +74,7 @@ def prepare(specs: list[str], with_tests: bool) -> None:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
                                 capture_output=True, text=True).stdout.strip()
         described[name] = {"commit": commit, "patches": patches, "bench_args": bench_args}
-        print(f"{name}: {commit} {' + '.join(patches)} {' '.join(bench_args)}")
+        print(" ".join([f"{name}: {commit}", " + ".join(patches), *bench_args]).rstrip())
     (ARMS / "arms.json").write_text(json.dumps(described, indent=1) + "\n")
 
 

@@ -12,6 +12,7 @@ import torch
 import tts_kernels.sampler as sampler
 
 from step_profile import median_ms
+from tts_cli.engine.graphs import capture
 
 
 def draws(rows: int, vocab: int, talker: bool):
@@ -32,12 +33,9 @@ def draws(rows: int, vocab: int, talker: bool):
 
 
 def us_per_draw(call, repeats: int = 20) -> float:
-    call()
+    call()   # warm up (compile) before the capture
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            call()
+    graph, _ = capture(lambda: [call() for _ in range(repeats)])
     return median_ms(graph.replay, 5) * 1000 / repeats
 
 

@@ -60,6 +60,65 @@ def _rotated_heads(qkv_ptr, base, part_stride, valid, norm_ptr, cos_ptr, sin_ptr
 
 
 @triton.jit
+def _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start, q_block, width, part_stride, eps,
+             cache_type: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS_PER_ROW: tl.constexpr,
+             BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, QKV_PARTS: tl.constexpr):
+    """The tile of queries from entry q_block on (normed, rotated, in the cache's dtype), their
+    positions, token and head per entry, and which entries are real: entry i is token i // GROUPS,
+    head kv_head * GROUPS + i % GROUPS of the row."""
+    i = q_block + tl.arange(0, BLOCK_Q)
+    valid = i < TOKENS_PER_ROW * GROUPS
+    q_token = row_in_batch * TOKENS_PER_ROW + i // GROUPS
+    head = kv_head * GROUPS + i % GROUPS
+    # padding entries look at key 0 only, so that no row of the tile is empty
+    q_pos = tl.where(valid, start + i // GROUPS, start)
+    q = _rotated_heads(qkv_ptr, q_token * width + head * HEAD_DIM, part_stride, valid, q_norm_ptr, cos_ptr,
+                       sin_ptr, q_pos, eps, HEAD_DIM, BLOCK_D, QKV_PARTS).to(cache_type, fp_downcast_rounding="rtne")
+    return q, q_pos, q_token, head, valid
+
+
+@triton.jit
+def _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
+            scale, cache_pos_stride, Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CAPACITY: tl.constexpr,
+            BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+            PARTS: tl.constexpr):
+    """A tile of queries against the cached keys at positions <= their own (online softmax over
+    key steps of BLOCK_K), the output stored as parts."""
+    dims = tl.arange(0, BLOCK_D)
+    in_head = dims < HEAD_DIM
+    best = tl.full([BLOCK_Q], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
+    # A static trip count (a loop bounded by `last` breaks Triton's interpreter under numpy 2.4);
+    # the blocks past `last` are skipped.
+    for key_start in range(0, CAPACITY, BLOCK_K):
+        if key_start <= last:
+            keys = key_start + tl.arange(0, BLOCK_K)
+            in_range = keys <= last
+            kv_offsets = head_base + keys[:, None] * cache_pos_stride + dims[None, :]
+            key_mask = in_range[:, None] & in_head[None, :]
+            # the values' load issued with the keys', not after the scores: one memory round trip per step
+            k = tl.load(k_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
+            v = tl.load(v_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
+            if IEEE:
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                scores = tl.dot(q, tl.trans(k))
+            scores = tl.where(keys[None, :] <= q_pos[:, None], scores * scale, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=1))
+            p = tl.exp(scores - new_best[:, None])
+            correction = tl.exp(best - new_best)
+            total = total * correction + tl.sum(p, axis=1)
+            if IEEE:
+                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
+            best = new_best
+    out_offsets = (q_token * Q_HEADS + head)[:, None] * HEAD_DIM + dims[None, :]
+    store_parts(out_ptr, out_offsets, out_part_stride, acc / total[:, None], valid[:, None] & in_head[None, :], PARTS)
+
+
+@triton.jit
 def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, start_ptr,
                start, out_ptr, tokens, eps, scale, cache_row_stride, cache_head_stride, cache_pos_stride,
                Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -71,17 +130,23 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     kv_head = tl.program_id(1)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
     part_stride = tokens * width
+    out_part_stride = tokens * Q_HEADS * HEAD_DIM
     let_dependents_launch(PDL)
     wait_for_predecessor(PDL)   # the positions and cache rows too may be written by the step before
     if START_PER_ROW:
         start = tl.load(start_ptr + row_in_batch)
     cache_row = tl.load(rows_ptr + row_in_batch)
     head_base = cache_row * cache_row_stride + kv_head * cache_head_stride
-    cache_type = k_cache_ptr.dtype.element_ty
+    cache_type: tl.constexpr = k_cache_ptr.dtype.element_ty
     # BLOCK_D >= 16 (what tl.dot needs); dimensions past HEAD_DIM are zeros
     dims = tl.arange(0, BLOCK_D)
     in_head = dims < HEAD_DIM
 
+    # The first tile of queries (at the engine's shapes the only one) is read before the cache
+    # writes below and their barrier, so that its loads overlap those of the new keys and values.
+    q, q_pos, q_token, head, valid = _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start, 0,
+                                              width, part_stride, eps, cache_type, GROUPS, HEAD_DIM, TOKENS_PER_ROW,
+                                              BLOCK_Q, BLOCK_D, QKV_PARTS)
     # the row's new keys (normed, rotated) and values into the cache
     t = tl.arange(0, BLOCK_S)
     t_valid = t < TOKENS_PER_ROW
@@ -97,47 +162,14 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     tl.debug_barrier()   # the queries below read the keys just written, by other threads of this program
 
     last = start + TOKENS_PER_ROW - 1     # the row's last new token sees the most keys
-    # The queries of this kv head's GROUPS query heads for every new token of the row, in tiles:
-    # entry i is token i // GROUPS, head kv_head * GROUPS + i % GROUPS.
-    for q_block in tl.static_range(0, TOKENS_PER_ROW * GROUPS, BLOCK_Q):
-        i = q_block + tl.arange(0, BLOCK_Q)
-        valid = i < TOKENS_PER_ROW * GROUPS
-        q_token = row_in_batch * TOKENS_PER_ROW + i // GROUPS
-        head = kv_head * GROUPS + i % GROUPS
-        # padding entries look at key 0 only, so that no row of the tile is empty
-        q_pos = tl.where(valid, start + i // GROUPS, start)
-        q = _rotated_heads(qkv_ptr, q_token * width + head * HEAD_DIM, part_stride, valid, q_norm_ptr, cos_ptr,
-                           sin_ptr, q_pos, eps, HEAD_DIM, BLOCK_D, QKV_PARTS).to(cache_type, fp_downcast_rounding="rtne")
-        best = tl.full([BLOCK_Q], float("-inf"), tl.float32)
-        total = tl.zeros([BLOCK_Q], tl.float32)
-        acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-        # A static trip count (a loop bounded by `last` breaks Triton's interpreter under numpy 2.4);
-        # the blocks past `last` are skipped.
-        for key_start in range(0, CAPACITY, BLOCK_K):
-            if key_start <= last:
-                keys = key_start + tl.arange(0, BLOCK_K)
-                in_range = keys <= last
-                kv_offsets = head_base + keys[:, None] * cache_pos_stride + dims[None, :]
-                key_mask = in_range[:, None] & in_head[None, :]
-                k = tl.load(k_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
-                if IEEE:
-                    scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-                else:
-                    scores = tl.dot(q, tl.trans(k))
-                scores = tl.where(keys[None, :] <= q_pos[:, None], scores * scale, float("-inf"))
-                new_best = tl.maximum(best, tl.max(scores, axis=1))
-                p = tl.exp(scores - new_best[:, None])
-                correction = tl.exp(best - new_best)
-                total = total * correction + tl.sum(p, axis=1)
-                v = tl.load(v_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
-                if IEEE:
-                    acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
-                best = new_best
-        out_offsets = (q_token * Q_HEADS + head)[:, None] * HEAD_DIM + dims[None, :]
-        store_parts(out_ptr, out_offsets, tokens * Q_HEADS * HEAD_DIM, acc / total[:, None],
-                    valid[:, None] & in_head[None, :], PARTS)
+    _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
+            scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS)
+    for q_block in tl.static_range(BLOCK_Q, TOKENS_PER_ROW * GROUPS, BLOCK_Q):
+        q, q_pos, q_token, head, valid = _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start,
+                                                  q_block, width, part_stride, eps, cache_type, GROUPS, HEAD_DIM,
+                                                  TOKENS_PER_ROW, BLOCK_Q, BLOCK_D, QKV_PARTS)
+        _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
+                scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS)
 
 
 def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: torch.Tensor,

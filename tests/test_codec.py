@@ -9,7 +9,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tts_cli.errors import CheckpointError
-from tts_cli.model.codec import CausalConvTranspose1d, CodecConfig, CodecDecoder, CodecState, fold_codebook, load_codec
+from tts_cli.model.codec import (CausalConvTranspose1d, CodebookSum, CodecConfig, CodecDecoder, CodecState, fold_codebook,
+                                 load_codec)
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tts_cli/assets/golden/tiny-1.7b-customvoice/records.safetensors"
@@ -152,6 +153,20 @@ def test_random_chunk_stream_equals_full_decode(tiny):
         left -= chunks[-1]
     assert len(chunks) > 3
     assert rel_l2(stream(tiny, codes, chunks), tiny.decode(codes)) < 1e-5
+
+
+def test_codebook_sum_adds_each_quantizers_row_in_order():
+    """One bag of the joined tables per frame: the same fp32 sum, bit for bit, as a lookup per
+    quantizer added one after another (tables of very different scales, so an order change shows)."""
+    g = torch.Generator().manual_seed(0)
+    quantizers, size, dim = 16, 37, 24
+    codebooks = CodebookSum(quantizers, size, dim)
+    codebooks.tables = torch.randn(quantizers, size, dim, generator=g) * 10.0 ** torch.arange(-4, 4, 0.5)[:, None, None]
+    codes = torch.randint(0, size, (3, 5, quantizers), generator=g)
+    expected = codebooks.tables[0][codes[..., 0]]
+    for q in range(1, quantizers):
+        expected = expected + codebooks.tables[q][codes[..., q]]
+    assert torch.equal(codebooks(codes), expected)
 
 
 def test_transposed_convolutions_as_one_gemm_give_the_modules_output():

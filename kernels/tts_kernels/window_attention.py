@@ -1,14 +1,16 @@
 """The codec transformer's streamed sliding-window attention as one Triton kernel per layer: RoPE
 of the new queries and keys, attention over the row's cached window plus its new frames, and the
-cache moved along, in place. In torch the same is ~12 kernels (rotate-half with cats, two cats of
-the cache and the new keys, two copies back, two matmuls, mask and softmax).
+new frames written into the cache, in place. In torch the same is ~14 kernels (rotate-half with
+cats, the cache gathered oldest first and joined to the new keys, the new frames scattered back,
+two matmuls, mask and softmax).
 
 One program per (row, head). The cache holds a row's last KEPT = window - 1 rotated keys and
-values, oldest first, in the layout of tts_cli.model.codec.SlidingWindowAttention's state; its
-T new frames sit at positions start .. start + T - 1. A query at p sees keys at p - window + 1 .. p
-that exist (position >= 0). The kernel reads the T oldest cached entries (which leave the window)
-and the rest (which move T slots down) separately, so that every value it overwrites is already
-in registers and consumed before the barrier that precedes the writes.
+values as a ring, in the layout of tts_cli.model.codec.SlidingWindowAttention's state: the key at
+position p in slot p % KEPT. Its T new frames sit at positions start .. start + T - 1. A query at
+p sees keys at p - window + 1 .. p that exist (position >= 0). The kernel reads every slot, then
+after a barrier writes only the T new frames' slots: those held the keys that leave the window,
+already in registers and consumed (moving the window instead rewrote all KEPT entries: ~76 MB a
+layer at 64 rows, 59 us on the H200, docs/bench.md).
 
 Numerics: fp32 throughout; the dot products in TF32 exactly when torch allows TF32 for matmuls
 (as the torch path would then run them), else exact fp32.
@@ -62,37 +64,29 @@ def _window_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_pt
     v_new = tl.load(v_ptr + rows[:, None] + d[None, :], mask=t_valid[:, None] & in_head, other=0.0)
     q_pos = start + t
 
-    # the cache: entry j holds the key at position start - KEPT + j
+    # the ring: slot j holds the newest key before `start` at a position congruent to j
     keys_base = cache_ptr + b * c_b + h * c_h
     values_base = keys_base + c_kv
-    leaving = t_valid & (t < KEPT)                 # entries 0 .. T-1 leave the window
     j = tl.arange(0, BLOCK_KEPT)
-    staying = j < KEPT - T                         # entries T + j move to slot j
-    leave_at = t[:, None] * c_p + d[None, :]
-    stay_at = (T + j)[:, None] * c_p + d[None, :]
-    k_leave = tl.load(keys_base + leave_at, mask=leaving[:, None] & in_head, other=0.0)
-    v_leave = tl.load(values_base + leave_at, mask=leaving[:, None] & in_head, other=0.0)
-    k_stay = tl.load(keys_base + stay_at, mask=staying[:, None] & in_head, other=0.0)
-    v_stay = tl.load(values_base + stay_at, mask=staying[:, None] & in_head, other=0.0)
+    in_ring = j < KEPT
+    slot_pos = start - KEPT + (j - start % KEPT + KEPT) % KEPT
+    slots = j[:, None] * c_p + d[None, :]
+    k_old = tl.load(keys_base + slots, mask=in_ring[:, None] & in_head, other=0.0)
+    v_old = tl.load(values_base + slots, mask=in_ring[:, None] & in_head, other=0.0)
 
-    s_leave = _scores(q, k_leave, start - KEPT + t, leaving, q_pos, scale, WINDOW, PRECISION)
-    s_stay = _scores(q, k_stay, start - KEPT + T + j, staying, q_pos, scale, WINDOW, PRECISION)
+    s_old = _scores(q, k_old, slot_pos, in_ring, q_pos, scale, WINDOW, PRECISION)
     s_new = _scores(q, k_new, q_pos, t_valid, q_pos, scale, WINDOW, PRECISION)
-    best = tl.maximum(tl.maximum(tl.max(s_leave, axis=1), tl.max(s_stay, axis=1)), tl.max(s_new, axis=1))
-    p_leave = tl.exp(s_leave - best[:, None])
-    p_stay = tl.exp(s_stay - best[:, None])
+    best = tl.maximum(tl.max(s_old, axis=1), tl.max(s_new, axis=1))
+    p_old = tl.exp(s_old - best[:, None])
     p_new = tl.exp(s_new - best[:, None])
-    total = tl.sum(p_leave, axis=1) + tl.sum(p_stay, axis=1) + tl.sum(p_new, axis=1)
-    out = (tl.dot(p_leave, v_leave, input_precision=PRECISION) + tl.dot(p_stay, v_stay, input_precision=PRECISION)
-           + tl.dot(p_new, v_new, input_precision=PRECISION)) / total[:, None]
+    total = tl.sum(p_old, axis=1) + tl.sum(p_new, axis=1)
+    out = (tl.dot(p_old, v_old, input_precision=PRECISION) + tl.dot(p_new, v_new, input_precision=PRECISION)) \
+        / total[:, None]
     out_rows = b * o_b + t * o_t + h * D
     tl.store(out_ptr + out_rows[:, None] + d[None, :], out, mask=t_valid[:, None] & in_head)
 
-    tl.debug_barrier()   # every cache entry read above is consumed: now the window moves
-    moved = j[:, None] * c_p + d[None, :]
-    tl.store(keys_base + moved, k_stay, mask=staying[:, None] & in_head)
-    tl.store(values_base + moved, v_stay, mask=staying[:, None] & in_head)
-    arriving = (KEPT - T + t)[:, None] * c_p + d[None, :]   # the new frames take the last T slots
+    tl.debug_barrier()   # every slot read above is consumed: now the new frames take theirs
+    arriving = ((start + t) % KEPT)[:, None] * c_p + d[None, :]
     tl.store(keys_base + arriving, k_new, mask=t_valid[:, None] & in_head)
     tl.store(values_base + arriving, v_new, mask=t_valid[:, None] & in_head)
 
@@ -101,7 +95,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
                      cache: torch.Tensor, start: torch.Tensor, window: int) -> torch.Tensor:
     """q, k, v [B, T, H * D] fp32 (the projections, before RoPE; views of one merged projection
     are fine: any batch and frame strides, the same for the three); cos/sin [B, T, D]; cache
-    [B, 2, H, window - 1, D] (keys, values; updated in place); start [B]: each row's position of
+    [B, 2, H, window - 1, D] (keys, values as a ring: module doc; updated in place); start [B]: each row's position of
     its first new frame. T <= window - 1. Returns the attention output [B, T, H * D]."""
     batch, frames, width = q.shape
     _, _, heads, kept, head_dim = cache.shape
@@ -118,5 +112,6 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
         cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
         T=frames, H=heads, D=head_dim, KEPT=kept, WINDOW=window, BLOCK_T=max(16, triton.next_power_of_2(frames)),
         BLOCK_KEPT=triton.next_power_of_2(kept), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        PRECISION=precision, num_warps=16)   # 4 and 8 warps spill at the real shapes (tools/sm90_compile.py window)
+        # 4 warps spill at the real shapes (tools/sm90_compile.py window); 8 fit (250 registers), untimed
+        PRECISION=precision, num_warps=16)
     return out

@@ -520,7 +520,9 @@ class SlidingWindowAttention(StatefulModule):
         self.qkv = merge_linears([self.q_proj, self.k_proj, self.v_proj], self.qkv)
 
     def init_state(self, batch_size, device, dtype):
-        # The newest frame is always part of the call, so window - 1 older ones suffice.
+        # The newest frame is always part of the call, so window - 1 older ones suffice. They form a
+        # ring: the key and value at position p sit in slot p % (window - 1), so that a call writes
+        # only its new frames.
         return torch.zeros(batch_size, 2, self.num_kv_heads, self.window - 1, self.head_dim,
                            device=device, dtype=dtype)
 
@@ -539,12 +541,17 @@ class SlidingWindowAttention(StatefulModule):
         v = self.v_proj(x).view(batch, frames, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if state is not None:
-            cache = state.history[self.state_key]
-            k = torch.cat([cache[:, 0], k], dim=2)
-            v = torch.cat([cache[:, 1], v], dim=2)
-            kept = self.window - 1
-            cache[:, 0].copy_(k[:, :, k.shape[2] - kept:])
-            cache[:, 1].copy_(v[:, :, v.shape[2] - kept:])
+            cache, kept = state.history[self.state_key], self.window - 1
+            # the ring's keys and values oldest first: positions start - kept .. start - 1
+            older = (state.position[:, None] + torch.arange(-kept, 0, device=x.device)) % kept
+            cached = cache.gather(3, older[:, None, None, :, None].expand(-1, 2, cache.shape[2], -1, cache.shape[4]))
+            k = torch.cat([cached[:, 0], k], dim=2)
+            v = torch.cat([cached[:, 1], v], dim=2)
+            stay = min(frames, kept)   # the new frames still in the window after this call
+            arriving = (state.position[:, None] + torch.arange(frames - stay, frames, device=x.device)) % kept
+            arriving = arriving[:, None, :, None].expand(-1, cache.shape[2], -1, cache.shape[4])
+            cache[:, 0].scatter_(2, arriving, k[:, :, k.shape[2] - stay:])
+            cache[:, 1].scatter_(2, arriving, v[:, :, v.shape[2] - stay:])
         # Written out rather than scaled_dot_product_attention: with a mask and fp32, SDPA's CUDA
         # kernel took 80.6 us per layer for 64 rows x 4 frames on the H200, these two matmuls
         # 36.5 + 20.7 us (tools/step_profile.py; docs/bench.md, ninth session).

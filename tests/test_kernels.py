@@ -199,7 +199,7 @@ assert torch.equal(attend(qkv_parts.reshape(3 * rows, -1), kv_parts), expected)
 assert torch.equal(kv_parts.k, kv_summed.k) and torch.equal(kv_parts.v, kv_summed.v) and kv_parts.k.any()
 # other key steps (tools/attention_bench.py times them): the same output but for the order of the
 # softmax's steps
-for block_k in (16, 64):
+for block_k in (16, 64, 128):
     torch.testing.assert_close(attend(qkv_parts.reshape(3 * rows, -1), caches()[0], block_k=block_k), expected,
                                rtol=1e-5, atol=1e-5)
 

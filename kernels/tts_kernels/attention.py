@@ -172,10 +172,21 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
                 scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS)
 
 
+def decode_block_k(rows: int, tokens_per_row: int, capacity: int) -> int:
+    """Keys per step of the online softmax. One token per row against a long cache (the talker's
+    decode step) takes wider steps: fewer of the chain's dependent loads. On the H200 at the 1.7B
+    shapes (tools/attention_bench.py, docs/bench.md, twenty-seventh session) 128 was fastest at 1 row
+    and 64 at 64 rows; rows in between are not measured. Short caches (the code predictor's 16
+    positions) and several tokens per row (the prefill) keep 32, where the wider steps did not win."""
+    if tokens_per_row > 1 or capacity <= 32:
+        return 32
+    return 128 if rows <= 16 else 64
+
+
 def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: torch.Tensor,
                      k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, rows: torch.Tensor, start: int | torch.Tensor, tokens_per_row: int,
-                     scale: float, dtype: torch.dtype = torch.float32, block_k: int = 32,
+                     scale: float, dtype: torch.dtype = torch.float32, block_k: int | None = None,
                      num_warps: int | None = None) -> torch.Tensor:
     """qkv [Q * B * S, (q_heads + 2 kv_heads) * head_dim] fp32, Q >= 1 parts to add (one projection's
     output: its input's parts, or gemm_rows' partial sums; tts_kernels.linear) of B rows x S =
@@ -183,8 +194,9 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     cos/sin tables [capacity, head_dim]; caches [R, kv_heads, capacity, head_dim]; rows [B]: each row's
     cache row; start: where each row's first token goes (module doc). Writes the new keys and values
     to the caches; returns the attention output [P * B * S, q_heads * head_dim] in dtype, as parts,
-    for the o projection (over dtype weights). block_k: keys per step of the online softmax;
-    num_warps: by default 4 up to 4 tokens per row, else 8 (tools/attention_bench.py times others)."""
+    for the o projection (over dtype weights). block_k: keys per step of the online softmax (by
+    default decode_block_k's); num_warps: by default 4 up to 4 tokens per row, else 8
+    (tools/attention_bench.py times others)."""
     s, rows = tokens_per_row, rows.contiguous()
     b = rows.shape[0]
     groups = q_heads // kv_heads
@@ -197,7 +209,8 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
         qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b * s, eps, scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, TOKENS_PER_ROW=s, CAPACITY=k_cache.shape[2],
-        BLOCK_S=triton.next_power_of_2(s), BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))), BLOCK_K=block_k,
+        BLOCK_S=triton.next_power_of_2(s), BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))),
+        BLOCK_K=block_k or decode_block_k(b, s, k_cache.shape[2]),
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=k_cache.dtype == torch.float32, QKV_PARTS=qkv_parts,
         PARTS=parts, START_PER_ROW=torch.is_tensor(start), **programmatic(qkv),
         # a prefill chunk's keys and queries spill at 4 warps (255 registers + stack at 32 tokens)

@@ -254,11 +254,11 @@ def test_bench_warmup_admits_groups_of_every_kind_the_run_has(monkeypatch, concu
         assert 3 in groups
 
 
-@pytest.mark.parametrize("flag, engine_gets, setting", [(None, None, "own stream on CUDA"),
+@pytest.mark.parametrize("flag, engine_gets, setting", [(None, None, "own stream on CUDA up to 64 rows, else in line"),
                                                         ("--codec-in-line", False, "in line")])
 def test_bench_codec_stream_switch_reaches_the_engine(monkeypatch, tmp_path, flag, engine_gets, setting):
     """--codec-in-line asks the engine for the codec in line; by default the engine chooses (its own
-    stream on CUDA). The CPU runs it in line either way."""
+    stream on CUDA up to 64 rows). The CPU runs it in line either way."""
     from tts_cli.engine.runner import Engine
     asked = []
     init = Engine.__init__

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from tts_cli.engine import codec_stream_for
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.engine.slots import talker_kv_bytes
 from tts_cli.errors import NonFiniteError, RequestError
@@ -119,6 +120,13 @@ def window_case(synth, request):
                               min_new_tokens=f + 1) for i, f in enumerate(frames)]
     plain = [_plain(synth, i, 100 + i, f, False, f + 1) for i, f in enumerate(frames)]
     return rows, requests, plain, _engine(synth, rows, greedy=False).run(requests)
+
+
+def test_codec_stream_by_default_on_cuda_up_to_64_rows_only():
+    """Above 64 rows the codec's blocks slowed the code predictor's loop (docs/bench.md): in line there."""
+    assert codec_stream_for(1, cuda=True) and codec_stream_for(64, cuda=True)
+    assert not codec_stream_for(65, cuda=True) and not codec_stream_for(256, cuda=True)
+    assert not codec_stream_for(64, cuda=False)
 
 
 @pytest.mark.parametrize("window", [2, 3, 4, 16])

@@ -31,7 +31,8 @@ import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
-from tts_cli.engine import CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION
+from tts_cli.engine import (CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
+                            DEFAULT_TALKER_PRECISION)
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.model.prompt import prompt_embeddings
 from tts_cli.request import Request
@@ -175,8 +176,8 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int | None = None,
               depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
               talker_precision: str = DEFAULT_TALKER_PRECISION, codec_stream: bool = True) -> dict:
-    """codec_stream: on CUDA the codec on a stream of its own (Engine's default there), else in line;
-    the CPU always runs it in line."""
+    """codec_stream: the engine's choice (its own stream on CUDA up to 64 rows, tts_cli.engine.
+    codec_stream_for), else in line; the CPU always runs it in line."""
     dtype = weights_dtype(device, talker_precision)
     if device.startswith("cuda"):
         allow_tf32()
@@ -198,7 +199,8 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "sentence_count": len(sentences),
         "frames": frames or f"auto ({CHARS_PER_SECOND:g} chars/s)", "forced_length": True,
         "codec_window": codec_window or f"auto ({CODEC_WINDOW_RULE})",
-        "depth_setting": depth, "codec_stream_setting": "own stream on CUDA" if codec_stream else "in line",
+        "depth_setting": depth,
+        "codec_stream_setting": f"own stream {CODEC_STREAM_RULE}" if codec_stream else "in line",
         "codec_precision": codec_precision,
         "talker_precision": talker_precision,
         "rows": [asdict(r) for r in rows],

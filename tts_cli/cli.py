@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
-from .engine import (CODEC_PRECISIONS, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
+from .engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                      DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, TALKER_PRECISIONS)
 from .errors import TTSError
 from .logs import log_to_stderr
@@ -500,8 +500,9 @@ def bench(
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     codec_stream: bool = typer.Option(
         True, "--codec-stream/--codec-in-line",
-        help="On CUDA, run the codec on a CUDA stream of its own beside the next window's steps (as `tts synth` "
-             "does), or in line after them, to compare. The audio is the same either way; on CPU it runs in line."),
+        help=f"Run the codec on a CUDA stream of its own beside the next window's steps where the engine "
+             f"chooses to ({CODEC_STREAM_RULE}; `tts synth` runs 64 rows: its own stream), or always in line "
+             "after them, to compare. The audio is the same either way; on CPU it runs in line."),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
     talker_precision: str = typer.Option(DEFAULT_TALKER_PRECISION, "--talker-precision",

@@ -18,6 +18,20 @@ def codec_window_for(rows: int) -> int:
     return ONE_ROW_CODEC_WINDOW if rows == 1 else DEFAULT_CODEC_WINDOW
 
 
+# On CUDA the codec runs on a stream of its own beside the next window's steps up to this many rows,
+# in line after them above. H200, random 1.7B fp16, alternated (docs/bench.md): its own stream won
+# at c1 (27.25-27.46 against 26.77 audio-s/s) and c64 (701.0 against 696.2), and lost at c128
+# (874.3, 844.8 against 878.2, 875.9 in line) and c256 (984.1, 954.5 against 1003.0, 1001.2), where
+# the code predictor's loop of wide kernels and the codec's blocks contend for the SMs.
+CODEC_STREAM_MAX_ROWS = 64
+CODEC_STREAM_RULE = f"on CUDA up to {CODEC_STREAM_MAX_ROWS} rows, else in line"   # codec_stream_for, said
+
+
+def codec_stream_for(rows: int, cuda: bool) -> bool:
+    """Whether the codec runs on its own CUDA stream when the caller does not say, for `rows` slots."""
+    return cuda and rows <= CODEC_STREAM_MAX_ROWS
+
+
 # The engine's slots in `tts synth`: every call runs this many rows whatever it holds, so that a
 # seeded row's audio does not depend on what else is synthesized with it (batch invariance holds
 # for one rows setting). 64: the batch the engine issue fixes; more rows raise throughput (c128,

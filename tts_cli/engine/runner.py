@@ -14,12 +14,12 @@ decodes the window: else they would idle a whole window (a quarter of the reques
 one slot-step per request). When no slot emits anymore (the run's end, or every slot stopped while
 requests wait), the window is decoded at once instead of stepping idle slots to its end.
 
-With `codec_stream` (CUDA) the codec runs on a stream of its own, beside the next window's steps:
-the window's codes are first copied to the codec's own buffer (the next steps overwrite the
-window), admission resets a slot's codec state on that stream (after the window it ends, before
-the one it starts), and the host reads a window's PCM once that stream's event says it is there.
-Without it everything runs in order on one stream. Either way the same kernels see the same
-inputs: the audio is the same, bit for bit.
+With `codec_stream` (CUDA; by default up to 64 rows: codec_stream_for) the codec runs on a stream
+of its own, beside the next window's steps: the window's codes are first copied to the codec's own
+buffer (the next steps overwrite the window), admission resets a slot's codec state on that stream
+(after the window it ends, before the one it starts), and the host reads a window's PCM once that
+stream's event says it is there. Without it everything runs in order on one stream. Either way the
+same kernels see the same inputs: the audio is the same, bit for bit.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tts_cli.engine import CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, codec_window_for
+from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, codec_stream_for,
+                            codec_window_for)
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
@@ -173,7 +174,7 @@ class Engine:
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
                                codec_window)
         if codec_stream is None:
-            codec_stream = device.type == "cuda"
+            codec_stream = codec_stream_for(rows, device.type == "cuda")
         elif codec_stream and device.type != "cuda":
             raise ValueError(f"a codec stream needs a CUDA device, not {device.type}")
         # the steps on a high-priority stream: where both have blocks waiting for an SM, theirs go first

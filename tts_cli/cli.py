@@ -178,8 +178,8 @@ def synth(
         help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
              "a seeded row's audio does not depend on its batch mates (for one --rows setting). Fewer "
              "only when CUDA out-of-memory halvings bring the segments per call below it. More rows, more "
-             "throughput for long corpora (tts bench, H200, random 1.7B weights: about 1.3x the audio-s/s of 64 "
-             "rows at 128; docs/bench.md)."),
+             "throughput for long corpora (tts bench, H200, random 1.7B weights: about 1.24x the audio-s/s of 64 "
+             "rows at 128 and 1.4x at 256, for later first audio and more memory; docs/bench.md)."),
     depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
     codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
                                         metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),

@@ -7,7 +7,7 @@ shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
                                                         # engine's kernels (fp16 vocoder): eager,
                                                         # graphed, profile
     python tools/codec_bench.py --emulate               # CPU: mixed precisions' SNR (below)
-    python tools/codec_bench.py --convs [--tiles BM,BN,BK,WARPS,STAGES ...]
+    python tools/codec_bench.py --convs [--tiles BM,BN,BK,WARPS,STAGES ...] [--only 16,23]
                                                         # each vocoder convolution of one engine
                                                         # call alone (fp16 vocoder), at the tree's
                                                         # tiles and at each --tiles given
@@ -159,10 +159,11 @@ def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: in
           flush=True)
 
 
-def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]]) -> None:
+def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only: set[int] | None = None) -> None:
     """--convs: the tts_kernels.conv launches of one engine codec call (rows x window frames, fp16
-    vocoder), recorded with their arguments, then each timed alone: us (median of three runs of
-    10 launches), TFLOP/s, and TB/s of the bytes it must move (input once, outputs, residual)."""
+    vocoder), recorded with their arguments, then each timed alone (those in `only`, if given):
+    us (median of three runs of 10 launches), TFLOP/s, and TB/s of the bytes it must move (input
+    once, outputs, residual)."""
     import tts_kernels.conv as conv
     from step_profile import median_ms
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -192,6 +193,8 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]]) -> N
           f"o = writes out, s = writes the next input's SnakeBeta)", flush=True)
     total = 0.0
     for i, (args, kwargs) in enumerate(calls):
+        if only is not None and i not in only:
+            continue
         src, weight, _, frames = args[:4]
         written = [kwargs[k] for k in ("residual", "out", "snake_out") if kwargs.get(k) is not None]
         flags = "".join(f for f, k in (("r", "residual"), ("o", "out"), ("s", "snake_out")) if kwargs.get(k) is not None)
@@ -214,7 +217,8 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]]) -> N
                 finally:
                     conv.tiles = saved
         print(line, flush=True)
-    print(f"sum over the launches at the tree's tiles: {total:.0f} us", flush=True)
+    print(f"sum over the {'listed ' if only is not None else ''}launches at the tree's tiles: {total:.0f} us",
+          flush=True)
 
 
 def _round_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -266,6 +270,7 @@ def main() -> None:
     parser.add_argument("--convs", action="store_true", help="each vocoder convolution alone (module doc)")
     parser.add_argument("--tiles", nargs="*", default=[], metavar="BM,BN,BK,WARPS,STAGES",
                         help="with --convs: time every convolution at these tiles too")
+    parser.add_argument("--only", help="with --convs: time only these convolutions (their numbers, e.g. 16,23)")
     args = parser.parse_args()
     if args.emulate:
         emulate(args.rows or 2, args.window)
@@ -273,7 +278,8 @@ def main() -> None:
     args.rows = args.rows or 64
     _, codec32 = build_random("1.7b", "cuda", torch.bfloat16)
     if args.convs:
-        conv_times(codec32, args.rows, args.window, [tuple(int(v) for v in t.split(",")) for t in args.tiles])
+        conv_times(codec32, args.rows, args.window, [tuple(int(v) for v in t.split(",")) for t in args.tiles],
+                   {int(i) for i in args.only.split(",")} if args.only else None)
         return
     # the profile's SNR runs in calls of the timed shape, so that a compiled step compiles once
     shape = (args.rows, 6 * args.window, 16) if args.profile else (4, 96, 16)

@@ -13,8 +13,9 @@ shapes (tts_cli.engine.random_model). GPU only; prints one line per option.
                                                         # tiles and at each --tiles given
 
 --emulate runs anywhere (CPU here): the vocoder's convolutions with their inputs and weights
-rounded to TF32 / bf16 / fp16 and optionally their outputs too, the rest (the residual stream, the
-transformer, the upsampling) exact fp32, decoded as streamed windows of --window frames; SNR
+rounded to TF32 / bf16 / fp16 and optionally their outputs too, or the residual stream (each
+residual unit's and transposed convolution's output) rounded, the rest (the transformer, the
+upsampling) exact fp32, decoded as streamed windows of --window frames; SNR
 against the exact fp32 full decode. What a mixed-precision codec would cost in quality before any
 kernel for it is written (speed is not emulated).
 """
@@ -28,7 +29,7 @@ import torch
 
 from tts_cli.engine.graphs import capture
 from tts_cli.engine.random_model import build_random
-from tts_cli.model.codec import CausalConvTranspose1d
+from tts_cli.model.codec import CausalConvTranspose1d, ResidualUnit
 from tts_cli.model.transformer import use_kernels
 
 
@@ -237,17 +238,24 @@ def emulate(rows: int, window: int) -> None:
         ref = codec.decode(codes)
     same = lambda x: x
     rounding = {"tf32": _round_tf32, "bf16": lambda x: x.bfloat16().float(), "fp16": lambda x: x.half().float()}
-    arms = [("tf32", False), ("bf16", False), ("bf16", True), ("fp16", True)]
-    for name, outputs in arms:
+    # (rounding, outputs rounded too, the residual stream rounded: each residual unit's and
+    # transposed convolution's output stored in that precision, as an engine with 16-bit residual
+    # buffers would)
+    arms = [("tf32", False, False), ("bf16", False, False), ("bf16", True, False), ("fp16", False, False),
+            ("fp16", True, False), ("fp16", False, True)]
+    unit_forward = ResidualUnit.forward
+    for name, outputs, stream in arms:
         cast_in, cast_out = rounding[name], rounding[name] if outputs else same
+        cast_stream = rounding[name] if stream else same
+        ResidualUnit.forward = lambda self, x, state: cast_stream(unit_forward(self, x, state))
 
         def conv(self, x):
             return cast_out(F.conv1d(cast_in(x), cast_in(self.weight), self.bias, self.stride, self.padding,
                                      self.dilation, self.groups))
 
         def transposed(self, x, output_size=None):
-            return cast_out(F.conv_transpose1d(cast_in(x), cast_in(self.weight), self.bias, self.stride,
-                                               self.padding, 0, self.groups, self.dilation))
+            return cast_stream(cast_out(F.conv_transpose1d(cast_in(x), cast_in(self.weight), self.bias, self.stride,
+                                               self.padding, 0, self.groups, self.dilation)))
 
         for module in codec.decoder.modules():
             if isinstance(module, nn.ConvTranspose1d):
@@ -256,8 +264,9 @@ def emulate(rows: int, window: int) -> None:
                 module.forward = conv.__get__(module)
         with torch.no_grad():
             quality = snr_db(streamed(codec, codes, window), ref)
-        print(f"vocoder convolutions with {name} inputs and weights, {name if outputs else 'fp32'} outputs: "
-              f"streamed SNR {quality:5.1f} dB", flush=True)
+        print(f"vocoder convolutions with {name} inputs and weights, {name if outputs else 'fp32'} outputs"
+              f"{f', the residual stream in {name}' if stream else ''}: streamed SNR {quality:5.1f} dB", flush=True)
+    ResidualUnit.forward = unit_forward
 
 
 def main() -> None:

@@ -254,8 +254,8 @@ def emulate(rows: int, window: int) -> None:
                                      self.dilation, self.groups))
 
         def transposed(self, x, output_size=None):
-            return cast_stream(cast_out(F.conv_transpose1d(cast_in(x), cast_in(self.weight), self.bias, self.stride,
-                                               self.padding, 0, self.groups, self.dilation)))
+            return cast_stream(cast_out(F.conv_transpose1d(cast_in(x), cast_in(self.weight), self.bias,
+                                                           self.stride, self.padding, 0, self.groups, self.dilation)))
 
         for module in codec.decoder.modules():
             if isinstance(module, nn.ConvTranspose1d):

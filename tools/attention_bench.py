@@ -21,7 +21,7 @@ import json
 
 import torch
 
-from step_profile import median_ms
+from step_profile import median_ms, parse_settings
 from tts_cli.engine.graphs import capture
 from tts_kernels.attention import cached_attention
 
@@ -53,10 +53,6 @@ def time_us(x: dict, replays: int, **variant) -> float:
     return median_ms(graph.replay, replays) * 1000 / LAYERS
 
 
-def parse_variant(text: str) -> dict:
-    return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,64")
@@ -77,7 +73,7 @@ def main() -> int:
         with torch.no_grad():
             reference = call(x, 0).float()
             for text in variants:
-                variant = parse_variant(text)
+                variant = parse_settings(text)
                 error = (call(x, 0, **variant).float() - reference).abs().max().item() / reference.abs().max().item()
                 results.append(dict(rows=rows, variant=text or "default", us=round(time_us(x, args.replays, **variant), 2),
                                     floor_us=round(floor_us, 2), error_of_max=error))

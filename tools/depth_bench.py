@@ -21,6 +21,7 @@ import statistics
 import torch
 import triton
 
+from step_profile import parse_settings
 from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
 from tts_cli.engine.depth_check import kernel_against_loop
 from tts_cli.engine.graphs import capture
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
                                breakdown=not args.no_breakdown))
         print(json.dumps(results[-1]), flush=True)
     for variant in filter(None, args.variants.split(";")):
-        settings = {k: int(v) for k, v in (item.split("=") for item in variant.split(","))}
+        settings = parse_settings(variant)
         launch = {k: settings.pop(k) for k in ("num_warps", "num_stages", "ctas") if k in settings}
         results.append(dict(variant=variant, **compare(model.code_predictor, model.talker, int(args.rows.split(",")[-1]),
                                                        args.replays, settings, not args.no_breakdown, **launch)))

@@ -36,6 +36,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from step_profile import parse_settings
 from tts_cli.engine import DEFAULT_TALKER_PRECISION, TALKER_PRECISIONS
 from tts_cli.synthesizer import weights_dtype
 
@@ -215,7 +216,7 @@ def main() -> None:
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
     dtype = weights_dtype("cuda", args.talker_precision)
-    tiles = {k: int(v) for k, v in (item.split("=") for item in filter(None, args.tiles.split(",")))}
+    tiles = parse_settings(args.tiles)
     if args.kernel == "depth":
         launch = depth_launch(args.rows, args.warps, args.stages, dtype, tiles)
     elif args.kernel == "attention":

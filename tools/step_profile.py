@@ -26,6 +26,11 @@ from tts_cli.engine.runner import Engine
 from tts_cli.synthesizer import code_predictor_settings, talker_settings, weights_dtype
 
 
+def parse_settings(text: str) -> dict[str, int]:
+    """'name=N,name=N' (a tool's --variants item or --tiles) as {name: N}; empty items skipped."""
+    return {k: int(v) for k, v in (item.split("=") for item in text.split(",") if item)}
+
+
 def median_ms(launch, replays: int) -> float:
     """Median milliseconds of the work launch() queues (on the current stream, or on others it
     joins back to it)."""

@@ -344,6 +344,45 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="the TMA convolution is for Hopper (sm_90)")
+@pytest.mark.parametrize("c_in, n_out, taps, dilation, frames, residual", [
+    (96, 96, 7, 3, 7680, False),        # the last block's dilated convolutions
+    (192, 192, 7, 9, 2560, True),
+    (1024, 1536, 7, 1, 4, False),       # the first convolution: 4 frames, tiles past a row's end
+    (768, 1920, 2, 1, 128, False),      # a transposed convolution as two taps (N = stride x C_out)
+])
+def test_tma_conv_kernel_gives_the_triton_kernels_outputs(monkeypatch, c_in, n_out, taps, dilation, frames, residual):
+    """tts_kernels.conv_tma against conv.py's kernel on the same fp16 inputs and weights (64 rows):
+    the same sums over the taps and channel chunks (in the same order where the two BLOCK_K agree),
+    the same epilogue (bias, residual, output, SnakeBeta). Rows of the batch after the first hold other values, so a tile
+    that reads another row's frames would show."""
+    import tts_kernels.conv as conv
+    g = torch.Generator("cuda").manual_seed(0)
+    context = (taps - 1) * dilation
+    src = torch.randn(64, context + frames, c_in, device="cuda", generator=g).half()
+    weight = (torch.randn(taps * c_in, n_out, device="cuda", generator=g) / (taps * c_in) ** 0.5).half()
+    bias = torch.randn(n_out, device="cuda", generator=g)
+    res = torch.randn(64, frames, n_out, device="cuda", generator=g) if residual else None
+    snake = (torch.randn(n_out, device="cuda", generator=g) * 0.5, torch.randn(n_out, device="cuda", generator=g) * 0.5,
+             1e-9)
+    results = {}
+    for tma in (False, True):
+        monkeypatch.setattr(conv, "takes_tma", lambda *args, tma=tma: tma)
+        out = torch.full((64, frames, n_out), float("nan"), device="cuda")
+        snake_out = torch.full((64, frames, n_out), float("nan"), device="cuda").half()
+        conv.causal_conv(src, weight, bias, frames, dilation, residual=res, out=out, snake=snake, snake_out=snake_out)
+        results[tma] = out, snake_out
+    (out, snake_out), (out_tma, snake_tma) = results[False], results[True]
+    assert torch.isfinite(out_tma).all() and torch.isfinite(snake_tma).all()
+    largest = (out_tma - out).abs().max().item()
+    snake_largest = (snake_tma.float() - snake_out.float()).abs().max().item()
+    print(f"C_in {c_in} N {n_out} taps {taps}: largest difference {largest:.2e} (of {out.abs().max().item():.1f}), "
+          f"SnakeBeta {snake_largest:.2e}; identical: {torch.equal(out_tma, out) and torch.equal(snake_tma, snake_out)}")
+    assert largest <= 1e-5 * out.abs().max().item()
+    assert torch.allclose(snake_tma.float(), snake_out.float(), rtol=2 ** -10, atol=1e-3)   # an fp16 rounding apart
+
+
 @pytest.mark.parametrize("codec_window", [2, 4])
 def test_graphed_codec_window_gives_the_audio_of_window_1(codec_window, exact_fp32):
     """The codec every K steps over K frames (window column index advanced inside the captured

@@ -602,3 +602,24 @@ def test_kernels_are_not_used_off_cuda():
     import tts_kernels
     ok, why = tts_kernels.available("cpu")
     assert not ok and "CUDA" in why
+
+
+def test_tma_convolution_takes_only_the_convolutions_it_fits():
+    """tts_kernels.conv_tma (Hopper only, not run here) takes fp16 convolutions whose rows TMA can
+    address, whose rows are long enough to fill its M blocks and whose shapes it was measured faster
+    on; conv.py's kernel takes the rest."""
+    import torch
+    pytest.importorskip("triton.experimental.gluon")
+    from tts_kernels.conv_tma import MIN_FRAMES, fits
+    half = torch.float16
+    src, weight = torch.zeros(4, 6 + 7680, 96, dtype=half), torch.zeros(7 * 96, 96, dtype=half)
+    assert fits(src, weight, 7680)
+    assert not fits(src, weight, MIN_FRAMES - 1)                         # one row's frames too few
+    assert not fits(src.float(), weight.float(), 7680)                   # fp32 vocoder
+    assert not fits(torch.zeros(4, 6 + 7680, 192, dtype=half)[:, :, :96], weight, 7680)   # rows not contiguous
+    assert not fits(torch.zeros(4, 6 + 7680, 80, dtype=half), torch.zeros(7 * 80, 96, dtype=half), 7680)
+    assert not fits(src, torch.zeros(7 * 96, 1, dtype=half), 7680)       # the waveform: one channel
+    assert not fits(src, torch.zeros(96, 7 * 96, dtype=half).t(), 7680)  # weight not contiguous
+    wide = torch.zeros(4, 6 + 128, 768, dtype=half)
+    assert not fits(wide, torch.zeros(7 * 768, 768, dtype=half), 128)   # faster in conv.py's kernel
+    assert fits(wide, torch.zeros(2 * 768, 1920, dtype=half), 128)      # the transposed one, as two taps

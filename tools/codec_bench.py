@@ -167,6 +167,8 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
     once, outputs, residual)."""
     import tts_kernels.conv as conv
     from step_profile import median_ms
+    if conv.tma_available(torch.cuda.current_device())[0]:
+        import tts_kernels.conv_tma as conv_tma
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     use_kernels(codec, True)
     calls, launch = [], conv.causal_conv
@@ -202,21 +204,28 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
         m, (k, n) = src.shape[0] * frames, weight.shape
         moved = src.numel() * src.element_size() + sum(m * n * x.element_size() for x in written)
         c_in = src.shape[2]
-        kind = "one channel" if n == 1 else conv.tiles(c_in, n, k // c_in, src.dtype == torch.float16)
+        if n == 1:
+            kind = "one channel"
+        elif conv.takes_tma(src, weight, frames) and k > c_in:
+            kind = f"TMA {conv_tma.tiles(c_in, n, k // c_in)}"
+        else:
+            kind = conv.tiles(c_in, n, k // c_in, src.dtype == torch.float16)
         t = us(args, kwargs)
         total += t
         line = (f"{i:2d} src {tuple(src.shape)} w {tuple(weight.shape)} d={args[4]} {flags:3s} {t:7.1f} us "
                 f"{2 * m * k * n / t / 1e6:5.0f} TF/s {moved / t / 1e6:5.2f} TB/s  {kind}")
         if n > 1:
-            saved = conv.tiles
+            # the tile goes to whichever kernel takes the convolution (conv.py's, or conv_tma's on sm_90)
+            kernel = conv_tma if conv.takes_tma(src, weight, frames) and k > c_in else conv
+            saved = kernel.tiles
             for tiles in sweep:
-                conv.tiles = lambda *shape, tiles=tiles: tiles
+                kernel.tiles = lambda *shape, tiles=tiles: tiles
                 try:
                     line += f"\n     {tiles}: {us(args, kwargs):7.1f} us"
                 except Exception as error:   # e.g. a tile that needs more shared memory than there is
                     line += f"\n     {tiles}: {type(error).__name__}"
                 finally:
-                    conv.tiles = saved
+                    kernel.tiles = saved
         print(line, flush=True)
     print(f"sum over the {'listed ' if only is not None else ''}launches at the tree's tiles: {total:.0f} us",
           flush=True)

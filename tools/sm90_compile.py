@@ -7,7 +7,7 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler|conv|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
+    python tools/sm90_compile.py depth|attention|sampler|conv|conv-tma|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
                                  [--rows 64] [--tokens 1]
                                  [--warps N] [--stages N] [--channels 96] [--shape 4096x2048]
                                  [--talker-precision fp16|bf16] [--ptx OUT.ptx]
@@ -16,7 +16,8 @@ depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache 
 bf16: bf16 cache, hi/lo parts); attention: the decoder layers' attention kernel at the 1.7B
 talker's shapes, `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids;
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
-wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; gemv: the one-row
+wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; conv-tma: the same
+convolution as the Hopper kernel in Gluon (tts_kernels.conv_tma); gemv: the one-row
 projection over an fp16 weight of `--shape`; gemv-silu: the one-row gate/up projection that does
 the SiLU * up (`--shape` 2I x K); gemm-rows, gemm-rows-silu: the same at `--rows` rows (2-64 in the
 engine). Kernels with programmatic dependent launch
@@ -70,7 +71,7 @@ def compile_for_sm90(jit_fn, args: tuple, kwargs: dict):
     if "launch_pdl" in kwargs:   # captured on CPU, where PDL is off; on the H200 it is on (tts_kernels.launch)
         kwargs.pop("launch_pdl")
         kwargs["PDL"] = options["launch_pdl"] = True
-    values = dict(zip(jit_fn.arg_names, args), **kwargs)
+    values = dict(zip(jit_fn.arg_names, args), **kwargs, **options)   # a Gluon kernel has num_warps as an argument
     signature, constexprs, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(jit_fn.arg_names, jit_fn.params)):
         value = values[name]
@@ -88,9 +89,17 @@ def compile_for_sm90(jit_fn, args: tuple, kwargs: dict):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         elif isinstance(value, float):
             signature[name] = "fp32"
+        elif type(value).__name__ == "TensorDescriptor":   # a Gluon kernel's TMA descriptor
+            block = ", ".join(map(str, value.block_shape))
+            signature[name] = f"tensordesc<{POINTER_TYPES[value.base.dtype][1:]}[{block}],{value.layout!r}>"
         else:
             raise TypeError(f"argument {name}: {type(value).__name__}")
-    return triton.compile(ASTSource(jit_fn, signature, constexprs=constexprs, attrs=attrs),
+    if type(jit_fn).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource as source_type
+        constexprs = {name: values[name] for name, kind in signature.items() if kind == "constexpr"}
+    else:
+        source_type = ASTSource
+    return triton.compile(source_type(jit_fn, signature, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", 90, 32), options=options)
 
 
@@ -187,6 +196,21 @@ def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None)
     return conv._causal_conv, args, launch_options(kwargs, warps, stages)
 
 
+def conv_tma_launch(rows: int, channels: int, warps: int | None, stages: int | None):
+    """The same convolution as Gluon's TMA kernel (tts_kernels.conv_tma) at its tiles (warps and
+    stages replaced where given)."""
+    import tts_kernels.conv_tma as conv_tma
+    frames = 4 * 1920 * 96 // channels
+    weight, bias = torch.zeros(7 * channels, channels, dtype=torch.float16), torch.zeros(channels)
+    block_m, block_n, block_k, tile_warps, tile_stages = conv_tma.tiles(channels, channels, 7)
+    tile = block_m, block_n, block_k, warps or tile_warps, stages or tile_stages
+    snake_out = torch.zeros(rows, frames, channels, dtype=torch.float16)
+    args, kwargs = captured_launch(conv_tma._conv_tma, lambda: conv_tma.conv_tma(
+        torch.zeros(rows, 54 + frames, channels, dtype=torch.float16), weight, bias, frames, 9, 7,
+        (0, 0, 0, 0, snake_out.stride(0), channels), None, None, (bias, bias, 1e-9), snake_out, tile))
+    return conv_tma._conv_tma, args, kwargs
+
+
 def window_launch(rows: int, tokens: int, warps: int | None, stages: int | None):
     """The codec transformer's window attention (16 heads of 64, window 72), `tokens` frames per row."""
     import tts_kernels.window_attention as window
@@ -201,7 +225,8 @@ def window_launch(rows: int, tokens: int, warps: int | None, stages: int | None)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "window", *PROJECTIONS])
+    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "conv-tma", "window",
+                                           *PROJECTIONS])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
     parser.add_argument("--warps", type=int, help="default: what the engine's launcher takes")
@@ -228,6 +253,8 @@ def main() -> None:
                                    args.stages, tiles)
     elif args.kernel == "sampler":
         launch = sampler_launch(args.rows, args.warps, args.stages)
+    elif args.kernel == "conv-tma":
+        launch = conv_tma_launch(args.rows, args.channels, args.warps, args.stages)
     else:
         launch = conv_launch(args.rows, args.channels, args.warps, args.stages)
     kernel = compile_for_sm90(*launch)

@@ -14,6 +14,9 @@ SnakeBeta (`snake_out`, per-channel factors indexed by n mod snake_channels): th
 written straight after the consumer's history. Accumulation over K runs in a fixed order that does
 not depend on the rows in the tile, so a row's output does not depend on its batch mates.
 
+On Hopper (sm_90) the convolutions of more than one tap run as tts_kernels.conv_tma's kernel
+instead (TMA loads, wgmma; the same sums and epilogue), where it fits (`takes_tma`).
+
 Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation,
 residual stream and outputs in fp32) or both fp32 (TF32 when torch allows it for convolutions, else
 exact; the one-channel convolution, on the CUDA cores, sums exactly in fp32 either way). Triton's
@@ -22,6 +25,9 @@ TF32 GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x fas
 infinity, and every later convolution turns it into infinities or NaN (SnakeBeta's sine of an
 infinity is NaN), so it reaches the waveform: the caller finds it there (tts_cli.model.codec).
 """
+import functools
+import importlib
+
 import torch
 import triton
 import triton.language as tl
@@ -83,6 +89,17 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
         w = tl.load(weight_ptr + (tap * C_IN + c)[:, None] * n_out + n[None, :],
                     mask=c_valid[:, None] & n_valid[None, :], other=0.0)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
+    epilogue(acc, b, t, n, m_valid, n_valid, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
+             snake_channels, eps, r_b, r_t, o_b, o_t, so_b, so_t, RESIDUAL, OUT, SNAKE_OUT, LIBDEVICE)
+
+
+@triton.jit
+def epilogue(acc, b, t, n, m_valid, n_valid, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
+             snake_channels, eps, r_b, r_t, o_b, o_t, so_b, so_t,
+             RESIDUAL: tl.constexpr, OUT: tl.constexpr, SNAKE_OUT: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """The sums acc [len(t), len(n)] of frames t of batch entries b (each frame's, or one for all)
+    and output channels n, written as the module doc says. One piece for this kernel and
+    tts_kernels.conv_tma's (a Gluon kernel calls it with its tensors' layouts)."""
     valid = m_valid[:, None] & n_valid[None, :]
     v = acc + tl.load(bias_ptr + n, mask=n_valid, other=0.0)[None, :]
     if RESIDUAL:
@@ -135,6 +152,27 @@ def tiles(c_in: int, n_out: int, taps: int, half: bool) -> tuple[int, int, int, 
     return 64, max(16, min(64, triton.next_power_of_2(n_out))), block_k, 8, 3
 
 
+@functools.cache
+def tma_available(device_index: int) -> tuple[bool, str]:
+    """(True, "") when tts_kernels.conv_tma's kernel can run on this CUDA device, else (False, why)."""
+    if torch.cuda.get_device_capability(device_index) != (9, 0):
+        return False, f"{torch.cuda.get_device_name(device_index)} is not Hopper (sm_90)"
+    try:
+        importlib.import_module("tts_kernels.conv_tma")
+    except ImportError as error:
+        return False, f"this Triton has no Gluon ({error})"
+    return True, ""
+
+
+def takes_tma(src: torch.Tensor, weight: torch.Tensor, frames: int) -> bool:
+    """Whether a convolution of more than one tap runs as tts_kernels.conv_tma's kernel: on sm_90
+    where it fits (conv_tma.fits); the 1x1 convolutions, bound by their residual stream, stay here."""
+    if not (src.is_cuda and compiled() and tma_available(src.device.index)[0]):
+        return False
+    from tts_kernels import conv_tma
+    return conv_tma.fits(src, weight, frames)
+
+
 def to_one_tiles(c_in: int) -> tuple[int, int]:
     """(BLOCK_M, warps) of a convolution to one channel: 128 values of the padded input per thread
     (H200, 64 rows x 4 frames, 96 channels: 114.6 us at 128 x 4 warps, 113.4 at 512 x 16, 123.1 at
@@ -185,6 +223,11 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
             src, weight, bias, out, batch, frames, src.stride(0), src.stride(1), o_b,
             C_IN=c_in, C_PADDED=triton.next_power_of_2(c_in), TAPS=taps, DILATION=dilation, BM=block_m,
             num_warps=warps)
+        return
+    if taps > 1 and takes_tma(src, weight, frames):
+        from tts_kernels.conv_tma import conv_tma
+        conv_tma(src, weight, bias, frames, dilation, taps, (r_b, r_t, o_b, o_t, so_b, so_t), residual, out,
+                 snake, snake_out)
         return
     log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
     block_m, block_n, block_k, warps, stages = tiles(c_in, n_out, taps, src.dtype == torch.float16)

@@ -138,6 +138,11 @@ def use_fused_kernels(model, codec, device: torch.device, wanted: bool | None) -
         raise RuntimeError(f"fused kernels asked for but unavailable: {why}")
     if not on:
         log.info("engine: torch reference path, no fused kernels (%s)", why or "switched off")
+    elif device.type == "cuda":
+        from tts_kernels.conv import tma_available
+        tma, why = tma_available(device.index if device.index is not None else torch.cuda.current_device())
+        if not tma:
+            log.info("engine: the vocoder's convolutions without TMA, as Triton kernels (%s)", why)
     use_kernels(model, on)
     use_kernels(codec, on)
     return on

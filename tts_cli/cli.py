@@ -30,7 +30,7 @@ DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel 
               "rows, no top-p; elsewhere the loop runs and the log says why), auto (the kernel only where it "
               "measured faster than the loop: on the H200 over fp16 weights, the default --talker-precision, at "
               "2-64 rows; docs/bench.md).")
-CODEC_PRECISION_HELP = ("The vocoder's convolution inputs on cuda: fp16 (fp32 accumulation and residual stream; "
+CODEC_PRECISION_HELP = ("The vocoder's convolution inputs and residual stream on cuda: fp16 (fp32 accumulation; "
                         "a value beyond fp16's range is detected and its audio refused with an error that names "
                         "this switch) or fp32 (TF32; slower: docs/bench.md).")
 TALKER_PRECISION_HELP = ("The talker's and code predictor's weights on cuda, which set how their projections read "

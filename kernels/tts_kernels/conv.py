@@ -17,13 +17,14 @@ not depend on the rows in the tile, so a row's output does not depend on its bat
 On Hopper (sm_90) the convolutions of more than one tap run as tts_kernels.conv_tma's kernel
 instead (TMA loads, wgmma; the same sums and epilogue), where it fits (`takes_tma`).
 
-Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation,
-residual stream and outputs in fp32) or both fp32 (TF32 when torch allows it for convolutions, else
-exact; the one-channel convolution, on the CUDA cores, sums exactly in fp32 either way). Triton's
-TF32 GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x faster
-(docs/bench.md). A value beyond fp16's range (65504) stored in an fp16 `snake_out` becomes an
-infinity, and every later convolution turns it into infinities or NaN (SnakeBeta's sine of an
-infinity is NaN), so it reaches the waveform: the caller finds it there (tts_cli.model.codec).
+Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation
+and epilogue, the residual stream (`residual`, `out`) in fp16 too, the waveform in fp32) or both
+fp32 (TF32 when torch allows it for convolutions, else exact; the one-channel convolution, on the
+CUDA cores, sums exactly in fp32 either way). Triton's TF32 GEMMs measured 2-4x slower than
+cuDNN's on the H200, its fp16 ones 2-3x faster (docs/bench.md). A value beyond fp16's range
+(65504) stored in an fp16 `snake_out` or `out` becomes an infinity, and every later convolution
+turns it into infinities or NaN (SnakeBeta's sine of an infinity is NaN), so it reaches the
+waveform: the caller finds it there (tts_cli.model.codec).
 """
 import functools
 import importlib
@@ -103,7 +104,7 @@ def epilogue(acc, b, t, n, m_valid, n_valid, bias_ptr, res_ptr, out_ptr, snake_o
     valid = m_valid[:, None] & n_valid[None, :]
     v = acc + tl.load(bias_ptr + n, mask=n_valid, other=0.0)[None, :]
     if RESIDUAL:
-        v += tl.load(res_ptr + (b * r_b + t * r_t)[:, None] + n[None, :], mask=valid, other=0.0)
+        v += tl.load(res_ptr + (b * r_b + t * r_t)[:, None] + n[None, :], mask=valid, other=0.0).to(tl.float32)
     if OUT:
         tl.store(out_ptr + (b * o_b + t * o_t)[:, None] + n[None, :], v.to(out_ptr.dtype.element_ty), mask=valid)
     if SNAKE_OUT:
@@ -180,13 +181,14 @@ def to_one_tiles(c_in: int) -> tuple[int, int]:
     return 128, 4
 
 
-def _rows_view(x: torch.Tensor, frames: int, n: int, name: str, dtypes=(torch.float32,)) -> tuple[int, int]:
-    """(batch stride, frame stride) of x [B, L, C] seen as [B, frames, n]: contiguous within each
-    row (any batch stride), L * C = frames * n."""
+def _rows_view(x: torch.Tensor, frames: int, n: int, name: str) -> tuple[int, int]:
+    """(batch stride, frame stride) of x [B, L, C] (fp32 or fp16) seen as [B, frames, n]: contiguous
+    within each row (any batch stride), L * C = frames * n."""
     _, length, width = x.shape
-    if x.dtype not in dtypes or x.stride(2) != 1 or x.stride(1) != width or length * width != frames * n:
+    if x.dtype not in (torch.float32, torch.float16) or x.stride(2) != 1 or x.stride(1) != width \
+            or length * width != frames * n:
         raise ValueError(f"{name} {list(x.shape)} ({x.dtype}, strides {x.stride()}) is not "
-                         f"{' or '.join(map(str, dtypes))} [B, {frames}, {n}] contiguous within each row")
+                         f"float32 or float16 [B, {frames}, {n}] contiguous within each row")
     return x.stride(0), n
 
 
@@ -195,12 +197,12 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
                 snake: tuple[torch.Tensor, torch.Tensor, float] | None = None,
                 snake_out: torch.Tensor | None = None) -> None:
     """src [B, context + frames, C_in] (history first) and weight [taps * C_in, N], both fp16 or
-    both fp32; bias [N] fp32. Writes out = conv + bias (+ residual) in fp32 and/or snake_out =
-    SnakeBeta(that) (snake = (log_alpha, log_beta, eps), per channel n mod len(log_alpha)) in fp32
-    or fp16, each [B, frames, N] or the same memory seen as [B, frames * N / C, C] (a transposed
-    convolution's samples), any batch stride; in an fp16 snake_out a value beyond fp16's range is
-    an infinity (module doc). One output channel and only `out` (the waveform) runs on the CUDA
-    cores."""
+    both fp32; bias [N] fp32. Writes out = conv + bias (+ residual) and/or snake_out = SnakeBeta(that)
+    (snake = (log_alpha, log_beta, eps), per channel n mod len(log_alpha)), residual, out and
+    snake_out each fp32 or fp16 (the sums and the epilogue in fp32), each [B, frames, N] or the
+    same memory seen as [B, frames * N / C, C] (a transposed convolution's samples), any batch
+    stride; in an fp16 out or snake_out a value beyond fp16's range is an infinity (module doc). One
+    output channel and only `out` (the waveform) runs on the CUDA cores."""
     batch, _, c_in = src.shape
     n_out = weight.shape[1]
     taps = weight.shape[0] // c_in
@@ -215,8 +217,7 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         raise ValueError("nothing to write: give out and/or snake_out")
     r_b, r_t = _rows_view(residual, frames, n_out, "residual") if residual is not None else (0, 0)
     o_b, o_t = _rows_view(out, frames, n_out, "out") if out is not None else (0, 0)
-    so_b, so_t = (_rows_view(snake_out, frames, n_out, "snake_out", (torch.float32, torch.float16))
-                  if snake_out is not None else (0, 0))
+    so_b, so_t = _rows_view(snake_out, frames, n_out, "snake_out") if snake_out is not None else (0, 0)
     if n_out == 1 and residual is None and snake_out is None:
         block_m, warps = to_one_tiles(c_in)
         _causal_conv_to_one[(triton.cdiv(batch * frames, block_m),)](

@@ -49,8 +49,9 @@ DEFAULT_ENGINE_ROWS = 64
 # against 3.3 ms per 64-row frame, tenth session).
 DEPTH_CHOICES = ("auto", "kernel", "loop")
 DEFAULT_DEPTH = "auto"
-# The vocoder's convolution inputs on the fused path (tts_kernels.conv): fp16 (fp32 accumulation and
-# residual stream; values beyond fp16's range are detected and the audio refused) or fp32 (TF32).
+# The vocoder's convolution inputs on the fused path (tts_kernels.conv): fp16 (and its residual
+# stream; fp32 accumulation; values beyond fp16's range are detected and the audio refused) or fp32
+# (TF32).
 CODEC_PRECISIONS = ("fp16", "fp32")
 DEFAULT_CODEC_PRECISION = "fp16"
 # The talker's and code predictor's weights on CUDA, which set how their projections read their fp32

@@ -382,9 +382,10 @@ class Vocoder(Chain):
     Fused (the engine, use_kernels): the same function time-major, one kernel per convolution
     (tts_kernels.conv), each SnakeBeta in the epilogue of the convolution before it and written
     straight after the next convolution's history; no layout changes, no joining copies. With
-    `half` (the default) the convolutions' inputs and weights are fp16 (fp32 accumulation; the
-    residual stream, biases and outputs stay fp32). A value beyond fp16's range becomes an infinity
-    and, through the later convolutions, infinities or NaN in the waveform (tts_kernels.conv), so
+    `half` (the default) the convolutions' inputs and weights are fp16 and so is the residual stream
+    they read and write (fp32 accumulation and epilogue; biases and the waveform fp32). A value
+    beyond fp16's range becomes an infinity and, through the later convolutions, infinities or NaN
+    in the waveform (tts_kernels.conv), so
     `overflow` (int32 [1]) counts the waveform's non-finite samples, once per call: a whole decode
     then raises CodecRangeError, a streamed one leaves the check to its caller (the engine zeroes
     the count per run and reads it with each window's PCM)."""
@@ -443,7 +444,10 @@ class Vocoder(Chain):
         residual = out = None
         for conv, following in zip(self.convs, self.convs[1:] + [None]):
             out_frames = frames * conv.stride
-            out = x.new_empty(batch, out_frames, conv.out_channels) if conv.keeps_output else None
+            # the residual stream in the convolutions' dtype (half the bytes the 1x1 convolutions
+            # move, their bound), the waveform in fp32
+            out_dtype = dtype if following is not None else x.dtype
+            out = x.new_empty(batch, out_frames, conv.out_channels, dtype=out_dtype) if conv.keeps_output else None
             next_inputs = None
             if following is not None:
                 next_inputs = following.module.input_buffer(batch, conv.out_channels, out_frames, state, x, dtype)

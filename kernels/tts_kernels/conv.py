@@ -15,7 +15,8 @@ written straight after the consumer's history. Accumulation over K runs in a fix
 not depend on the rows in the tile, so a row's output does not depend on its batch mates.
 
 On Hopper (sm_90) the convolutions of more than one tap run as tts_kernels.conv_tma's kernel
-instead (TMA loads, wgmma; the same sums and epilogue), where it fits (`takes_tma`).
+instead (TMA loads, wgmma; the same sums and epilogue), for the shapes it was measured faster on
+and where TMA can address the tensors (`takes_tma`).
 
 Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation
 and epilogue, the residual stream (`residual`, `out`) in fp16 too, the waveform in fp32) or both

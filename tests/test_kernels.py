@@ -623,3 +623,4 @@ def test_tma_convolution_takes_only_the_convolutions_it_fits():
     wide = torch.zeros(4, 6 + 128, 768, dtype=half)
     assert not fits(wide, torch.zeros(7 * 768, 768, dtype=half), 128)   # faster in conv.py's kernel
     assert fits(wide, torch.zeros(2 * 768, 1920, dtype=half), 128)      # the transposed one, as two taps
+    assert not fits(src, torch.zeros(96, 96, dtype=half), 7680)         # a 1x1 convolution: conv.py's kernel

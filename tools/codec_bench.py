@@ -204,9 +204,10 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
         m, (k, n) = src.shape[0] * frames, weight.shape
         moved = src.numel() * src.element_size() + sum(m * n * x.element_size() for x in written)
         c_in = src.shape[2]
+        tma = conv.takes_tma(src, weight, frames)
         if n == 1:
             kind = "one channel"
-        elif conv.takes_tma(src, weight, frames) and k > c_in:
+        elif tma:
             kind = f"TMA {conv_tma.tiles(c_in, n, k // c_in)}"
         else:
             kind = conv.tiles(c_in, n, k // c_in, src.dtype == torch.float16)
@@ -216,7 +217,7 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
                 f"{2 * m * k * n / t / 1e6:5.0f} TF/s {moved / t / 1e6:5.2f} TB/s  {kind}")
         if n > 1:
             # the tile goes to whichever kernel takes the convolution (conv.py's, or conv_tma's on sm_90)
-            kernel = conv_tma if conv.takes_tma(src, weight, frames) and k > c_in else conv
+            kernel = conv_tma if tma else conv
             saved = kernel.tiles
             for tiles in sweep:
                 kernel.tiles = lambda *shape, tiles=tiles: tiles

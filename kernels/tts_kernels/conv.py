@@ -167,8 +167,8 @@ def tma_available(device_index: int) -> tuple[bool, str]:
 
 
 def takes_tma(src: torch.Tensor, weight: torch.Tensor, frames: int) -> bool:
-    """Whether a convolution of more than one tap runs as tts_kernels.conv_tma's kernel: on sm_90
-    where it fits (conv_tma.fits); the 1x1 convolutions, bound by their residual stream, stay here."""
+    """Whether a convolution runs as tts_kernels.conv_tma's kernel: on sm_90 where it fits
+    (conv_tma.fits: shapes it was measured faster on; the 1x1 convolutions stay here)."""
     if not (src.is_cuda and compiled() and tma_available(src.device.index)[0]):
         return False
     from tts_kernels import conv_tma
@@ -226,7 +226,7 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
             C_IN=c_in, C_PADDED=triton.next_power_of_2(c_in), TAPS=taps, DILATION=dilation, BM=block_m,
             num_warps=warps)
         return
-    if taps > 1 and takes_tma(src, weight, frames):
+    if takes_tma(src, weight, frames):
         from tts_kernels.conv_tma import conv_tma
         conv_tma(src, weight, bias, frames, dilation, taps, (r_b, r_t, o_b, o_t, so_b, so_t), residual, out,
                  snake, snake_out)

@@ -121,7 +121,10 @@ TWO_TAP_TILES = {768: (64, 128, 32, 4, 4)}
 
 def measured_tile(c_in: int, taps: int) -> tuple[int, int, int, int, int] | None:
     """The tile for a convolution of c_in channels and this many taps (the transposed ones run as
-    two), or None where conv.py's kernel is faster."""
+    two), or None where conv.py's kernel is faster or this one was not measured (the 1x1
+    convolutions, bound by the bytes of their residual stream)."""
+    if taps == 1:
+        return None
     return TWO_TAP_TILES[c_in] if taps == 2 and c_in in TWO_TAP_TILES else TILES.get(c_in)
 
 

@@ -10,7 +10,7 @@ tensor-core or async-copy use before spending device time.
     python tools/sm90_compile.py depth|attention|sampler|conv|conv-tma|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
                                  [--rows 64] [--tokens 1]
                                  [--warps N] [--stages N] [--channels 96] [--shape 4096x2048]
-                                 [--talker-precision fp16|bf16] [--ptx OUT.ptx]
+                                 [--talker-precision fp16|bf16] [--maxnreg N] [--ptx OUT.ptx]
 
 depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache and GEMM inputs;
 bf16: bf16 cache, hi/lo parts); attention: the decoder layers' attention kernel at the 1.7B
@@ -20,7 +20,8 @@ wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; co
 convolution as the Hopper kernel in Gluon (tts_kernels.conv_tma); gemv: the one-row
 projection over an fp16 weight of `--shape`; gemv-silu: the one-row gate/up projection that does
 the SiLU * up (`--shape` 2I x K); gemm-rows, gemm-rows-silu: the same at `--rows` rows (2-64 in the
-engine). Kernels with programmatic dependent launch
+engine); --maxnreg caps the registers per thread, as the launch option of that name does
+(the compiler spills the rest). Kernels with programmatic dependent launch
 (tts_kernels.launch) compile with it on, as the H200 runs them.
 """
 from __future__ import annotations
@@ -67,7 +68,7 @@ def captured_launch(jit_fn, call) -> tuple[tuple, dict]:
 
 def compile_for_sm90(jit_fn, args: tuple, kwargs: dict):
     kwargs = dict(kwargs)
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "maxnreg") if k in kwargs}
     if "launch_pdl" in kwargs:   # captured on CPU, where PDL is off; on the H200 it is on (tts_kernels.launch)
         kwargs.pop("launch_pdl")
         kwargs["PDL"] = options["launch_pdl"] = True
@@ -238,6 +239,7 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="depth: depth_schedule.Shapes fields to override, "
                         "'field=value,...', e.g. 'gate_up_block_k=64'; gemm-rows (and -silu): linear.RowsTile's, "
                         "e.g. 'block_n=64,swap=1'")
+    parser.add_argument("--maxnreg", type=int, help="cap the registers per thread (ptxas spills the rest)")
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
     dtype = weights_dtype("cuda", args.talker_precision)
@@ -257,6 +259,8 @@ def main() -> None:
         launch = conv_tma_launch(args.rows, args.channels, args.warps, args.stages)
     else:
         launch = conv_launch(args.rows, args.channels, args.warps, args.stages)
+    if args.maxnreg:
+        launch = (*launch[:2], dict(launch[2], maxnreg=args.maxnreg))
     kernel = compile_for_sm90(*launch)
     if not triton.__version__.startswith(DEVICE_TRITON + "."):
         print(f"note: Triton {triton.__version__} here, {DEVICE_TRITON} on the device: its counts can differ "

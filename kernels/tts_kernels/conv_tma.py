@@ -134,16 +134,24 @@ def tiles(c_in: int, n_out: int, taps: int) -> tuple[int, int, int, int, int]:
     return measured_tile(c_in, taps) or (128, 128, 64 if c_in % 64 == 0 else 32, 4, 4)
 
 
+def addressable(src: torch.Tensor, *weights: torch.Tensor) -> bool:
+    """fp16 input rows and weights that TMA can address: 16-byte strides and addresses, the input's
+    batch stride a whole number of frames, the weights contiguous."""
+    c = src.shape[2]
+    return (src.dtype == torch.float16 and src.stride(2) == 1 and src.stride(1) == c and src.stride(0) % c == 0
+            and src.data_ptr() % 16 == 0
+            and all(w.dtype == torch.float16 and w.is_contiguous() and w.data_ptr() % 16 == 0 for w in weights))
+
+
 def fits(src: torch.Tensor, weight: torch.Tensor, frames: int) -> bool:
-    """Whether this kernel takes the convolution (on sm_90: conv.tma_available): fp16, more than one
-    output channel, the channels a multiple of 32, rows that TMA can address (16-byte strides and
-    addresses, the batch stride a whole number of frames), shapes it has a measured tile for, and at
-    least MIN_FRAMES frames per row (an M block holds one row's frames: the first two convolutions' 16 of a 4-frame window would
-    leave 7/8 of it idle; conv.py's kernel packs the rows)."""
+    """Whether this kernel takes the convolution (on sm_90: conv.tma_available): tensors TMA can
+    address (`addressable`), more than one output channel, the channels a multiple of 32, shapes it
+    has a measured tile for, and at least MIN_FRAMES frames per row (an M block holds one row's
+    frames: the first two convolutions' 16 of a 4-frame window would leave 7/8 of it idle; conv.py's
+    kernel packs the rows)."""
     c_in, n_out = src.shape[2], weight.shape[1]
-    return (frames >= MIN_FRAMES and src.dtype == weight.dtype == torch.float16 and n_out > 1 and c_in % 32 == 0
-            and measured_tile(c_in, weight.shape[0] // c_in) is not None and n_out % 8 == 0 and src.stride(2) == 1 and src.stride(1) == c_in and src.stride(0) % c_in == 0
-            and weight.is_contiguous() and src.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0)
+    return (frames >= MIN_FRAMES and addressable(src, weight) and n_out > 1 and c_in % 32 == 0 and n_out % 8 == 0
+            and measured_tile(c_in, weight.shape[0] // c_in) is not None)
 
 
 def conv_tma(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, frames: int, dilation: int, taps: int,

@@ -42,25 +42,31 @@ def count(row: dict[str, str], name: str) -> int:
     return int(row.get(name) or 0)
 
 
+def total_samples(rows: list[dict[str, str]]) -> int:
+    return sum(count(row, SAMPLES) for row in rows)
+
+
+def stall_reasons(rows: list[dict[str, str]]) -> list[str]:
+    """The stall columns (each sample counted once: not the Not Issued repeats)."""
+    return [name for name in rows[0] if name.startswith("stall_") and "Not Issued" not in name]
+
+
 def stall_shares(rows: list[dict[str, str]]) -> dict[str, float]:
     """Each stall reason's share of all samples, largest first."""
-    reasons = [name for name in rows[0] if name.startswith("stall_") and "Not Issued" not in name]
-    total = sum(count(row, SAMPLES) for row in rows)
-    sums = {reason[len("stall_"):]: sum(count(row, reason) for row in rows) for reason in reasons}
+    total = total_samples(rows)
+    sums = {reason[len("stall_"):]: sum(count(row, reason) for row in rows) for reason in stall_reasons(rows)}
     return {reason: n / total for reason, n in sorted(sums.items(), key=lambda item: -item[1]) if n}
 
 
 def range_share(rows: list[dict[str, str]], first: int, end: int) -> float:
     """The share of all samples at addresses first <= a < end (short addresses)."""
-    total = sum(count(row, SAMPLES) for row in rows)
-    return sum(count(row, SAMPLES) for row in rows if first <= short_address(row) < end) / total
+    return sum(count(row, SAMPLES) for row in rows if first <= short_address(row) < end) / total_samples(rows)
 
 
 def hottest(rows: list[dict[str, str]], top: int) -> list[tuple[int, float, str, str]]:
     """(short address, share of samples, top stall reason, instruction) of the `top` instructions
     with the most samples."""
-    total = sum(count(row, SAMPLES) for row in rows)
-    reasons = [name for name in rows[0] if name.startswith("stall_") and "Not Issued" not in name]
+    total, reasons = total_samples(rows), stall_reasons(rows)
     ranked = sorted(rows, key=lambda row: -count(row, SAMPLES))[:top]
     return [(short_address(row), count(row, SAMPLES) / total,
              max(reasons, key=lambda reason: count(row, reason))[len("stall_"):], row["Source"].strip())
@@ -74,7 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--range", nargs="*", default=[], metavar="FIRST-END", help="hex, last five digits")
     args = parser.parse_args(argv)
     rows = read(args.csv)
-    print(f"{sum(count(row, SAMPLES) for row in rows)} samples over {len(rows)} instructions")
+    print(f"{total_samples(rows)} samples over {len(rows)} instructions")
     for reason, share in stall_shares(rows).items():
         print(f"  {reason:20s} {100 * share:5.1f}%")
     for span in args.range:

@@ -39,3 +39,47 @@ def test_idle_gaps_are_charged_to_the_host_range_that_ended_them():
     assert report["idle_gaps_by_host_range"] == {"admit + prefill": 1, "between kernels of one graph": 1,
                                                  "queued earlier": 1, "drain": 1}
     assert report["top_kernels_by_host_range"]["admit + prefill"][0] == ("graph_a", 0.020, 1)
+
+
+def test_gpu_time_is_split_by_the_work_running_together():
+    """The depth kernel counts apart from the rest of a decode step; the codec's kernels, queued in
+    its own range, overlap the step's for 10 us and the admission's for 5."""
+    from run_profile import concurrency
+    trace = {"traceEvents": [
+        _event("user_annotation", "decode step", 0, 10),
+        _event("cuda_runtime", "cudaGraphLaunch", 1, 1, 1),
+        _event("user_annotation", "codec window", 20, 5),
+        _event("cuda_runtime", "cudaGraphLaunch", 21, 1, 2),
+        _event("user_annotation", "admit + prefill", 30, 10),
+        _event("cuda_runtime", "cudaLaunchKernel", 31, 1, 3),
+        _event("kernel", "_depth_frame", 10, 40, 1),
+        _event("kernel", "_gemm_rows", 50, 20, 1),
+        _event("kernel", "_conv", 60, 25, 2),
+        _event("kernel", "prefill", 80, 30, 3),
+    ]}
+    assert concurrency(trace) == pytest.approx({
+        "depth kernel": 0.040, "decode step, rest": 0.010, "codec window + decode step, rest": 0.010,
+        "codec window": 0.010, "admit + prefill + codec window": 0.005, "admit + prefill": 0.025})
+
+
+def test_an_admissions_host_time_is_split_by_its_outermost_calls():
+    """Ops nested in an outer op count in the outer one only; runtime calls count on their own;
+    the figures are per admission (two here)."""
+    from run_profile import host_calls
+    trace = {"traceEvents": [
+        _event("user_annotation", "admit + prefill", 0, 100),
+        _event("cpu_op", "aten::index_put_", 10, 40),
+        _event("cpu_op", "aten::copy_", 20, 10),               # inside index_put_
+        _event("cuda_runtime", "cudaLaunchKernel", 25, 4, 1),
+        _event("cpu_op", "aten::pin_memory", 60, 20),
+        _event("user_annotation", "admit + prefill", 200, 60),
+        _event("cpu_op", "aten::index_put_", 210, 20),
+        _event("cpu_op", "aten::mm", 300, 5),                  # after the range
+    ]}
+    report = host_calls(trace, "admit + prefill", top=5)
+    assert report["occurrences"] == 2
+    assert report["ms_each"] == pytest.approx(0.080)
+    assert report["ms_each_in_outer_torch_ops"] == pytest.approx(0.040)
+    assert report["calls"] == [("cpu_op: aten::index_put_", pytest.approx(0.030), 1.0),
+                               ("cpu_op: aten::pin_memory", pytest.approx(0.010), 0.5),
+                               ("cuda_runtime: cudaLaunchKernel", pytest.approx(0.002), 0.5)]

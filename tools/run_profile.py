@@ -5,8 +5,9 @@ and the GPU's idle gaps by what the host was doing when the work that ended each
 `tts bench` reports `prefill` and `host` per step from CUDA events; this shows what is inside
 them. It also reports what the GPU runs at once (its time by the set of kinds of work running
 together: the depth kernel, the rest of the decode steps, the codec, the admissions), and where the
-host's time inside each admission goes (outermost torch ops and CUDA runtime calls). It runs `--requests` forced-length requests (as `tts bench --frames auto`) at `--rows` rows
-under torch's profiler, on random weights at the real shapes. GPU only. The profiler slows the
+host's time inside each admission goes (outermost torch ops and CUDA runtime calls). It runs
+`--requests` forced-length requests (as `tts bench --frames auto`) at `--rows` rows under torch's
+profiler, on random weights at the real shapes. GPU only. The profiler slows the
 host a little: compare its wall time with `tts bench`'s before reading small gaps.
 
     python tools/run_profile.py [--size 1.7b] [--rows 64] [--requests 400] [--top 15] [--json FILE]

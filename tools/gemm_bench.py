@@ -7,7 +7,9 @@ should take. GPU only.
 Each arm is timed as a decode step runs it: a CUDA graph of one call per copy of the weight, the
 copies together over 2x the L2 (so every call reads its weight from memory), the calls back to
 back (gemm_rows launched as programmatic dependents, as in the engine); microseconds per call,
-median of the replays. Every arm's result is checked against the fp64 product of the same fp16
+median of the replays. With --hot every call reads the same copy instead: from L2 where it fits
+(all but gate/up, whose 50 MB fill it), the most that weights brought into L2 ahead of their
+kernel could give. Every arm's result is checked against the fp64 product of the same fp16
 values first (partial sums added), and refused above 1e-5 of the largest output. Arms: cuBLAS
 (torch.mm to fp32, then silu_mul for gate/up), the engine's tile (rows_tile; silu_tile for
 gate/up), and with --sweep other tiles: weight rows per program x K slices x K chunk x the
@@ -94,11 +96,12 @@ def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
                        and 64 <= (n // t.block_n) * t.slices <= 512 and (not t.swap or t.block_n >= 64)]
 
 
-def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int) -> dict:
+def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int, hot: bool = False) -> dict:
     g = torch.Generator("cuda").manual_seed(0)
     x = torch.randn(rows, k, device="cuda", generator=g).half()
     copies = max(2, -(-2 * L2_BYTES // (n * k * 2)))
-    weights = [(torch.randn(n, k, device="cuda", generator=g) * 0.02).half() for _ in range(copies)]
+    weights = [(torch.randn(n, k, device="cuda", generator=g) * 0.02).half() for _ in range(1 if hot else copies)]
+    weights *= copies if hot else 1
     reference = expected(x, weights[0], kind)
     scale = reference.abs().max().item()
     floor_us = n * k * 2 / 4.8e12 * 1e6
@@ -117,7 +120,7 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
             return None
         return time_us(project, x, weights, replays)
 
-    result = dict(name=name, n=n, k=k, kind=kind, rows=rows, floor_us=round(floor_us, 2), cublas_us=run(None))
+    result = dict(name=name, n=n, k=k, kind=kind, rows=rows, hot=hot, floor_us=round(floor_us, 2), cublas_us=run(None))
     timed = [(us, tile) for tile in candidates(n, k, kind, sweep) if (us := run(tile)) is not None]
     engine = timed[0] if timed and timed[0][1] == engine_tile(n, k, kind) else (None, None)
     if sweep and timed:
@@ -146,9 +149,10 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="only shapes whose name contains this (e.g. talker, cp, gate/up)")
     parser.add_argument("--sweep", action="store_true", help="time other tiles too (each is a compile)")
     parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--hot", action="store_true", help="every call reads the same weight copy (from L2 where it fits)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
-    results = [bench_shape(name, n, k, kind, rows, args.sweep, args.replays)
+    results = [bench_shape(name, n, k, kind, rows, args.sweep, args.replays, args.hot)
                for rows in map(int, args.rows.split(",")) for name, n, k, kind in SHAPES if args.shapes in name]
     if args.json:
         with open(args.json, "w") as f:

@@ -96,12 +96,14 @@ def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
                        and 64 <= (n // t.block_n) * t.slices <= 512 and (not t.swap or t.block_n >= 64)]
 
 
-def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int, hot: bool = False) -> dict:
+def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int,
+                hot: bool = False) -> dict:
     g = torch.Generator("cuda").manual_seed(0)
     x = torch.randn(rows, k, device="cuda", generator=g).half()
     copies = max(2, -(-2 * L2_BYTES // (n * k * 2)))
-    weights = [(torch.randn(n, k, device="cuda", generator=g) * 0.02).half() for _ in range(1 if hot else copies)]
-    weights *= copies if hot else 1
+    distinct = 1 if hot else copies
+    weights = [(torch.randn(n, k, device="cuda", generator=g) * 0.02).half()
+               for _ in range(distinct)] * (copies // distinct)
     reference = expected(x, weights[0], kind)
     scale = reference.abs().max().item()
     floor_us = n * k * 2 / 4.8e12 * 1e6
@@ -149,7 +151,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="", help="only shapes whose name contains this (e.g. talker, cp, gate/up)")
     parser.add_argument("--sweep", action="store_true", help="time other tiles too (each is a compile)")
     parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--hot", action="store_true", help="every call reads the same weight copy (from L2 where it fits)")
+    parser.add_argument("--hot", action="store_true",
+                        help="every call reads the same weight copy (from L2 where it fits)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     results = [bench_shape(name, n, k, kind, rows, args.sweep, args.replays, args.hot)

@@ -9,10 +9,11 @@ per SM, tasks round-robin. Each task waits on a global counter for the whole pha
 input chunk [64, 256] and weight tile [64, 256] in by TMA, multiplies them with one wgmma, stores fp32
 partial sums and signals. PREFETCH=1: a CTA issues its next task's weight copy (double-buffered) before
 it waits; PREFETCH=0: after. Every phase has its own weights (80 x 4 MB, more than L2), as the depth
-kernel's layers and positions do. Prints us per phase of each setting (alternated) and the largest
-difference of the last phase's partials from torch.
+kernel's layers and positions do. PAYLOAD=0: the same chain of waits and signals with nothing
+between them (no copies, product or store), the hand-off alone. Prints us per phase of each setting
+(alternated) and the largest difference of the last phase's partials from torch.
 
-    PYTHONPATH=. python tools/phase_chain_bench.py [--phases 80] [--replays 30]      # on the GPU
+    PYTHONPATH=.:kernels:tools python tools/phase_chain_bench.py [--phases 80] [--replays 50]   # on the GPU (or pip install -e .)
     python tools/phase_chain_bench.py --compile                         # sm_90, no GPU: registers, shared memory
 
 `--compile` needs the device's Triton (3.6) first on PYTHONPATH for the device's numbers
@@ -27,12 +28,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (tma, mbarrier, fen
 
 ROWS, N, K, BN, BK = 64, 1024, 2048, 64, 256
 FIELDS = 4   # phase, weight row, k0, output offset
+# (PAYLOAD, PREFETCH) in the order run_on_gpu alternates them: the task's work with its weights
+# copied after / before the wait, then the hand-off alone
+SETTINGS = [(1, 0), (1, 1), (0, 0)] * 2
 
 
 @gluon.jit
 def phase_chain(table_ptr, counters_ptr, x_desc, w_desc, part_ptr, tasks_per_phase,
                 MAX_TASKS: gl.constexpr, PREFETCH: gl.constexpr, OUT_STRIDE: gl.constexpr,
-                num_warps: gl.constexpr):
+                PAYLOAD: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = x_desc.block_shape[0]
     TILE_N: gl.constexpr = w_desc.block_shape[0]
     cta = gl.program_id(0)
@@ -47,7 +51,7 @@ def phase_chain(table_ptr, counters_ptr, x_desc, w_desc, part_ptr, tasks_per_pha
     rows = gl.arange(0, BM, layout=gl.SliceLayout(1, acc_layout))
     cols = gl.arange(0, TILE_N, layout=gl.SliceLayout(0, acc_layout))
     first = table_ptr + cta * MAX_TASKS * 4   # 4 fields a task (FIELDS)
-    if PREFETCH:
+    if PREFETCH and PAYLOAD:
         if gl.load(first) >= 0:
             mbarrier.expect(bars.index(0), w_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(w_desc, [gl.load(first + 1), gl.load(first + 2)], bars.index(0),
@@ -57,29 +61,31 @@ def phase_chain(table_ptr, counters_ptr, x_desc, w_desc, part_ptr, tasks_per_pha
         phase = gl.load(task)
         if phase >= 0:
             slot = t % 2
-            if PREFETCH:   # the next task's weights, into the other slot, before this task waits
-                if t + 1 < MAX_TASKS:
-                    if gl.load(task + 4) >= 0:
-                        mbarrier.expect(bars.index(1 - slot), w_desc.block_type.nbytes)
-                        tma.async_copy_global_to_shared(w_desc, [gl.load(task + 5), gl.load(task + 6)],
-                                                        bars.index(1 - slot), w_smem.index(1 - slot))
+            if PAYLOAD:
+                if PREFETCH:   # the next task's weights, into the other slot, before this task waits
+                    if t + 1 < MAX_TASKS:
+                        if gl.load(task + 4) >= 0:
+                            mbarrier.expect(bars.index(1 - slot), w_desc.block_type.nbytes)
+                            tma.async_copy_global_to_shared(w_desc, [gl.load(task + 5), gl.load(task + 6)],
+                                                            bars.index(1 - slot), w_smem.index(1 - slot))
             if phase > 0:
                 seen = gl.atomic_add(counters_ptr + phase - 1, 0, sem="acquire", scope="gpu")
                 while seen < tasks_per_phase:
                     seen = gl.atomic_add(counters_ptr + phase - 1, 0, sem="acquire", scope="gpu")
-            if not PREFETCH:
-                mbarrier.expect(bars.index(slot), w_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(w_desc, [gl.load(task + 1), gl.load(task + 2)], bars.index(slot),
-                                                w_smem.index(slot))
-            mbarrier.expect(bars.index(2), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [0, gl.load(task + 2)], bars.index(2), x_smem)
-            mbarrier.wait(bars.index(2), phase=t & 1)
-            mbarrier.wait(bars.index(slot), phase=(t // 2) & 1)
-            acc = gl.zeros([BM, TILE_N], gl.float32, layout=acc_layout)
-            acc = warpgroup_mma(x_smem, w_smem.index(slot).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-            out = part_ptr + gl.multiple_of(gl.load(task + 3), 16)   # output offsets are multiples of 64
-            gl.store(out + gl.expand_dims(rows, 1) * OUT_STRIDE + gl.expand_dims(cols, 0), acc)
+            if PAYLOAD:
+                if not PREFETCH:
+                    mbarrier.expect(bars.index(slot), w_desc.block_type.nbytes)
+                    tma.async_copy_global_to_shared(w_desc, [gl.load(task + 1), gl.load(task + 2)], bars.index(slot),
+                                                    w_smem.index(slot))
+                mbarrier.expect(bars.index(2), x_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(x_desc, [0, gl.load(task + 2)], bars.index(2), x_smem)
+                mbarrier.wait(bars.index(2), phase=t & 1)
+                mbarrier.wait(bars.index(slot), phase=(t // 2) & 1)
+                acc = gl.zeros([BM, TILE_N], gl.float32, layout=acc_layout)
+                acc = warpgroup_mma(x_smem, w_smem.index(slot).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+                out = part_ptr + gl.multiple_of(gl.load(task + 3), 16)   # output offsets are multiples of 64
+                gl.store(out + gl.expand_dims(rows, 1) * OUT_STRIDE + gl.expand_dims(cols, 0), acc)
             gl.thread_barrier()
             gl.atomic_add(counters_ptr + phase, 1, sem="release", scope="gpu")
     for i in gl.static_range(3):
@@ -122,14 +128,16 @@ def compile_offline() -> None:
     names = phase_chain.arg_names
     signature = {"table_ptr": "*i32", "counters_ptr": "*i32", "x_desc": descriptor_type([ROWS, BK]),
                  "w_desc": descriptor_type([BN, BK]), "part_ptr": "*fp32", "tasks_per_phase": "i32",
-                 "MAX_TASKS": "constexpr", "PREFETCH": "constexpr", "OUT_STRIDE": "constexpr", "num_warps": "constexpr"}
+                 "MAX_TASKS": "constexpr", "PREFETCH": "constexpr", "OUT_STRIDE": "constexpr", "PAYLOAD": "constexpr",
+                 "num_warps": "constexpr"}
     # attrs are keyed by argument index: names are silently ignored (Triton 3.6)
     aligned = {(names.index(name),): [["tt.divisibility", 16]] for name in ("table_ptr", "counters_ptr", "part_ptr")}
-    for prefetch in (0, 1):
+    for payload, prefetch in SETTINGS[:3]:
         source = GluonASTSource(phase_chain, signature, attrs=aligned,
-                                constexprs={"MAX_TASKS": 80, "PREFETCH": prefetch, "OUT_STRIDE": N, "num_warps": 4})
+                                constexprs={"MAX_TASKS": 80, "PREFETCH": prefetch, "OUT_STRIDE": N, "PAYLOAD": payload,
+                                            "num_warps": 4})
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-        print(f"PREFETCH={prefetch}: {report(kernel)}")
+        print(f"PAYLOAD={payload} PREFETCH={prefetch}: {report(kernel)}")
 
 
 def run_on_gpu(phases: int, replays: int) -> None:
@@ -148,16 +156,18 @@ def run_on_gpu(phases: int, replays: int) -> None:
     counters = torch.zeros(phases, dtype=torch.int32, device="cuda")
     expected = torch.stack([(x[:, s * BK:(s + 1) * BK].float() @ w[(phases - 1) * N:, s * BK:(s + 1) * BK].float().t())
                             for s in range(K // BK)])
-    for prefetch in (0, 1, 0, 1):
+    for payload, prefetch in SETTINGS:
         launch = lambda: (counters.zero_(), phase_chain[(ctas,)](tasks, counters, x_desc, w_desc, part, per_phase,
                                                                   MAX_TASKS=most, PREFETCH=prefetch, OUT_STRIDE=N,
-                                                                  num_warps=4))
+                                                                  PAYLOAD=payload, num_warps=4))
+        part.zero_()
         launch()
         torch.cuda.synchronize()
-        error = float((part - expected).abs().max())   # the last phase's partials (every phase writes part)
+        # the last phase's partials (every phase writes part); without a payload nothing is written
+        error = float((part - (expected if payload else 0)).abs().max())
         us = median_ms(launch, replays) * 1000
-        print(f"PREFETCH={prefetch}: {us:.1f} us for {phases} phases, {us / phases:.2f} us per phase "
-              f"(largest difference from torch {error:.2e})", flush=True)
+        print(f"PAYLOAD={payload} PREFETCH={prefetch}: {us:.1f} us for {phases} phases, {us / phases:.2f} us per "
+              f"phase (largest difference from torch {error:.2e})", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ loans differ by ~1%).
 
 Here, before the device run (the trees travel in the working tree: carry `.arms`):
 
-    python tools/arms.py prepare main=. epilogue=HEAD+docs/prepared/gemv-last-program-epilogue.patch
+    python tools/arms.py prepare main=. epilogue=HEAD+/tmp/gemv-epilogue.patch
     python tools/arms.py prepare stream=. "inline=.::--codec-in-line"     # one tree, two settings
 
 On the device, from the repository root (Python packages the device lacks: see

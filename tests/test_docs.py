@@ -1,0 +1,56 @@
+"""Every file the README and docs/ point to exists: markdown links (relative to the page) and
+backticked repository paths such as `bench/results/...` or `tools/depth_bench.py --rows 64`
+(relative to the repository root)."""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", ROOT / "tools" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Top-level folders whose paths a page may name in backticks.
+TREE = ("bench/", "docs/", "tools/", "tests/", "tts_cli/", "kernels/", "recipes/", "examples/")
+# Files a page may name before they exist, each with the reason.
+NOT_YET = {
+    "docs/bench.png": "the README's plot, made by `tts bench --plot` from an H200 run",
+}
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\n]+)`")
+
+
+def cited(page: Path) -> set[str]:
+    """Repository-relative paths the page points to."""
+    text = page.read_text(encoding="utf-8")
+    paths = set()
+    for target in LINK.findall(text):
+        target = target.split("#", 1)[0]
+        if not target or re.match(r"[a-z]+:", target):   # in-page anchor, http:, mailto:
+            continue
+        paths.add((page.parent / target).resolve().relative_to(ROOT).as_posix())
+    for code in CODE.findall(text):
+        # The path a command runs: past leading VAR=value words and the interpreter.
+        words = [w for w in code.split() if "=" not in w or w.startswith(TREE)]
+        while words and words[0] in ("bash", "python", "python3"):
+            words = words[1:]
+        path = words[0].rstrip("/.,:;") if words else ""
+        placeholder = re.search(r"[*?<>]|\.\.\.", path) or any(re.fullmatch(r"[A-Z_]+", part) for part in path.split("/"))
+        if path.startswith(TREE) and not placeholder:
+            paths.add(path)
+    return paths
+
+
+def test_the_pages_exist():
+    assert [p for p in PAGES if not p.exists()] == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_cited_file_exists(page):
+    missing = sorted(p for p in cited(page) if p not in NOT_YET and not (ROOT / p).exists())
+    assert missing == [], f"{page.relative_to(ROOT)} cites missing files: {missing}"
+
+
+def test_a_missing_file_is_caught(tmp_path, monkeypatch):
+    page = ROOT / "docs" / "_probe.md"
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: (
+        "[x](../bench/results/none.json) `tools/no_such_tool.py --rows 1` `docs/bench.md`"))
+    assert cited(page) == {"bench/results/none.json", "tools/no_such_tool.py", "docs/bench.md"}

@@ -104,7 +104,10 @@ class Synthesizer:
         """engine: run batches through the slot engine (CUDA graphs, streamed codec) instead of the
         plain loop; None: on CUDA devices only. engine_rows: the engine's slots. depth: how the
         engine runs the code predictor (tts_cli.engine.DEPTH_CHOICES); codec_precision: its
-        vocoder's convolution inputs (CODEC_PRECISIONS)."""
+        vocoder's convolution inputs (CODEC_PRECISIONS). The engine is kept while calls fit it and
+        rebuilt (the old one released first) for a longer context: its talker KV cache is sized from
+        the call's longest prompt plus frame cap, at most KV_MEMORY_FRACTION of the GPU memory free
+        when it is built; a segment that needs more fails with its own error, the rest go on."""
         self.ckpt, self.model, self.tokenizer, self.codec = ckpt, model, tokenizer, codec
         self.cfg = ckpt.config
         self._warned_instruct = False

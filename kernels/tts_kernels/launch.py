@@ -3,7 +3,9 @@
 It pays at one row in flight, where a talker step is ~270 short kernels in a row (GEMVs, norms,
 attention, SiLU), and the GPU idled between them while each launched and ramped up (0.22 ms per
 step on the H200, docs/bench.md, fifteenth session); at 2-64 rows the projections are Triton's
-too (tts_kernels.linear.gemm_rows), elsewhere cuBLAS sits between the kernels.
+too (tts_kernels.linear.gemm_rows), elsewhere cuBLAS sits between the kernels and PDL changes
+nothing (H200, c64: 628.1 audio-s/s with it at `85bb595`, 628.4 without at `c2a92bc`, alternated,
+2026-12-01).
 Launched with PDL, a kernel's CTAs may start while the kernel before it still runs: each kernel
 first lets the next one launch (`let_dependents_launch`), reads what does not depend on its
 predecessor (weights), then waits for the predecessor to finish and its writes to be visible

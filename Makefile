@@ -12,7 +12,7 @@ synth: $(INSTALLED)
 	$(VENV)/bin/tts synth examples/corpus.txt --out out/example
 
 # Two workers, tests handed out as they free up (the two Triton-interpreter checks take ~3 min each).
-test: $(INSTALLED) $(REFERENCE_INSTALLED) espeak-ng
+test: $(INSTALLED) $(REFERENCE_INSTALLED) espeak-ng chromium
 	$(VENV_PYTHON) -m pytest -q -n 2 --dist worksteal
 
 # The WER acceptance test speaks with espeak-ng (a Debian package). Installed when missing and we
@@ -23,6 +23,16 @@ espeak-ng:
 		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq espeak-ng >/dev/null \
 		     || echo "make: could not install espeak-ng: the WER acceptance test will skip"; } \
 		|| echo "make: espeak-ng missing and apt-get unusable (not root?): the WER acceptance test will skip"; }
+
+# The report.html test drives Debian's chromium through Playwright (pip `playwright`, in the extra
+# [test]; Playwright's own browser download is not used). Installed when missing and we are root with
+# apt-get; otherwise that test skips and says why.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+		     || echo "make: could not install chromium: the report.html browser test will skip"; } \
+		|| echo "make: chromium missing and apt-get unusable (not root?): the report.html browser test will skip"; }
 
 $(VENV_PYTHON):
 	$(PYTHON) -m venv $(VENV)

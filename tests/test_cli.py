@@ -62,7 +62,8 @@ def test_synth_writes_a_wav_per_row_and_both_reports(fake, tmp_path):
     assert [(r["id"], r["file"]) for r in report["rows"]] == [
         ("000001", "000001.wav"), ("second", "second.wav"), ("spaced out", "spaced_out.wav")]
     assert sorted(p.name for p in out.iterdir()) == [
-        ".tts-lock", "000001.wav", "ledger.jsonl", "report.json", "report.md", "second.wav", "spaced_out.wav"]
+        ".tts-lock", "000001.wav", "ledger.jsonl", "report.html", "report.json", "report.md", "second.wav",
+        "spaced_out.wav"]
     assert report["totals"]["skipped_empty"] == 1
     assert report["model"] == {"dir": str(tmp_path / "model"), "source": "--model", "bundled_random_model": False}
     assert report["dtype"] == fake.numerics   # what the loaded model computes in, not what was asked for

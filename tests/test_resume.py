@@ -182,7 +182,7 @@ def test_sigkill_mid_run_then_rerun_gives_each_row_one_whole_output(tmp_path):
     assert f"{rows} rows ok ({len(done_before)} from an earlier run)" in second.stdout
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted([f"row-{i:02d}.wav" for i in range(rows)] + [
-        ".tts-lock", "ledger.jsonl", "report.json", "report.md"])
+        ".tts-lock", "ledger.jsonl", "report.html", "report.json", "report.md"])
     report = json.loads((out / "report.json").read_text())
     assert [r["id"] for r in report["rows"]] == [f"row-{i:02d}" for i in range(rows)]
     for row in report["rows"]:

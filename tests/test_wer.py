@@ -91,7 +91,7 @@ def test_flags_not_scored_and_report_files_agree(tmp_path):
     summary = report["summary"]
     assert (summary["rows"], summary["scored_rows"], summary["not_scored"], summary["failed"]) == (6, 3, 1, 2)
     assert summary["mean_wer"] == pytest.approx((0 + 0.25 + 1) / 3)
-    paths = write_score_files(tmp_path, report)
+    paths = write_score_files(tmp_path, report, tmp_path)
     table = pq.read_table(paths["rows.parquet"]).to_pylist()
     assert [r["id"] for r in table] == [r.id for r in rows]
     assert table[2]["flags"] == ["silent", "wer_above_50"] and table[3]["wer"] is None

@@ -403,7 +403,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         segment_chars=segment_chars, max_text_chars=max_text_chars, shard=shard and f"{shard_index}/{shard_count}",
         devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
     ), result.records, wer_section)
-    _, md_path = write_reports(out, report)
+    _, md_path = write_reports(out, report, wer_rows)
     if wer_rows is None:
         (out / "rows.parquet").unlink(missing_ok=True)   # an earlier run's: it would not match this report
     else:
@@ -619,7 +619,7 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
         "audio folder": str(audio_dir), "manifest": str(manifest_path), "ASR model": str(asr.path),
         "ASR model source": asr.source, "ASR settings": dict(TRANSCRIBE_OPTIONS, compute_type=COMPUTE_TYPE),
         "tts version": __version__}}, manifest.skipped_empty)
-    paths = write_score_files(out, report)
+    paths = write_score_files(out, report, audio_dir)
     typer.echo(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
     return 0 if report["summary"]["failed"] == 0 else 1
 

@@ -1,6 +1,7 @@
-"""report.json and report.md: what each row produced, and the run's totals and settings.
+"""report.json, report.md and report.html: what each row produced, and the run's totals and settings.
 
-report.md is rendered from the same dict that report.json holds, so the two always agree.
+report.md and report.html (tts_cli/output/report_html.py) are rendered from the same dict that
+report.json holds, so they always agree.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..request import Request
+from .report_html import write_synth_html
 from .writer import write_atomically
 
 DEFINITIONS = {
@@ -136,11 +138,13 @@ def _row_dict(row: RowRecord) -> dict:
     }
 
 
-def write_reports(out_dir: Path, report: dict) -> tuple[Path, Path]:
+def write_reports(out_dir: Path, report: dict, wer_rows: list[dict] | None = None) -> tuple[Path, Path]:
+    """wer_rows: the rows of rows.parquet when WER was computed (the page shows their hypotheses)."""
     json_path, md_path = Path(out_dir) / "report.json", Path(out_dir) / "report.md"
     write_atomically(json_path, lambda tmp: tmp.write_text(
         json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"))
     write_atomically(md_path, lambda tmp: tmp.write_text(render_markdown(report), encoding="utf-8"))
+    write_synth_html(out_dir, report, wer_rows)
     return json_path, md_path
 
 

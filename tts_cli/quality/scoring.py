@@ -1,5 +1,5 @@
 """Rows + what the ASR heard -> per-row WER and flags, the summary, and the score files:
-report.json, report.md (same content) and rows.parquet (one row per manifest row).
+report.json, report.md, report.html (same content) and rows.parquet (one row per manifest row).
 
 `tts score` runs it on existing audio files; the same rows and files serve WER in `tts synth`.
 """
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..manifest import Manifest
+from ..output.report_html import write_score_html
 from ..output.writer import wav_names, write_atomically
 from .asr import SPLIT_CHARACTER_LANGUAGES, Transcript
 from .asr_pool import AsrPool
@@ -113,13 +114,15 @@ def score_audio_dir(audio_dir: Path, rows: list[ScoredRow], asr_model: Path, wor
         apply_transcripts(rows, pool.results())
 
 
-def write_score_files(out_dir: Path, report: dict) -> dict[str, Path]:
+def write_score_files(out_dir: Path, report: dict, audio_dir: Path) -> dict[str, Path]:
+    """audio_dir: where the rows' files are (report.html links them)."""
     out_dir = Path(out_dir)
     paths = {name: out_dir / name for name in ("report.json", "report.md", "rows.parquet")}
     write_atomically(paths["report.json"], lambda tmp: tmp.write_text(
         json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"))
     write_atomically(paths["report.md"], lambda tmp: tmp.write_text(render_markdown(report), encoding="utf-8"))
     write_rows_parquet(paths["rows.parquet"], report["rows"])
+    paths["report.html"] = write_score_html(out_dir, report, audio_dir)
     return paths
 
 

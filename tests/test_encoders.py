@@ -173,6 +173,24 @@ def test_codec_encoder_loads_official_tensor_names(codec_encoder, tmp_path):
         load_codec_encoder(tmp_path)
 
 
+def test_real_codec_encoder_shapes():
+    """The released encoder_config: every tensor this module loads has the official name and shape
+    (all of them but the 16 unused codebooks, output projections and flags), and 1 s of audio gives
+    13 frames of 16 codes."""
+    real = INFO["real_codec_encoder"]
+    config = CodecEncoderConfig.parse(real["speech_tokenizer_config"], "speech_tokenizer/config.json")
+    assert (config.attention_window, config.valid_quantizers, config.downsample_kernel) == (8000, 16, 4)
+    state = _seeded(CodecEncoder, config, prefix="encoder.")
+    official = real["encoder_tensors"]
+    assert {k: list(v.shape) for k, v in state.items()} == {k: official[k] for k in state}
+    unused = sorted(set(official) - set(state))
+    assert len(unused) == 2 * 16 + 32 + 2, unused  # codebooks 16..31 (2 buffers each), 32 flags, 2 output projections
+    encoder = CodecEncoder.from_state_dict(config, {k[len("encoder."):]: v for k, v in state.items()})
+    codes = encoder.encode(GOLDEN["signal.short"][:24000])
+    assert codes.shape == (13, 16) and codes.dtype == torch.int64
+    assert 0 <= codes.min() and codes.max() < 2048
+
+
 def test_codec_encoder_loads_the_tiny_customvoice_speech_tokenizer():
     """A speech tokenizer written by tools/make_golden.py (official classes, another Mimi config)."""
     encoder = load_codec_encoder(TINY_CUSTOMVOICE_TOKENIZER)

@@ -67,6 +67,16 @@ CODEC_ENCODER_CONFIG = dict(
     num_hidden_layers=2, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
     hidden_act="gelu", max_position_embeddings=50, sliding_window=16, rope_theta=10000.0,
     norm_eps=1e-5, layer_scale_initial_scale=0.01, use_causal_conv=True, pad_mode="constant", use_cache=False)
+# The released speech tokenizer's encoder_config (its fields as quoted by ports of the published
+# speech_tokenizer/config.json; the MimiConfig defaults otherwise): recorded as shapes only.
+REAL_CODEC_ENCODER_CONFIG = dict(
+    sampling_rate=24000, frame_rate=12.5, audio_channels=1, num_filters=64, kernel_size=7, residual_kernel_size=3,
+    last_kernel_size=3, num_residual_layers=1, compress=2, upsampling_ratios=[8, 6, 5, 4], hidden_size=512,
+    num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8, head_dim=64, intermediate_size=2048,
+    hidden_act="gelu", norm_eps=1e-5, layer_scale_initial_scale=0.01, rope_theta=10000.0,
+    max_position_embeddings=8000, sliding_window=250, num_quantizers=32, num_semantic_quantizers=1,
+    codebook_size=2048, codebook_dim=256, vector_quantization_hidden_dimension=256, pad_mode="constant",
+    use_causal_conv=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,8 +210,14 @@ def record_codec(waves: dict[str, torch.Tensor]) -> tuple[dict, dict, dict]:
                       for name, codes in zip(waves, batched)}
         tensors |= {f"codec.batched_codes.{name}": codes.contiguous() for name, codes in zip(waves, batched)}
         window = tokenizer.model.encoder.config.sliding_window
+
+    real_config = dict(config, encoder_config=REAL_CODEC_ENCODER_CONFIG)  # the real encoder, the tiny decoder
+    real_fields = {k: v for k, v in real_config.items() if k != "model_type"}
+    real_encoder = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**real_fields)).encoder
+    real = {"speech_tokenizer_config": real_config,
+            "encoder_tensors": {"encoder." + k: list(v.shape) for k, v in real_encoder.state_dict().items()}}
     return tensors, {"speech_tokenizer_config": config, "official_encoder_tensors": saved,
-                     "loaded_sliding_window": window}, batch_note
+                     "loaded_sliding_window": window, "real_codec_encoder": real}, batch_note
 
 
 def main() -> int:

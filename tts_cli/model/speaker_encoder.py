@@ -56,25 +56,22 @@ STD_CLAMP_MIN = 1e-12  # attentive statistics pooling: variance floor before the
 # Mel front end
 
 
+# Slaney's mel scale: linear below 1 kHz (200/3 Hz per mel), logarithmic above (27 mels per
+# factor 6.4).
+MEL_LINEAR_HZ = 200.0 / 3
+MEL_LOG_START_HZ = 1000.0
+MEL_LOG_START = MEL_LOG_START_HZ / MEL_LINEAR_HZ
+MEL_LOG_STEP = math.log(6.4) / 27.0
+
+
 def _hz_to_slaney_mel(hz: torch.Tensor) -> torch.Tensor:
-    """Slaney's mel scale: linear below 1 kHz (200/3 Hz per mel), logarithmic above."""
-    linear_step = 200.0 / 3
-    log_start_hz = 1000.0
-    log_start_mel = log_start_hz / linear_step
-    log_step = math.log(6.4) / 27.0
-    mel = hz / linear_step
-    above = hz >= log_start_hz
-    return torch.where(above, log_start_mel + torch.log(hz.clamp(min=log_start_hz) / log_start_hz) / log_step, mel)
+    logarithmic = MEL_LOG_START + torch.log(hz.clamp(min=MEL_LOG_START_HZ) / MEL_LOG_START_HZ) / MEL_LOG_STEP
+    return torch.where(hz >= MEL_LOG_START_HZ, logarithmic, hz / MEL_LINEAR_HZ)
 
 
 def _slaney_mel_to_hz(mel: torch.Tensor) -> torch.Tensor:
-    linear_step = 200.0 / 3
-    log_start_hz = 1000.0
-    log_start_mel = log_start_hz / linear_step
-    log_step = math.log(6.4) / 27.0
-    hz = mel * linear_step
-    above = mel >= log_start_mel
-    return torch.where(above, log_start_hz * torch.exp(log_step * (mel - log_start_mel)), hz)
+    logarithmic = MEL_LOG_START_HZ * torch.exp(MEL_LOG_STEP * (mel - MEL_LOG_START))
+    return torch.where(mel >= MEL_LOG_START, logarithmic, mel * MEL_LINEAR_HZ)
 
 
 def slaney_mel_filterbank(sample_rate: int = SAMPLE_RATE, n_fft: int = N_FFT, n_mels: int = N_MELS,

@@ -269,3 +269,32 @@ def test_synthesizer_refuses_a_request_its_kv_budget_cannot_hold(synth):
     with pytest.raises(RequestError, match=r"long: its prompt and frame cap need \d+ talker positions; within "
                                            r"the GPU memory budget 2 slots hold 64 each"):
         through_engine.synthesize([long], max_frames=100)
+
+
+def test_rows_auto_takes_the_most_slots_the_call_fills_and_the_memory_holds():
+    # `--rows auto`: per call, the first of AUTO_ROWS (512, 256, 128, 64) that the call's segments
+    # fill with at most one 64-row tile empty and whose keys and values the budget holds.
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
+    per_position = talker_kv_bytes(through_engine.cfg, 1, 1, torch.float32)
+    through_engine.kv_budget_bytes = 256 * 512 * per_position   # 256 slots x 512 positions
+    assert through_engine._slots(segments=10, need=100) == 64
+    assert through_engine._slots(segments=65, need=100) == 128
+    assert through_engine._slots(segments=300, need=100) == 256   # fills 320: not 512
+    assert through_engine._slots(segments=5000, need=100) == 512   # 512 x 256 positions fit
+    assert through_engine._slots(segments=5000, need=300) == 256   # 512 x 512 positions do not
+    assert through_engine._slots(segments=5000, need=2000) == 64   # 128 x 1024 do not, 64 x 2048 do
+    assert through_engine.notes[0] == "--rows auto: 64 engine slots for calls of 10 segments (up to 100 talker positions)"
+    assert len(through_engine.notes) == 6
+    fixed = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=32)
+    assert fixed._slots(segments=5000, need=100) == 32 and fixed.notes == []
+
+
+def test_rows_auto_synthesizes_as_the_chosen_rows_do(synth):
+    # The choice only sets the slots: a call of 3 segments runs as engine_rows=64 would.
+    requests = [Request(id=str(i), text=t, speaker=s, language=lang, seed=3 + i)
+                for i, (t, s, lang) in enumerate(TEXTS[:3])]
+    auto = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
+    fixed = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=64)
+    for a, b in zip(auto.synthesize(requests, max_frames=6), fixed.synthesize(requests, max_frames=6)):
+        assert torch.equal(a.codes, b.codes) and np.array_equal(a.audio, b.audio)
+    assert auto._engine_now.rows == 64 and auto.notes

@@ -113,6 +113,11 @@ class LocalExecutor:
             outcomes = synthesize_batch(self.synth, batch, self.settings.greedy, self.settings.max_frames, self.limit)
             yield index, outcomes, perf_counter() - start
 
+    @property
+    def notes(self) -> list[str]:
+        """What the synthesizer chose on its own (`--rows auto`), for the report."""
+        return self.synth.notes
+
     def close(self) -> None:
         pass
 
@@ -223,6 +228,7 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
                 on_start(len(todo))
                 _synthesize(todo, executor, ledger, out_dir, settings, notes, on_rows_done, on_output)
             finally:
+                notes.extend(getattr(executor, "notes", []))
                 executor.close()
         wall_seconds = perf_counter() - start
         records = [_record(row, ledger.latest.get(row.request.id)) for row in rows]

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
-from tts_cli.engine import (DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION,
+from tts_cli.engine import (AUTO_ROWS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION,
                             TALKER_PRECISIONS)
 from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest
@@ -99,10 +99,11 @@ def longest_first(requests: list[EngineRequest]) -> list[EngineRequest]:
 
 class Synthesizer:
     def __init__(self, ckpt: Checkpoint, model: Qwen3TTS, tokenizer, codec, engine: bool | None = None,
-                 engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
+                 engine_rows: int | None = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
                  codec_precision: str = DEFAULT_CODEC_PRECISION):
         """engine: run batches through the slot engine (CUDA graphs, streamed codec) instead of the
-        plain loop; None: on CUDA devices only. engine_rows: the engine's slots. depth: how the
+        plain loop; None: on CUDA devices only. engine_rows: the engine's slots, or None to choose them
+        per call (`--rows auto`: tts_cli.engine.AUTO_ROWS; the choices are in `notes`). depth: how the
         engine runs the code predictor (tts_cli.engine.DEPTH_CHOICES); codec_precision: its
         vocoder's convolution inputs (CODEC_PRECISIONS). The engine is kept while calls fit it and
         rebuilt (the old one released first) for a longer context: its talker KV cache is sized from
@@ -117,10 +118,11 @@ class Synthesizer:
         log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self._engine_now: Engine | None = None
+        self.notes: list[str] = []   # what `--rows auto` chose, once per distinct choice
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                        engine: bool | None = None, engine_rows: int = DEFAULT_ENGINE_ROWS,
+                        engine: bool | None = None, engine_rows: int | None = DEFAULT_ENGINE_ROWS,
                         depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
                         talker_precision: str = DEFAULT_TALKER_PRECISION) -> "Synthesizer":
         """dtype of the talker and code predictor weights; default: weights_dtype(device, talker_precision)."""
@@ -197,8 +199,9 @@ class Synthesizer:
             rows.append(RowInput(prompt_embeddings(self.model.talker, prompt), r.seed,
                                  self.frame_cap(prompt, max_frames)))
         if self.uses_engine:
-            slots = min(self.engine_rows, max_rows or self.engine_rows)
-            return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens, slots)
+            slots = self._slots(len(rows), max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows))
+            return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens,
+                                                min(slots, max_rows or slots))
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
                         min_new_tokens=min_new_tokens)
         audio = self.decode([o.codes for o in outs])
@@ -221,6 +224,31 @@ class Synthesizer:
         by_key = {res.key: res for res in engine.run(longest_first(engine_requests))}
         return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=res.pcm, hit_cap=res.hit_cap)
                 for r, res in zip(requests, (by_key[i] for i in range(len(requests))))]
+
+    def _slots(self, segments: int, need: int) -> int:
+        """The engine's slots for a call of `segments` segments needing up to `need` talker positions:
+        engine_rows, or with `--rows auto` the first of AUTO_ROWS that the call fills (at most one
+        64-row tile left empty) and whose KV cache the memory budget holds for `need` positions."""
+        if self.engine_rows is not None:
+            return self.engine_rows
+        engine, tile = self._engine_now, AUTO_ROWS[-1]
+        fill = tile * math.ceil(segments / tile)
+        if engine is not None and engine.rows <= fill and engine.context >= need:
+            return engine.rows   # keeping the engine built for an earlier call costs nothing
+        self._engine_now = None   # its memory counts as free for the choice
+        rows = next((r for r in AUTO_ROWS if r <= fill and self._holds(r, need)), tile)
+        note = f"--rows auto: {rows} engine slots for calls of {segments} segments (up to {need} talker positions)"
+        if note not in self.notes:
+            self.notes.append(note)
+            log.info("%s", note)
+        return rows
+
+    def _holds(self, rows: int, need: int) -> bool:
+        try:
+            most = self._most_context(rows)
+        except TTSError:   # not even one prefill tile's positions
+            return False
+        return most is None or most >= need
 
     def _engine(self, rows: int, context: int) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released

@@ -37,6 +37,14 @@ def codec_stream_for(rows: int, cuda: bool) -> bool:
 # for one rows setting). 64: the batch the engine issue fixes; more rows raise throughput (c128,
 # c256 in docs/bench.md) at the cost of first-audio latency and memory.
 DEFAULT_ENGINE_ROWS = 64
+# `--rows auto` (the default of `tts synth` on CUDA): per call, the first of these slot counts that the
+# call's segments fill (at most 64 slots left over) and whose talker KV cache the GPU memory budget
+# holds, else the last. The order is that of measured throughput: H200, random 1.7B fp16, forced
+# lengths, 2048 requests (docs/bench.md, 2026-12-03): 512 slots 1303.9 audio-s/s, 256 1231.7; 800
+# requests (2026-12-02): 128 928.5, 64 741.8.
+AUTO_ROWS = (512, 256, 128, 64)
+AUTO_ROWS_RULE = (f"the most slots of {', '.join(map(str, AUTO_ROWS))} that a call's segments fill and the GPU "
+                  "memory holds")
 # How the code predictor's 16 positions run in a decode step: `loop` (one CUDA-graphed kernel
 # sequence per position), `kernel` (tts_kernels.depth_frame, one persistent kernel per frame, where
 # it can run: else the loop, with the reason logged), `auto` (the kernel where it can run and was

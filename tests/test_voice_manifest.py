@@ -263,3 +263,13 @@ def test_null_cells_take_the_option_defaults(tmp_path):
     assert os.getcwd() == cwd
     assert [(r.problem, Path(r.request.ref_audio).name, r.request.x_vector_only, r.request.ref_text) for r in rows] == [
         (None, "default.wav", True, None), (None, "own.wav", False, "Own words.")]
+
+
+def test_help_shows_the_voice_options_and_the_reference_limits():
+    result = runner.invoke(cli.app, ["synth", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    help_text = " ".join(result.output.split())
+    for option in ("--ref-audio FILE", "--ref-text TEXT", "--x-vector-only", "--instruct TEXT"):
+        assert option in help_text
+    assert "A reference must be 1 to 60 s of audio (the official code sets no maximum" in help_text
+    assert "ref_audio, ref_text, x_vector_only" in help_text

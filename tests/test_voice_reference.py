@@ -114,3 +114,10 @@ def test_unreadable_file(tmp_path):
     path.chmod(0)
     with pytest.raises(ReferenceAudioError, match="reference file unreadable: .*locked.wav: Permission denied"):
         check_reference(str(path))
+
+
+def test_an_over_long_file_is_refused_from_its_header_without_decoding(tmp_path, monkeypatch):
+    path = _write(tmp_path / "hour.wav", np.zeros(8000 * 90, dtype=np.float32) + 0.1, 8000)
+    monkeypatch.setattr(sf.SoundFile, "read", lambda *args, **kwargs: pytest.fail("decoded the samples"))
+    with pytest.raises(ReferenceAudioError, match="is 90.0 s long, longer than 60 s"):
+        check_reference(str(path))

@@ -143,7 +143,7 @@ def synth(
     manifest: Path = typer.Argument(
         ..., metavar="MANIFEST", show_default=False,
         help="Rows to speak: .txt (one sentence per line, or id<TAB>text) or .parquet (column text; "
-             "optional id, speaker, language, instruct, seed)."),
+             "optional id, speaker, language, instruct, seed, ref_audio, ref_text, x_vector_only)."),
     out: Path = typer.Option(
         ..., "--out", metavar="DIR", show_default=False,
         help="Folder for the outputs (one file per row named by the sanitized row id, or parquet shards), "

@@ -83,7 +83,11 @@ def decode_reference(data: bytes, path: str) -> tuple[np.ndarray, int, int]:
     import soundfile as sf
 
     try:
-        samples, sample_rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with sf.SoundFile(io.BytesIO(data)) as audio:
+            sample_rate = audio.samplerate
+            if audio.frames > MAX_SECONDS * sample_rate:   # refused by its header, not decoded first
+                check_length(audio.frames / sample_rate, path)
+            samples = audio.read(dtype="float32", always_2d=True)
     except (sf.SoundFileError, RuntimeError, ValueError) as e:
         # libsndfile's own words ("Format not recognised.", "Malformed 'fmt ' chunk.", ...), without
         # soundfile's "Error opening <BytesIO object at ...>: " in front.
@@ -105,16 +109,19 @@ def check_samples(mono: np.ndarray, sample_rate: int, path: str) -> None:
         first = int(np.argmin(finite))
         raise ReferenceAudioError(f"reference {path} has non-finite samples (NaN or infinity; first at "
                                   f"{first / sample_rate:.3f} s)")
-    seconds = mono.size / sample_rate
-    if seconds < MIN_SECONDS:
-        raise ReferenceAudioError(f"reference {path} is {seconds:.2f} s long, shorter than {MIN_SECONDS:g} s")
-    if seconds > MAX_SECONDS:
-        raise ReferenceAudioError(f"reference {path} is {seconds:.1f} s long, longer than {MAX_SECONDS:g} s")
+    check_length(mono.size / sample_rate, path)
     rms = math.sqrt(float(np.mean(np.square(mono, dtype=np.float64))))
     level = 20 * math.log10(rms) if rms > 0 else -math.inf
     if level <= SILENCE_DBFS:
         shown = "digital silence" if rms == 0 else f"RMS {level:.1f} dBFS"
         raise ReferenceAudioError(f"reference {path} is silent ({shown}, at or below {SILENCE_DBFS:g} dBFS)")
+
+
+def check_length(seconds: float, path: str) -> None:
+    if seconds < MIN_SECONDS:
+        raise ReferenceAudioError(f"reference {path} is {seconds:.2f} s long, shorter than {MIN_SECONDS:g} s")
+    if seconds > MAX_SECONDS:
+        raise ReferenceAudioError(f"reference {path} is {seconds:.1f} s long, longer than {MAX_SECONDS:g} s")
 
 
 def resample_to_24k(mono: np.ndarray, sample_rate: int) -> np.ndarray:

@@ -173,7 +173,6 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     """base_dir: the folder a ref_audio cell is relative to (the manifest's)."""
     text = text.strip()
     row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
-    ref_audio = _string_or(ref_audio, "")
     x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only)
     request = Request(
         id=row_id, text=text,
@@ -181,8 +180,7 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
         language=_string_or(language, defaults.language).lower(),
         instruct=_string_or(instruct, defaults.instruct or "") or None,
         seed=defaults.base_seed + index if seed is None else seed,
-        ref_audio=(resolve_reference_path(ref_audio, base_dir) if ref_audio else
-                   defaults.ref_audio and resolve_reference_path(defaults.ref_audio, Path.cwd())),
+        ref_audio=_reference_path(ref_audio, defaults, base_dir),
         ref_text=_string_or(ref_text, defaults.ref_text or "") or None,
         x_vector_only=x_vector_only,
     )
@@ -190,6 +188,16 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     problem = (problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars) or flag_problem
                or (ref_text_problem and f"ref_text: {ref_text_problem}") or voice_fields_problem(request))
     return ManifestRow(index, request, problem)
+
+
+def _reference_path(cell, defaults: RowDefaults, base_dir: Path) -> str | None:
+    """The row's reference file: its cell relative to base_dir, else the default relative to the
+    working folder, else None (no cloning)."""
+    if _string_or(cell, ""):
+        return resolve_reference_path(_string_or(cell, ""), base_dir)
+    if defaults.ref_audio and defaults.ref_audio.strip():
+        return resolve_reference_path(defaults.ref_audio.strip(), Path.cwd())
+    return None
 
 
 def _flag(value, default: bool) -> tuple[bool, str | None]:

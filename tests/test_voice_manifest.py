@@ -273,3 +273,24 @@ def test_help_shows_the_voice_options_and_the_reference_limits():
         assert option in help_text
     assert "A reference must be 1 to 60 s of audio (the official code sets no maximum" in help_text
     assert "ref_audio, ref_text, x_vector_only" in help_text
+
+
+def test_a_changed_reference_file_is_a_changed_row_on_resume(tmp_path, monkeypatch):
+    from fakes import use_fake_synthesizer
+
+    use_fake_synthesizer(monkeypatch, tmp_path)   # synthesizes any row, clones included
+    monkeypatch.chdir(tmp_path)
+    sf.write(tmp_path / "me.wav", tone(24000, 1.5), 24000, subtype="PCM_16")
+    (tmp_path / "corpus.txt").write_text("a\tFirst line.\nb\tSecond line.\n")
+    args = ["synth", "corpus.txt", "--out", "out", "--model", "model", "--ref-audio", "me.wav", "--ref-text", "Me."]
+    assert runner.invoke(cli.app, args).exit_code == 0
+    (tmp_path / "moved").mkdir()
+    os.replace(tmp_path / "me.wav", tmp_path / "moved" / "me.wav")
+    moved = runner.invoke(cli.app, args[:-4] + ["--ref-audio", "moved/me.wav", "--ref-text", "Me."])
+    assert moved.exit_code == 0 and "2 rows ok (2 from an earlier run)" in moved.output   # same bytes, same rows
+
+    sf.write(tmp_path / "moved" / "me.wav", tone(24000, 1.5, 0.2), 24000, subtype="PCM_16")
+    changed = runner.invoke(cli.app, args[:-4] + ["--ref-audio", "moved/me.wav", "--ref-text", "Me."])
+    assert changed.exit_code == 2
+    assert "2 rows were made before with other text or settings" in changed.stderr
+    assert "ref_audio_sha256" in changed.stderr

@@ -83,6 +83,7 @@ BAD_ROWS = [
     ("good.wav", "Hi.", 2, None, "x_vector_only must be true or false (or 1 or 0), got 2"),
     ("good.wav", "Hi.", None, "Speak softly.", "instruct with ref_audio: a voice clone takes no instruct"),
     (b"bad\x00path.wav", "Hi.", None, None, "contains a NUL character"),
+    (b"https://example.com/voice.wav", "Hi.", None, None, "is a URL: tts reads local files only"),
     (b"caf\xe9.wav", "Hi.", None, None, "invalid UTF-8 in the ref_audio"),
     ("good.wav", b"ok \xff", None, None, "invalid UTF-8 in the ref_text"),
     ("good.wav", "Bell\x07 here.", None, None, "ref_text: text contains control character U+0007"),

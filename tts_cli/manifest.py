@@ -34,7 +34,8 @@ from pathlib import Path
 from .errors import TTSError
 from .request import Request
 from .voice.checks import voice_fields_problem
-from .voice.reference_audio import ReferenceAudioError, check_reference, resolve_reference_path
+from .voice.reference_audio import (ReferenceAudioError, check_reference, reference_value_problem,
+                                    resolve_reference_path)
 
 FORMATS = (".txt", ".parquet")
 PARQUET_COLUMNS = ("id", "text", "speaker", "language", "instruct", "seed", "ref_audio", "ref_text", "x_vector_only")
@@ -185,8 +186,10 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
         x_vector_only=x_vector_only,
     )
     ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars)
+    ref_audio_problem = reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
     problem = (problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars) or flag_problem
-               or (ref_text_problem and f"ref_text: {ref_text_problem}") or voice_fields_problem(request))
+               or ref_audio_problem or (ref_text_problem and f"ref_text: {ref_text_problem}")
+               or voice_fields_problem(request))
     return ManifestRow(index, request, problem)
 
 

@@ -25,6 +25,7 @@ import hashlib
 import io
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,6 +59,14 @@ def resolve_reference_path(value: str, base_dir: Path) -> str:
     (the manifest's folder for a manifest cell, the working folder for --ref-audio). `..` is
     allowed: the manifest may name any file, as an absolute path could."""
     return os.path.normpath(os.path.join(os.path.abspath(base_dir), os.path.expanduser(value)))
+
+
+def reference_value_problem(value: str) -> str | None:
+    """Why a ref_audio value cannot name a local file, or None. The official loader also takes
+    URLs and base64 strings; tts runs offline and reads files only."""
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", value):
+        return f"ref_audio {value!r} is a URL: tts reads local files only (download it first)"
+    return None
 
 
 def read_reference_bytes(path: str) -> bytes:

@@ -18,6 +18,7 @@ from .engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEF
 from .errors import TTSError
 from .logs import log_to_stderr
 from .recipe import load_recipe
+from .voice.limits import LIMITS_HELP
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
 # On cuda a synthesize call holds this many segments per engine slot: every call ends with slots
@@ -142,7 +143,7 @@ def synth(
     manifest: Path = typer.Argument(
         ..., metavar="MANIFEST", show_default=False,
         help="Rows to speak: .txt (one sentence per line, or id<TAB>text) or .parquet (column text; "
-             "optional id, speaker, language, instruct, seed)."),
+             "optional id, speaker, language, instruct, seed, ref_audio, ref_text, x_vector_only)."),
     out: Path = typer.Option(
         ..., "--out", metavar="DIR", show_default=False,
         help="Folder for the outputs (one file per row named by the sanitized row id, or parquet shards), "
@@ -232,11 +233,30 @@ def synth(
         help="ASR worker processes beside synthesis, each with its own copy of the model and one thread. "
              "Default: on cpu half the cores, at most 4 (synthesis needs the rest); on cuda every core but "
              "one per synthesis process and one more (GPU synthesis leaves them idle)."),
+    # The voice of rows that name none (tts_cli/voice/): cloning with Base checkpoints, or an instruct.
+    instruct: Optional[str] = typer.Option(
+        None, "--instruct", metavar="TEXT", show_default=False,
+        help="Instruction for every row without one (parquet column instruct): a speaking style for "
+             "CustomVoice checkpoints, the voice's description for VoiceDesign ones."),
+    ref_audio: Optional[Path] = typer.Option(
+        None, "--ref-audio", metavar="FILE", show_default=False,
+        help="Clone this reference's voice (needs a Base checkpoint) for every row without a reference of its "
+             "own (parquet column ref_audio: a path relative to the manifest's folder, or absolute). wav, flac, "
+             "ogg, or mp3 where libsndfile reads it; downmixed and resampled to 24 kHz as the official code does "
+             "(soxr HQ); each distinct file is encoded once per DIR and kept in DIR/.references/. " + LIMITS_HELP),
+    ref_text: Optional[str] = typer.Option(
+        None, "--ref-text", metavar="TEXT", show_default=False,
+        help="The reference's transcript (parquet column ref_text): needed to clone in ICL mode, the default."),
+    x_vector_only: bool = typer.Option(
+        False, "--x-vector-only",
+        help="Clone from the reference's speaker embedding alone, without --ref-text (parquet column "
+             "x_vector_only; the official x_vector_only_mode)."),
 ) -> None:
     """Synthesize every row of MANIFEST into DIR, then write report.json and report.md.
 
     Rows that cannot be synthesized (empty, over-long or non-UTF-8 text, control characters, unknown
-    speaker or language, duplicate ids, ids with / \\ or ..) fail with the reason and the others go on.
+    speaker or language, duplicate ids, ids with / \\ or .., a bad reference file: see --ref-audio) fail
+    with the reason and the others go on.
     Blank lines of a .txt manifest are skipped and counted.
 
     Resumable: every finished row is recorded in DIR/ledger.jsonl after its file is on disk; a rerun
@@ -251,7 +271,8 @@ def synth(
                    codec_precision=codec_precision, talker_precision=talker_precision, device=device,
                    output_format=output_format,
                    max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
-                   redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers)
+                   redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers,
+                   instruct=instruct, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only)
     try:
         if recipe is not None:
             options = apply_recipe(ctx, load_recipe(recipe), options)
@@ -284,7 +305,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
               talker_precision: str = DEFAULT_TALKER_PRECISION, output_format: str = "wav",
               max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
-              wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None) -> int:
+              wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None,
+              instruct: Optional[str] = None, ref_audio: Optional[Path] = None, ref_text: Optional[str] = None,
+              x_vector_only: bool = False) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
     from .job import JobSettings, LocalExecutor, run_job
     from .manifest import RowDefaults, read_manifest
@@ -301,7 +324,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     devices = parse_devices(gpus) if gpus else None
     choice = resolve_model(model)
     asr = resolve_synth_asr(asr_model) if wer else None
-    manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars))
+    manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars, instruct,
+                                                        ref_audio and str(ref_audio), ref_text, x_vector_only))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
     if manifest.ignored_columns:

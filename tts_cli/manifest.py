@@ -5,8 +5,16 @@ Accepted formats:
             number, zero-padded to 6 digits (`000001`). Lines are split at `\\n` only and decoded
             one by one, so a line that is not UTF-8 fails alone.
   .parquet  columns `text` (required; string or binary holding UTF-8), `id`, `speaker`, `language`,
-            `instruct`, `seed` (optional; a missing column or a null cell takes the default). A row
-            without an id gets its 1-based row number, zero-padded like a txt line.
+            `instruct`, `seed`, `ref_audio`, `ref_text`, `x_vector_only` (optional; a missing column
+            or a null cell takes the default). A row without an id gets its 1-based row number,
+            zero-padded like a txt line.
+
+Voice cloning: a row with `ref_audio` (a path relative to the manifest's folder, or absolute;
+for a .txt manifest, and for parquet rows without one, RowDefaults.ref_audio, from --ref-audio)
+clones that reference's voice: in ICL mode with `ref_text`, its transcript, or from the speaker
+embedding alone with `x_vector_only`. Every distinct reference file is read once here, before
+any model loads: a bad one (tts_cli/voice/reference_audio.py says what that is) fails the rows
+that use it, and each good one's SHA-256 goes into its rows' requests (and so their ledger keys).
 
 File-level problems (unreadable file, wrong column types, no `text` column) raise TTSError naming
 the file, column and row. Row-level problems (empty or over-long text, invalid UTF-8, control
@@ -25,9 +33,12 @@ from pathlib import Path
 
 from .errors import TTSError
 from .request import Request
+from .voice.checks import voice_fields_problem
+from .voice.reference_audio import (ReferenceAudioError, check_reference, reference_value_problem,
+                                    resolve_reference_path)
 
 FORMATS = (".txt", ".parquet")
-PARQUET_COLUMNS = ("id", "text", "speaker", "language", "instruct", "seed")
+PARQUET_COLUMNS = ("id", "text", "speaker", "language", "instruct", "seed", "ref_audio", "ref_text", "x_vector_only")
 DEFAULT_MAX_TEXT_CHARS = 10_000
 # Whitespace that may appear inside a text; every other control character is refused.
 ALLOWED_CONTROLS = "\t\n\r"
@@ -39,6 +50,12 @@ class RowDefaults:
     language: str
     base_seed: int
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # The voice of rows that name none (--instruct, --ref-audio, --ref-text, --x-vector-only);
+    # ref_audio is relative to the working folder.
+    instruct: str | None = None
+    ref_audio: str | None = None
+    ref_text: str | None = None
+    x_vector_only: bool = False
 
 
 @dataclass
@@ -75,6 +92,7 @@ def read_manifest(path: Path, defaults: RowDefaults) -> Manifest:
         raise TTSError(f"manifest not found: {path}")
     manifest = _read_txt(path, defaults) if suffix == ".txt" else _read_parquet(path, defaults)
     mark_duplicate_ids(manifest.rows)
+    check_references(manifest.rows)
     return manifest
 
 
@@ -115,6 +133,26 @@ def mark_duplicate_ids(rows: list[ManifestRow]) -> None:
             row.problem = f"duplicate id {row.request.id!r} (first used by row {number})"
 
 
+def check_references(rows: list[ManifestRow]) -> None:
+    """Read each distinct reference file of the good rows once: a bad one fails its rows with the
+    reason, a good one's SHA-256 goes into their requests."""
+    outcomes: dict[str, str | ReferenceAudioError] = {}
+    for row in rows:
+        path = row.request.ref_audio
+        if path is None or row.problem is not None:
+            continue
+        if path not in outcomes:
+            try:
+                outcomes[path] = check_reference(path)
+            except ReferenceAudioError as e:
+                outcomes[path] = e
+        outcome = outcomes[path]
+        if isinstance(outcome, ReferenceAudioError):
+            row.problem = str(outcome)
+        else:
+            row.request.ref_audio_sha256 = outcome
+
+
 def _first_control_character(text: str) -> int | None:
     for i, char in enumerate(text):
         if char not in ALLOWED_CONTROLS and unicodedata.category(char) == "Cc":
@@ -131,18 +169,47 @@ def _decode(data: bytes, what: str) -> tuple[str, str | None]:
 
 
 def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, *, speaker=None,
-              language=None, instruct=None, seed=None, problem: str | None = None) -> ManifestRow:
+              language=None, instruct=None, seed=None, ref_audio=None, ref_text=None, x_vector_only=None,
+              base_dir: Path = Path("."), problem: str | None = None) -> ManifestRow:
+    """base_dir: the folder a ref_audio cell is relative to (the manifest's)."""
     text = text.strip()
     row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
+    x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only)
     request = Request(
         id=row_id, text=text,
         speaker=_string_or(speaker, defaults.speaker).lower(),
         language=_string_or(language, defaults.language).lower(),
-        instruct=_string_or(instruct, "") or None,
+        instruct=_string_or(instruct, defaults.instruct or "") or None,
         seed=defaults.base_seed + index if seed is None else seed,
+        ref_audio=_reference_path(ref_audio, defaults, base_dir),
+        ref_text=_string_or(ref_text, defaults.ref_text or "") or None,
+        x_vector_only=x_vector_only,
     )
-    problem = problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars)
+    ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars)
+    ref_audio_problem = reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
+    problem = (problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars) or flag_problem
+               or ref_audio_problem or (ref_text_problem and f"ref_text: {ref_text_problem}")
+               or voice_fields_problem(request))
     return ManifestRow(index, request, problem)
+
+
+def _reference_path(cell, defaults: RowDefaults, base_dir: Path) -> str | None:
+    """The row's reference file: its cell relative to base_dir, else the default relative to the
+    working folder, else None (no cloning)."""
+    if _string_or(cell, ""):
+        return resolve_reference_path(_string_or(cell, ""), base_dir)
+    if defaults.ref_audio and defaults.ref_audio.strip():
+        return resolve_reference_path(defaults.ref_audio.strip(), Path.cwd())
+    return None
+
+
+def _flag(value, default: bool) -> tuple[bool, str | None]:
+    """An x_vector_only cell: true/false, or 0/1 (integer columns); None takes the default."""
+    if value is None:
+        return default, None
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value), None
+    return default, f"x_vector_only must be true or false (or 1 or 0), got {value!r}"
 
 
 def _read_txt(path: Path, defaults: RowDefaults) -> Manifest:
@@ -189,9 +256,16 @@ def _is_seed(t) -> bool:
     return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
 
 
+def _is_flag(t) -> bool:
+    import pyarrow as pa
+    return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_null(t)
+
+
 COLUMN_TYPES = {"text": (_is_text, "string"), "id": (_is_id, "string or integer"),
                 "speaker": (_is_text, "string"), "language": (_is_text, "string"),
-                "instruct": (_is_text, "string"), "seed": (_is_seed, "integer")}
+                "instruct": (_is_text, "string"), "seed": (_is_seed, "integer"),
+                "ref_audio": (_is_text, "string (a path)"), "ref_text": (_is_text, "string"),
+                "x_vector_only": (_is_flag, "boolean")}
 
 
 def _read_parquet(path: Path, defaults: RowDefaults) -> Manifest:
@@ -203,7 +277,7 @@ def _read_parquet(path: Path, defaults: RowDefaults) -> Manifest:
         raise TTSError(f"{path}: cannot read as parquet: {e}") from e
     check_schema(table.schema, path)
     ignored = [name for name in table.column_names if name not in PARQUET_COLUMNS]
-    return Manifest(path, rows_from_table(table, defaults, path), 0, ignored)
+    return Manifest(path, rows_from_table(table, defaults, path, path.parent), 0, ignored)
 
 
 def check_schema(schema, source) -> None:
@@ -215,8 +289,9 @@ def check_schema(schema, source) -> None:
             raise TTSError(f"{source}: column '{name}' has type {schema.field(name).type}; expected {expected}")
 
 
-def rows_from_table(table, defaults: RowDefaults, source) -> list[ManifestRow]:
-    """The rows of a table that passed check_schema; row indexes count from the table's first row."""
+def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path(".")) -> list[ManifestRow]:
+    """The rows of a table that passed check_schema; row indexes count from the table's first row;
+    relative ref_audio paths start from base_dir (the manifest's folder)."""
     import pyarrow as pa
 
     def column(name: str) -> list:
@@ -233,14 +308,15 @@ def rows_from_table(table, defaults: RowDefaults, source) -> list[ManifestRow]:
     for index in range(table.num_rows):
         cells = {name: values[index] for name, values in columns.items()}
         problems = []
-        for name in ("id", "text", "speaker", "language", "instruct"):
+        for name in ("id", "text", "speaker", "language", "instruct", "ref_audio", "ref_text"):
             if isinstance(cells[name], bytes):
                 cells[name], problem = _decode(cells[name], name)
                 problems.append(problem)
         row_id = None if cells["id"] is None else str(cells["id"])
         rows.append(_make_row(
             index, row_id, cells["text"] or "", defaults, speaker=cells["speaker"], language=cells["language"],
-            instruct=cells["instruct"], seed=_seed(source, index, cells["seed"]),
+            instruct=cells["instruct"], seed=_seed(source, index, cells["seed"]), ref_audio=cells["ref_audio"],
+            ref_text=cells["ref_text"], x_vector_only=cells["x_vector_only"], base_dir=base_dir,
             problem=next((p for p in problems if p), None)))
     return rows
 

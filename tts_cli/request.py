@@ -15,6 +15,16 @@ class Request:
     language: str = "auto"
     instruct: str | None = None
     seed: int = 0
+    # Voice cloning (Base checkpoints), from the manifest's ref_* columns or --ref-* options
+    # (tts_cli/voice/): a request with ref_audio clones that reference's voice.
+    ref_audio: str | None = None          # absolute path of the reference file
+    ref_audio_sha256: str | None = None   # SHA-256 of its bytes when the manifest was checked
+    ref_text: str | None = None           # the reference's transcript: ICL mode needs it
+    x_vector_only: bool = False           # the speaker embedding only (no ICL, no ref_text needed)
+
+    @property
+    def clones_voice(self) -> bool:
+        return self.ref_audio is not None
 
 
 @dataclass

@@ -22,6 +22,7 @@ from tts_cli.model.prompt import (Prompt, assistant_text, build_prompt, check_sp
 from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.sampler import SamplerSettings
 from tts_cli.request import Request, Result
+from tts_cli.voice.checks import clone_problem
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,10 @@ class Synthesizer:
     def validate(self, request: Request) -> None:
         if not request.text.strip():
             raise RequestError("empty text")
+        # checkpoint.py loads custom_voice checkpoints only, so far: none of them can clone.
+        voice_problem = clone_problem(request, "custom_voice")
+        if voice_problem:
+            raise RequestError(voice_problem)
         check_speaker(self.cfg, request.speaker)
         resolve_language_id(self.cfg, request.speaker, request.language)
 

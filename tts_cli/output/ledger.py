@@ -24,9 +24,14 @@ LOCK_NAME = ".tts-lock"
 
 def row_params(request: Request, settings: dict) -> dict:
     """Everything that decides a row's output: its own fields and the run settings that shape audio.
-    The seed is left out of greedy runs, where it changes nothing."""
+    The seed is left out of greedy runs, where it changes nothing. A cloned voice enters by its
+    reference's content hash (not its path: a moved file is the same voice, an edited one is not);
+    rows without one keep the keys they had before cloning existed."""
+    voice = ({"ref_audio_sha256": request.ref_audio_sha256, "ref_text": request.ref_text,
+              "x_vector_only": request.x_vector_only} if request.clones_voice else {})
     return {"text": request.text, "speaker": request.speaker, "language": request.language,
-            "instruct": request.instruct, "seed": None if settings.get("greedy") else request.seed, **settings}
+            "instruct": request.instruct, "seed": None if settings.get("greedy") else request.seed, **voice,
+            **settings}
 
 
 def params_key(params: dict) -> str:

@@ -452,7 +452,9 @@ def test_bench_device_auto_on_cuda_runs_random_weights_at_the_cuda_levels(monkey
     def fake_run_bench(spec, levels, sentences, requests, frames, device, **options):
         asked.update(spec=spec, levels=levels, requests=requests, device=device,
                      device_choice=options["device_choice"])
-        return gpu_result()
+        result = gpu_result()
+        options["on_row"](result)   # the JSON is written as the levels finish
+        return result
 
     monkeypatch.setattr(bench, "run_bench", fake_run_bench)
     cuda_seen(True)
@@ -498,3 +500,21 @@ def test_shared_options_take_their_defaults_from_one_settings_object():
     for name in ("device", "depth", "codec_precision", "talker_precision"):
         assert params["bench"][name].default == params["synth"][name].default == fields[name], name
     assert params["verify-golden"]["device"].default == fields["device"] == "auto"
+
+
+def test_bench_keeps_the_finished_levels_when_a_later_one_fails(monkeypatch, tmp_path):
+    from tts_cli import bench
+    monkeypatch.setattr(bench, "load_synthesizer", lambda spec, device, dtype: None)
+    monkeypatch.setattr(bench, "make_requests", lambda synth, sentences, count, frames, speaker: [None] * count)
+
+    def bench_one(synth, concurrency, requests, *args):
+        if concurrency > 1:
+            raise ValueError(f"no room for {concurrency} rows")
+        return bench.BenchRow(concurrency, len(requests), 8, 0.64, 0.1, 6.4, 6.4, 0.16, 0.01, 0.01,
+                              dict.fromkeys(cli.STEP_STAGES, 0.0), 9, 0.9, None, "loop", 16, False, None)
+
+    monkeypatch.setattr(bench, "bench_one", bench_one)
+    out = tmp_path / "bench.json"
+    result = _invoke("bench", "--device", "cpu", "--concurrency", "1,2", "--json", out)
+    assert result.exit_code == 2 and "no room for 2 rows" in result.stderr
+    assert [(r["concurrency"], r["requests"]) for r in json.loads(out.read_text())["rows"]] == [(1, 2)]

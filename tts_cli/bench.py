@@ -27,6 +27,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -197,10 +198,11 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int | None = None,
               depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
               talker_precision: str = DEFAULT_TALKER_PRECISION, codec_stream: bool = True,
-              device_choice: str = "--device") -> dict:
+              device_choice: str = "--device", on_row: Callable[[dict], None] | None = None) -> dict:
     """codec_stream: the engine's choice (its own stream on CUDA up to 64 rows, tts_cli.engine.
     codec_stream_for), else in line; the CPU always runs it in line. device_choice: why this device
-    (tts_cli.cli.DeviceChoice.reason), recorded."""
+    (tts_cli.cli.DeviceChoice.reason), recorded. on_row: called with the result so far after each
+    concurrency (the CLI writes it, so that a failure at a later one keeps the earlier ones)."""
     dtype = weights_dtype(device, talker_precision)
     cuda = device.startswith("cuda")
     if cuda:
@@ -209,16 +211,11 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     synth = load_synthesizer(spec, device, dtype)
     load_s = time.perf_counter() - t0
     sentences = read_sentences(sentences_path)
-    rows = []
-    for c in concurrencies:
-        count = requests or default_requests(c, cuda)
-        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
-                              codec_precision, None if codec_stream else False))
-    return {
+    result = {
         "model": f"bundled {TINY.name}" if Path(spec).resolve() == TINY else spec, "device": device,
-        "device_choice": device_choice, "cpu_figures": not cuda,
-        **({} if cuda else {"note": CPU_NOTE}), "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
-        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+        "device_choice": device_choice, "cpu_figures": not cuda, **({} if cuda else {"note": CPU_NOTE}),
+        "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
+        "gpu": torch.cuda.get_device_name() if cuda else None,
         "torch": torch.__version__, "load_s": round(load_s, 2),
         # the bundled list by name: its absolute path only says where tts was installed
         "sentences": f"bundled {SENTENCES.name}" if sentences_path.resolve() == SENTENCES else str(sentences_path),
@@ -229,8 +226,16 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "codec_stream_setting": f"own stream {CODEC_STREAM_RULE}" if codec_stream else "in line",
         "codec_precision": codec_precision,
         "talker_precision": talker_precision,
-        "rows": [asdict(r) for r in rows],
+        "rows": [],
     }
+    for c in concurrencies:
+        count = requests or default_requests(c, cuda)
+        row = bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
+                        codec_precision, None if codec_stream else False)
+        result["rows"].append(asdict(row))
+        if on_row is not None:
+            on_row(result)
+    return result
 
 
 def write_json(result: dict, path: Path) -> None:

@@ -582,17 +582,15 @@ def bench(
         if not cuda:
             say("note: CPU figures, not GPU figures: the bench runs the engine's torch reference ops on cpu "
                 f"({'the bundled tiny model' if model is None else model}); docs/bench.md has GPU figures", "yellow")
-        from .bench import SENTENCES, run_bench
+        from .bench import SENTENCES, run_bench, write_json
         result = run_bench(model or ("random:1.7b" if cuda else str(BUNDLED_MODEL_DIR)), levels,
                            sentences or SENTENCES, requests, forced, device_choice.device,
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision,
                            talker_precision=talker_precision, codec_stream=codec_stream,
-                           device_choice=device_choice.reason)
+                           device_choice=device_choice.reason, on_row=lambda so_far: write_json(so_far, json_out))
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
-    from .bench import write_json
-    write_json(result, json_out)
     # at least 100 columns, so that a pipe or a narrow terminal wraps the table's lines instead of cutting them
     Console(width=max(Console().width, BENCH_TABLE_WIDTH)).print(bench_table(result))
     for line in bench_notes(result, depth):

@@ -14,8 +14,8 @@ from rich.text import Text
 
 from . import __version__
 from .engine import CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES, TALKER_PRECISIONS
-from .errors import TTSError
 from .bench_plot import STEP_STAGES
+from .errors import TTSError
 from .logs import log_to_stderr
 from .recipe import AUTO_DEVICE, DEFAULTS, load_recipe
 
@@ -353,7 +353,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     check_engine_choices(depth, codec_precision, talker_precision)
     if devices:
         check_devices(devices)
-        device_choice = DeviceChoice(",".join(devices), "--gpus: one worker per device")
+        device_choice = DeviceChoice(",".join(devices), "--gpus: one worker per device" +
+                                     ("" if device == AUTO_DEVICE else f"; --device {device} not used"))
     else:
         device_choice = resolve_device(device, device_given_by)
         device = device_choice.device

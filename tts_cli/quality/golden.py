@@ -251,7 +251,7 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, nu
             natural = generate(synth.model, [RowInput(embeds, 0, natural_cap)], talker_s, cp_s, **run)[0]
             stop = "EOS" if natural_ref.shape[0] < natural_cap else "cap"
             checks.append(_exact(f"{p} greedy codes, official EOS rule ({natural_ref.shape[0]} frames, {stop})",
-                                 torch.equal(natural.codes, natural_ref)))
+                                 torch.equal(natural.codes.cpu(), natural_ref.cpu())))
         wav = torch.from_numpy(synth.decode([ref_codes])[0])
         checks.append(_wave(n, f"{p} waveform", wav, records[f"{p}.wav"], n.wave_bound))
 

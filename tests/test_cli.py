@@ -167,6 +167,31 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
     assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
 
 
+def test_rows_auto_is_the_default_and_a_bad_rows_value_is_one_red_line(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "check_device", lambda device: None)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--device", "cuda")
+    assert result.exit_code == 0, result.output
+    assert fake.loaded_with["engine_rows"] is None   # the synthesizer chooses per call
+    assert fake.max_rows == [16 * 512]               # calls sized for the most slots auto may choose
+    result = _invoke("synth", manifest, "--out", tmp_path / "out2", "--model", tmp_path / "model", "--rows", "0",
+                     "--device", "cpu")
+    _assert_one_red_line(result, "--rows 0: auto or a whole number of slots (1 or more)")
+
+
+def test_recipe_rows_may_be_a_number_or_auto(tmp_path):
+    from tts_cli.recipe import load_recipe, parse_rows
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rows: 128\n")
+    assert parse_rows(load_recipe(str(recipe))["rows"]) == 128
+    recipe.write_text("rows: auto\n")
+    assert parse_rows(load_recipe(str(recipe))["rows"]) is None
+    recipe.write_text("rows: many\n")
+    with pytest.raises(TTSError, match="--rows many: auto or a whole number"):
+        parse_rows(load_recipe(str(recipe))["rows"])
+
+
 @pytest.mark.parametrize("option, value, choices", [("--codec-precision", "bf16", "fp16, fp32"),
                                                     ("--talker-precision", "fp32", "fp16, bf16")])
 def test_unknown_precision_is_refused_with_the_choices(fake, tmp_path, option, value, choices):

@@ -13,11 +13,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
-from .engine import CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES, TALKER_PRECISIONS
+from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES,
+                     TALKER_PRECISIONS)
 from .bench_plot import STEP_STAGES
 from .errors import TTSError
 from .logs import log_to_stderr
-from .recipe import AUTO_DEVICE, DEFAULTS, load_recipe
+from .recipe import AUTO_DEVICE, DEFAULTS, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
@@ -112,7 +113,7 @@ def check_engine_choices(depth: str, codec_precision: str, talker_precision: str
             raise TTSError(f"{option} {value}: one of {', '.join(choices)}")
 
 
-def load_synthesizer(model_dir: Path, device: str, engine_rows: int, depth: str, codec_precision: str,
+def load_synthesizer(model_dir: Path, device: str, engine_rows: int | None, depth: str, codec_precision: str,
                      talker_precision: str):
     """Imported here, not at the top: torch and the model load only for commands that synthesize."""
     from .synthesizer import Synthesizer, allow_tf32
@@ -216,13 +217,14 @@ def synth(
         help="Segments per synthesize call (fewer after a CUDA out-of-memory). Default: 8 on cpu (one "
              "lockstep batch); on cuda 16 x --rows, queued into the engine's slots longest text first and "
              "refilled as segments end (each call's end leaves slots idle: larger calls, fewer ends)."),
-    rows: int = setting_option(
-        "rows", metavar="N", min=1,
-        help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
-             "a seeded row's audio does not depend on its batch mates (for one --rows setting). Fewer "
-             "only when CUDA out-of-memory halvings bring the segments per call below it. More rows, more "
-             "throughput for long corpora (tts bench, H200, random 1.7B weights: about 1.24x the audio-s/s of 64 "
-             "rows at 128 and 1.4x at 256, for later first audio and more memory; docs/bench.md)."),
+    rows: str = setting_option(
+        "rows", metavar="auto|N",
+        help=f"On cuda: the engine's slots, the rows every decode step runs whatever a call holds. auto: "
+             f"{AUTO_ROWS_RULE}, per call (more rows, more throughput for long corpora: tts bench, H200, "
+             f"random 1.7B weights, 512 rows about 1.76x the audio-s/s of 64; docs/bench.md); the choice is "
+             f"a note of the report. N fixes it, so that a seeded row's audio does not depend on its batch "
+             f"mates (for one --rows setting); fewer only when CUDA out-of-memory halvings bring the segments "
+             f"per call below it."),
     depth: str = DEPTH_OPTION,
     codec_precision: str = CODEC_PRECISION_OPTION,
     talker_precision: str = TALKER_PRECISION_OPTION,
@@ -341,7 +343,7 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
-              rows: int, depth: str, codec_precision: str, talker_precision: str, device_given_by: str = "--device",
+              rows: str, depth: str, codec_precision: str, talker_precision: str, device_given_by: str = "--device",
               output_format: str = "wav",
               max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
@@ -361,6 +363,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     if output_format not in FORMATS:
         raise TTSError(f"--format {output_format!r}: expected one of {', '.join(FORMATS)}")
     shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
+    engine_rows = parse_rows(rows)
     devices = parse_devices(gpus) if gpus else None
     choice = resolve_model(model)
     asr = resolve_synth_asr(asr_model) if wer else None
@@ -396,9 +399,12 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         say(f"warning: using the bundled tiny model ({choice.dir}): random weights: its audio is noise; "
             "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz CustomVoice checkpoint", "yellow")
     on_cuda = bool(devices) or device.startswith("cuda")
-    batch_size = batch_size or (CALL_ROWS_PER_SLOT * rows if on_cuda else 8)
+    if on_cuda:
+        say(f"rows: {engine_rows} (--rows)" if engine_rows else
+            f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
+    batch_size = batch_size or (CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8)
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
-                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows, depth=depth,
+                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=engine_rows, depth=depth,
                            codec_precision=codec_precision, talker_precision=talker_precision,
                            model=str(choice.dir.resolve()),
                            redo_changed=redo_changed)
@@ -409,7 +415,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         nonlocal load_seconds, loaded_numerics
         load_start = perf_counter()
         executor = (WorkerPool(choice.dir, devices, settings) if devices
-                    else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth, codec_precision,
+                    else LocalExecutor(load_synthesizer(choice.dir, device, engine_rows, depth, codec_precision,
                                                         talker_precision), settings))
         load_seconds = perf_counter() - load_start
         loaded_numerics = executor.numerics

@@ -45,7 +45,7 @@ class JobSettings:
     max_frames: int | None = None
     segment_chars: int = DEFAULT_SEGMENT_CHARS
     batch_size: int = 8           # segments per synthesize call
-    engine_rows: int = DEFAULT_ENGINE_ROWS   # the engine's slots (CUDA); calls queue their segments into them
+    engine_rows: int | None = DEFAULT_ENGINE_ROWS   # the engine's slots (CUDA; None: per call, --rows auto)
     depth: str = DEFAULT_DEPTH    # how the engine runs the code predictor (CUDA)
     codec_precision: str = DEFAULT_CODEC_PRECISION   # the engine's vocoder convolution inputs (CUDA)
     talker_precision: str = DEFAULT_TALKER_PRECISION   # the talker's and code predictor's weights (CUDA)

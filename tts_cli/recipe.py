@@ -12,11 +12,12 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
+from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION
 from tts_cli.errors import TTSError
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
 AUTO_DEVICE = "auto"   # cuda when torch sees a GPU, else cpu (tts_cli.cli.resolve_device)
+AUTO_ROWS = "auto"     # the engine's slots chosen per call (tts_cli.engine.AUTO_ROWS; parse_rows)
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class RunSettings:
     greedy: bool = False
     max_frames: Optional[int] = None
     batch_size: Optional[int] = None
-    rows: int = DEFAULT_ENGINE_ROWS
+    rows: str = AUTO_ROWS   # auto or a whole number
     depth: str = DEFAULT_DEPTH
     codec_precision: str = DEFAULT_CODEC_PRECISION
     talker_precision: str = DEFAULT_TALKER_PRECISION
@@ -67,9 +68,20 @@ def load_recipe(name_or_path: str) -> dict:
     if not isinstance(data, dict):
         raise TTSError(f"recipe {path}: expected a mapping of option names to values")
     for key, value in data.items():
+        if key == "rows" and isinstance(value, int) and not isinstance(value, bool):
+            data[key] = value = str(value)   # `rows: 64` in YAML is an int
         if key not in RECIPE_KEYS:
             raise TTSError(f"recipe {path}: unknown key '{key}' (known: {', '.join(RECIPE_KEYS)})")
         kind = RECIPE_KEYS[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TTSError(f"recipe {path}: '{key}' should be {kind.__name__}, got {value!r}")
     return data
+
+
+def parse_rows(value: str) -> int | None:
+    """--rows: None for auto, else the whole number of engine slots."""
+    if value == AUTO_ROWS:
+        return None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise TTSError(f"--rows {value}: auto or a whole number of slots (1 or more)")

@@ -179,6 +179,8 @@ def test_sigterm_records_what_is_finished_exits_143_and_a_rerun_finishes(tmp_pat
     report = json.loads((out / "report.json").read_text())
     assert {r["id"] for r in report["rows"] if r["error"] is None} == done
     assert {r["error"] for r in report["rows"] if r["id"] not in done} == {"not synthesized: the run stopped before this row"}
+    assert f"stopped by SIGTERM: {rows - len(done)} rows were not synthesized; rerun the same command to resume" in \
+        report["notes"]
     assert sorted(p.name for p in out.glob("*.wav")) == sorted(f"{row_id}.wav" for row_id in done)
     assert not list(out.glob(".*.tmp"))
 
@@ -206,7 +208,7 @@ def test_a_killed_gpus_worker_fails_the_rows_it_held_and_the_other_goes_on(tmp_p
 
     assert process.returncode == 1, stderr   # some rows failed
     died = f"worker on cpu (pid {workers[0]}) died (killed by SIGKILL)"
-    assert f"note: {died} holding " in stderr and "1 workers went on" in stderr
+    assert f"note: {died} holding " in stderr and "the run went on with 1 of 2 workers" in stderr
     report = json.loads((out / "report.json").read_text())
     failed = {r["id"] for r in report["rows"] if r["error"]}
     assert failed and all(r["error"] == f"{died} while it held this row: rerun the same command to retry it"

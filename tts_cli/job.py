@@ -242,6 +242,9 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
                     executor.close(now=not completed)
         wall_seconds = perf_counter() - start
         records = [_record(row, ledger.latest.get(row.request.id)) for row in rows]
+    if stopped is not None:
+        left = sum(plan.row.request.id not in ledger.latest for plan in todo)
+        notes.append(f"{stopped}: {left} rows were not synthesized; rerun the same command to resume")
     audio_seconds = sum((ledger.latest.get(plan.row.request.id) or {}).get("audio_seconds") or 0.0 for plan in todo)
     return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes, stopped)
 

@@ -79,7 +79,8 @@ class WorkerPool:
         self.notes: list[str] = []                     # one line per worker that died
         context = multiprocessing.get_context("spawn")
         cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
-        self.workers: list[Worker] = []
+        self.workers: list[Worker] = []              # those alive
+        self.started = len(devices)
         try:
             for device in devices:
                 tasks = context.Queue()
@@ -142,7 +143,8 @@ class WorkerPool:
         how = _how_it_ended(worker.process)
         rows = sum(len(batches[index]) for index in worker.held)
         self.notes.append(f"{worker} died ({how}) holding {len(worker.held)} batches ({rows} segments): their rows "
-                          f"failed, {len(self.workers)} workers went on; rerun the same command to retry them")
+                          f"failed, the run went on with {len(self.workers)} of {self.started} workers; rerun the "
+                          "same command to retry them")
         error = TTSError(f"{worker} died ({how}) while it held this row: rerun the same command to retry it")
         return [(index, [error] * len(batches[index])) for index in worker.held]
 

@@ -278,3 +278,24 @@ def test_a_stop_cuts_short_only_the_waits_marked_for_it():
         os.kill(os.getpid(), signal.SIGINT)            # a second signal: the stop is under way already
         assert stop.signum == signal.SIGINT
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # the handlers were put back
+
+
+def test_an_asr_worker_that_dies_is_named_and_leaves_synthesis_alone(tmp_path):
+    """The ASR pool's side of a worker's death: one error that says so, which `tts synth` turns
+    into the note "WER not computed: ..." (ASR never fails a row's synthesis or the exit status)."""
+    _needs_asr()
+    import numpy as np
+
+    from tts_cli.errors import TTSError
+    from tts_cli.quality.asr import default_model_path
+    from tts_cli.quality.asr_pool import AsrPool
+
+    before = set(_descendants(os.getpid()))
+    with AsrPool(default_model_path(), workers=1, start_now=True) as pool:
+        worker = [pid for pid, cmdline in _descendants(os.getpid()).items()
+                  if pid not in before and "multiprocessing.spawn" in cmdline]
+        assert len(worker) == 1
+        os.kill(worker[0], signal.SIGKILL)
+        pool.submit("a", (np.zeros(24000, np.float32), 24000), "Hello.", "english")
+        with pytest.raises(TTSError, match="an ASR worker died .*terminated abruptly"):
+            pool.results()

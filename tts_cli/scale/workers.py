@@ -116,13 +116,15 @@ class WorkerPool:
     def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list, float]]:
         unsent, answered = deque(range(len(batches))), 0
         while answered < len(batches):
-            for worker in self.workers:
-                while unsent and len(worker.held) < BATCHES_IN_FLIGHT_PER_WORKER:
-                    worker.held.append(unsent.popleft())
-                    worker.tasks.put((worker.held[-1], batches[worker.held[-1]]))
             if not self.workers:
                 raise TTSError(f"every worker process died ({self.notes[-1]}); rows finished so far are in the "
                                "ledger: rerun the same command to resume")
+            while unsent:   # to the least busy worker first
+                worker = min(self.workers, key=lambda w: len(w.held))
+                if len(worker.held) == BATCHES_IN_FLIGHT_PER_WORKER:
+                    break
+                worker.held.append(unsent.popleft())
+                worker.tasks.put((worker.held[-1], batches[worker.held[-1]]))
             ready = wait([w.results for w in self.workers])   # a message, or the EOF of a worker that died
             worker = next(w for w in self.workers if w.results in ready)
             try:

@@ -143,7 +143,7 @@ def test_sigkill_during_synthesis_leaves_no_child_process(tmp_path):
 def test_sigkill_during_the_asr_wait_leaves_no_child_process(tmp_path):
     """Every row written, the ASR still transcribing (the case issue 47 was filed for)."""
     _needs_asr()
-    out, rows = tmp_path / "out", 2
+    out, rows = tmp_path / "out", 3
     # 30 frames of the random model's noise take whisper longer to hear than the model to make.
     process = subprocess.Popen(_command(_manifest(tmp_path, rows), out, "--max-frames", 30, "--batch-size", 1,
                                         "--asr-workers", 1),

@@ -261,8 +261,9 @@ def test_a_full_disk_stops_the_run_with_exit_2_and_a_rerun_after_freeing_space_f
 
 
 def test_a_stop_cuts_short_only_the_waits_marked_for_it():
+    # signal.raise_signal runs the Python handler before it returns
     with stop_on_signals() as stop:
-        os.kill(os.getpid(), signal.SIGTERM)   # outside stops_here: only noted
+        signal.raise_signal(signal.SIGTERM)     # outside stops_here: only noted
         assert stop.signum == signal.SIGTERM
         with pytest.raises(RunStopped) as stopped:
             with stops_here():                  # a stop that came before is raised on entering
@@ -271,11 +272,10 @@ def test_a_stop_cuts_short_only_the_waits_marked_for_it():
     with stop_on_signals() as stop:
         with pytest.raises(RunStopped) as stopped:
             with stops_here():
-                os.kill(os.getpid(), signal.SIGINT)   # inside: raised at once
-                time.sleep(5)
+                signal.raise_signal(signal.SIGINT)   # inside: raised at once
                 pytest.fail("not stopped")
         assert stopped.value.exit_status == 130
-        os.kill(os.getpid(), signal.SIGINT)            # a second signal: the stop is under way already
+        signal.raise_signal(signal.SIGTERM)          # a second signal: the stop is under way already
         assert stop.signum == signal.SIGINT
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # the handlers were put back
 

@@ -18,6 +18,7 @@ from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_R
 from .bench_plot import STEP_STAGES
 from .errors import TTSError
 from .logs import log_to_stderr
+from .processes import RunStopped, stop_on_signals
 from .recipe import AUTO_DEVICE, DEFAULTS, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
@@ -304,9 +305,11 @@ def synth(
     Resumable: every finished row is recorded in DIR/ledger.jsonl after its file is on disk; a rerun
     of the same command (after a crash or a kill) skips them and rebuilds the report.
 
-    Exit status: 0 every row succeeded; 1 some rows failed (see the report);
-    2 the run could not start or go on (bad manifest, model, option, a row changed since an earlier
-    run into DIR, a worker died), with one red line saying why; 130 interrupted (rerun to resume).
+    Exit status: 0 every row succeeded; 1 some rows failed (see the report; also the rows a --gpus
+    worker held when it died); 2 the run could not start or go on (bad manifest, model, option, a row
+    changed since an earlier run into DIR, every worker died, an output could not be written: disk
+    full, I/O error, read-only folder), with one red line saying why; 130 Ctrl-C, 143 SIGTERM (the
+    finished rows are recorded and reported; rerun to resume).
     """
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
                    max_frames=max_frames, batch_size=batch_size, rows=rows, depth=depth,
@@ -319,10 +322,16 @@ def synth(
         if recipe is not None:
             options = apply_recipe(ctx, load_recipe(recipe), options)
         device_given_by = "--device" if options["device"] == device else f"recipe {recipe}"
-        exit_code = run_synth(manifest, out, device_given_by=device_given_by, **options)
+        with stop_on_signals() as stop:   # SIGTERM, Ctrl-C: the run stops between batches, then reports
+            exit_code = run_synth(manifest, out, device_given_by=device_given_by, **options)
+            stop.raise_if_stopped()
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
+    except RunStopped as e:
+        say(f"{e}: the rows finished so far are in {out / 'ledger.jsonl'} and the report; rerun the same command "
+            "to resume", "red")
+        raise typer.Exit(e.exit_status)
     except KeyboardInterrupt:
         say(f"interrupted: the rows finished so far are in {out / 'ledger.jsonl'}; rerun the same command to resume",
             "red")

@@ -488,6 +488,14 @@ def test_bench_with_no_options_on_cpu_runs_the_bundled_model_and_says_cpu(monkey
     assert report["cpu_figures"] is True and report["note"].startswith("CPU figures, not GPU figures")
     assert report["device_choice"] == "auto: torch sees no CUDA device"
     assert [(r["concurrency"], r["requests"], r["bound_by"]) for r in report["rows"]] == [(2, 4, None)]
+    # every field the JSON had before bound_by, device_choice, cpu_figures and note were added
+    assert report.keys() >= {"model", "device", "dtype", "numerics", "gpu", "torch", "load_s", "sentences",
+                             "sentence_count", "frames", "forced_length", "codec_window", "depth_setting",
+                             "codec_stream_setting", "codec_precision", "talker_precision", "rows"}
+    assert report["rows"][0].keys() >= {"concurrency", "requests", "frames", "audio_s", "wall_s", "audio_s_per_s",
+                                        "xrt", "rtf", "first_audio_p50_s", "first_audio_p99_s", "ms_per_step",
+                                        "steps", "slots_busy", "peak_gpu_gib", "depth", "codec_window",
+                                        "codec_stream"}
 
 
 def test_shared_options_take_their_defaults_from_one_settings_object():

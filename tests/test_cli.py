@@ -456,16 +456,24 @@ def test_gpus_replace_the_device_and_are_said(tmp_path, cuda_seen, monkeypatch):
     assert result.stderr.splitlines()[0] == "device: cpu,cpu (--gpus: one worker per device)"
 
 
-def test_verify_golden_device_auto(monkeypatch, cuda_seen):
+@pytest.mark.parametrize("available, dtype, line", [
+    (True, "bfloat16", "device: cuda (auto: torch sees 1 CUDA device)"),
+    (False, "bfloat16", "device: cpu (auto: torch sees no CUDA device)"),
+    # float32's thresholds hold against the records on cpu only
+    (True, "float32", "device: cpu (auto: --dtype float32 is checked on cpu, where its thresholds hold; "
+                      "torch sees 1 CUDA device)"),
+])
+def test_verify_golden_device_auto(monkeypatch, cuda_seen, available, dtype, line):
     from tts_cli.quality import verify_golden
     ran_on = []
     monkeypatch.setattr(verify_golden, "verify", lambda model, golden, device, dtype: ran_on.append(device) or [])
-    for available, device in ((True, "cuda"), (False, "cpu")):
-        cuda_seen(available)
-        result = _invoke("verify-golden")
-        assert result.exit_code == 0, result.output
-        assert result.stderr.splitlines()[0].startswith(f"device: {device} (auto: torch sees ")
-    assert ran_on == ["cuda", "cpu"]
+    cuda_seen(available)
+    result = _invoke("verify-golden", "--dtype", dtype)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == line
+    assert ran_on == [line.split()[1]]
+    result = _invoke("verify-golden", "--dtype", dtype, "--device", "cpu")
+    assert result.stderr.splitlines()[0] == "device: cpu (--device)" and ran_on[-1] == "cpu"
 
 
 def test_bench_device_auto_on_cuda_runs_random_weights_at_the_cuda_levels(monkeypatch, cuda_seen, tmp_path):
@@ -506,6 +514,14 @@ def test_bench_with_no_options_on_cpu_runs_the_bundled_model_and_says_cpu(monkey
     assert report["cpu_figures"] is True and report["note"].startswith("CPU figures, not GPU figures")
     assert report["device_choice"] == "auto: torch sees no CUDA device"
     assert [(r["concurrency"], r["requests"], r["bound_by"]) for r in report["rows"]] == [(2, 4, None)]
+    # every field the JSON had before bound_by, device_choice, cpu_figures and note were added
+    assert report.keys() >= {"model", "device", "dtype", "numerics", "gpu", "torch", "load_s", "sentences",
+                             "sentence_count", "frames", "forced_length", "codec_window", "depth_setting",
+                             "codec_stream_setting", "codec_precision", "talker_precision", "rows"}
+    assert report["rows"][0].keys() >= {"concurrency", "requests", "frames", "audio_s", "wall_s", "audio_s_per_s",
+                                        "xrt", "rtf", "first_audio_p50_s", "first_audio_p99_s", "ms_per_step",
+                                        "steps", "slots_busy", "peak_gpu_gib", "depth", "codec_window",
+                                        "codec_stream"}
 
 
 def test_shared_options_take_their_defaults_from_one_settings_object():

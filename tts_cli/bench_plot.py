@@ -137,6 +137,7 @@ def plot_runs(runs: list[Run], path: Path, title: str = "tts bench"):
     axes[1]: one bar container per timed run and stage)."""
     check_plotting()
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     runs = _unique_labels(runs)
     figure = Figure(figsize=(13, 5.5), layout="constrained")
@@ -154,13 +155,13 @@ def plot_runs(runs: list[Run], path: Path, title: str = "tts bench"):
     if wide:   # e.g. the official implementation's 0.4 beside a thousand: both readable
         rate.set_yscale("log")
     rate.set_xlabel("concurrency (rows in flight)")
-    rate.set_ylabel("audio-s/s (audio seconds per wall second)" + (", log scale" if wide else ""))
+    rate.set_ylabel("audio seconds per wall second" + (" (log scale)" if wide else ""))
     rate.set_title("(a) throughput")
     rate.grid(True, alpha=0.3)
-    rate.legend(fontsize="small")
+    rate.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize="small")   # below: no data hidden
 
     staged = [run for run in runs if run.staged]
-    split.set_title("(b) a step's time by stage")
+    split.set_title("(b) a step's time by stage; on top: the stages' ms per step")
     if not staged:
         split.text(0.5, 0.5, "no stage times in these results\n(timed on CUDA only)", ha="center", va="center",
                    transform=split.transAxes)
@@ -177,17 +178,22 @@ def plot_runs(runs: list[Run], path: Path, title: str = "tts bench"):
                 shares = [100 * points[c][stage] / total for c, total in
                           zip((c for c in staged_levels if c in points), totals)]
                 split.bar(xs, shares, width, bottom=bottoms, color=STAGE_COLORS[stage],
-                          hatch=RUN_HATCHES[index % len(RUN_HATCHES)], edgecolor="white",
-                          label=stage if index == 0 else None)
+                          hatch=RUN_HATCHES[index % len(RUN_HATCHES)], edgecolor="white")
                 bottoms = [b + s for b, s in zip(bottoms, shares)]
             for x, total in zip(xs, totals):
                 split.text(x, 101, f"{total:.1f} ms", ha="center", va="bottom", fontsize="x-small")
         split.set_xticks(range(len(staged_levels)), [str(c) for c in staged_levels])
-        split.set_xlabel("concurrency" + ("" if len(staged) == 1 else "; bars left to right: " +
-                                          ", ".join(run.label for run in staged)))
-        split.set_ylabel("share of the stage times (%); their sum in ms per step on top")
+        split.set_xlabel("concurrency")
+        split.set_ylabel("share of the stages' time (%)")
         split.set_ylim(0, 112)
-        split.legend(loc="lower right", fontsize="small", framealpha=0.9)
+        stages = split.legend(handles=[Patch(facecolor=STAGE_COLORS[stage], label=stage) for stage in STEP_STAGES],
+                              loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(STEP_STAGES),
+                              fontsize="small")
+        if len(staged) > 1:   # which bar is which run: left to right, told apart by hatching
+            split.add_artist(stages)
+            split.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=RUN_HATCHES[i % len(RUN_HATCHES)],
+                                        label=f"bar {i + 1}: {run.label}") for i, run in enumerate(staged)],
+                         loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize="small")
     try:
         figure.savefig(path, dpi=120)
     except OSError as e:

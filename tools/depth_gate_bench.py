@@ -65,6 +65,7 @@ MAX_INPUT_CHUNKS = gl.constexpr(4)
 EPS = gl.constexpr(1e-6)
 TEMPERATURE = gl.constexpr(0.9)
 SPIN_LIMIT = gl.constexpr(1 << 21)   # polls before a wait gives up and flags the launch as failed (no hang)
+DEVICE = "cuda"   # run_on_gpu's device (a dry run of the host code may set "cpu")
 VARIANTS = ["grid-prefetch", "grid-after", "fine-prefetch", "fine-after", "fine-l2", "handoff"]
 
 
@@ -102,7 +103,7 @@ def _top_up(w_desc, w_smem, w_bars, chunk_list, issued, used, end, NW: gl.conste
 
 
 @gluon.jit
-def _attention(f32, params, cache, xt, qkv, row0, pos, cache_at, attn_tile, qnorm, cos_at):
+def _attention(f32, vectors, cache, xt, qkv, row0, pos, cache_at, attn_tile, qnorm, cos_at):
     """One kv head's 2 q heads for ATTN_ROWS rows: q/k norms, RoPE, the new k/v into the cache,
     softmax attention over positions 0..pos, fp16 output into its activation tile."""
     L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [4, 1, 1], [2, 1, 0])
@@ -115,10 +116,10 @@ def _attention(f32, params, cache, xt, qkv, row0, pos, cache_at, attn_tile, qnor
     rows2 = gl.expand_dims(row0 + r, 1)
     at = qkv + rows2 * QKV + gl.expand_dims(d, 0)
     at_rot = qkv + rows2 * QKV + gl.expand_dims(d_rot, 0)
-    cos = gl.expand_dims(gl.load(params + cos_at + d), 0)
-    sin = gl.expand_dims(gl.load(params + cos_at + POSITIONS * HEAD_DIM + d), 0)
-    kg = gl.expand_dims(gl.load(params + qnorm + HEAD_DIM + d), 0)
-    kg_rot = gl.expand_dims(gl.load(params + qnorm + HEAD_DIM + d_rot), 0)
+    cos = gl.expand_dims(gl.load(vectors + cos_at + d), 0)
+    sin = gl.expand_dims(gl.load(vectors + cos_at + POSITIONS * HEAD_DIM + d), 0)
+    kg = gl.expand_dims(gl.load(vectors + qnorm + HEAD_DIM + d), 0)
+    kg_rot = gl.expand_dims(gl.load(vectors + qnorm + HEAD_DIM + d_rot), 0)
     k = gl.load(f32 + at + 2 * HEAD_DIM, cache_modifier=".cg")
     k_rot = gl.load(f32 + at_rot + 2 * HEAD_DIM, cache_modifier=".cg")
     v = gl.load(f32 + at + 3 * HEAD_DIM, cache_modifier=".cg")
@@ -140,8 +141,8 @@ def _attention(f32, params, cache, xt, qkv, row0, pos, cache_at, attn_tile, qnor
     values = gl.load(cache + CACHE_SIZE + old_at, mask=before, other=0.0, cache_modifier=".cg").to(gl.float32)
     keys = gl.where(j3 == pos, gl.expand_dims(k.to(gl.float32), 1), keys)
     values = gl.where(j3 == pos, gl.expand_dims(v.to(gl.float32), 1), values)
-    qg = gl.expand_dims(gl.load(params + qnorm + d), 0)
-    qg_rot = gl.expand_dims(gl.load(params + qnorm + d_rot), 0)
+    qg = gl.expand_dims(gl.load(vectors + qnorm + d), 0)
+    qg_rot = gl.expand_dims(gl.load(vectors + qnorm + d_rot), 0)
     out_rows = gl.expand_dims((attn_tile * ROWS + row0 + r) * CHUNK_K, 1)
     for h in gl.static_range(2):
         q = gl.load(f32 + at + h * HEAD_DIM, cache_modifier=".cg")
@@ -157,7 +158,7 @@ def _attention(f32, params, cache, xt, qkv, row0, pos, cache_at, attn_tile, qnor
 
 
 @gluon.jit
-def _draw(f32, params, xt, emb, codes, logits_at, row, code_at, emb_at, h_out, hn_tile, ss_out, gain, seed):
+def _draw(f32, vectors, xt, emb, codes, logits_at, row, code_at, emb_at, h_out, hn_tile, ss_out, gain, seed):
     """One row: code = argmax(logits / T + Gumbel noise); then the next position's input row: the
     code's embedding, its fp16 copy times the gain, its sum of squares."""
     V1: gl.constexpr = gl.BlockedLayout([VOCAB // 128], [32], [4], [0])
@@ -178,13 +179,13 @@ def _draw(f32, params, xt, emb, codes, logits_at, row, code_at, emb_at, h_out, h
         c = gl.arange(0, HIDDEN, layout=H1)
         e = gl.load(emb + emb_at + code.to(gl.int64) * HIDDEN + c).to(gl.float32)
         gl.store(f32 + h_out + c, e)
-        g = gl.load(params + gain + c)
+        g = gl.load(vectors + gain + c)
         gl.store(xt + ((hn_tile + c // CHUNK_K) * ROWS + row) * CHUNK_K + c % CHUNK_K, (e * g).to(gl.float16))
         gl.store(f32 + ss_out, gl.sum(e * e, axis=0))
 
 
 @gluon.jit
-def _finalize(f32, params, xt, part0, h_in, h_out, hn_tile, hn_col, gain, ss_out):
+def _finalize(f32, vectors, xt, part0, h_in, h_out, hn_tile, hn_col, gain, ss_out):
     """The last split task of an o / down tile: residual + the SPLITS partials in a fixed order; the new
     residual, its fp16 copy times the gain, the tile's sums of squares per row."""
     P3: gl.constexpr = gl.BlockedLayout([SPLITS, 1, 2], [1, 2, 16], [1, 4, 1], [2, 1, 0])
@@ -197,7 +198,7 @@ def _finalize(f32, params, xt, part0, h_in, h_out, hn_tile, hn_col, gain, ss_out
                     cache_modifier=".cg")
     h = gl.load(f32 + h_in + rc, cache_modifier=".cg") + gl.sum(parts, axis=0)
     gl.store(f32 + h_out + rc, h)
-    g = gl.expand_dims(gl.load(params + gain + c), 0)
+    g = gl.expand_dims(gl.load(vectors + gain + c), 0)
     gl.store(xt + (hn_tile * ROWS + gl.expand_dims(r, 1)) * CHUNK_K + hn_col + gl.expand_dims(c, 0),
              (h * g).to(gl.float16))
     gl.store(f32 + ss_out + r, gl.sum(h * h, axis=1))
@@ -217,7 +218,7 @@ def _row_rinv(f32, ss_in, ss_count, layout: gl.constexpr):
 
 @gluon.jit(do_not_specialize=["prefetch", "stamps"])
 def depth_gate(table_ptr, task_counts, chunk_lists, chunk_counts, counters_ptr, failed_ptr, stamps_ptr,
-               x_desc, w_desc, f32, xt, params, cache, emb, codes, prefetch, stamps,
+               x_desc, w_desc, f32, xt, vectors, cache, emb, codes, prefetch, stamps,
                MAX_TASKS: gl.constexpr, MAX_CHUNKS: gl.constexpr, NW: gl.constexpr, num_warps: gl.constexpr):
     cta = gl.program_id(0)
     x_smem = gl.allocate_shared_memory(x_desc.dtype, [MAX_INPUT_CHUNKS] + x_desc.block_shape, x_desc.layout)
@@ -301,11 +302,11 @@ def depth_gate(table_ptr, task_counts, chunk_lists, chunk_counts, counters_ptr, 
                 gl.thread_barrier()
                 arrived = gl.atomic_add(counters_ptr + c, 1, sem="acq_rel", scope="gpu")
                 if arrived == SPLITS - 1:
-                    _finalize(f32, params, xt, e, h_in, h_out, hn_tile, hn_col, gain, ss_out)
+                    _finalize(f32, vectors, xt, e, h_in, h_out, hn_tile, hn_col, gain, ss_out)
         elif kind == 4:
-            _attention(f32, params, cache, xt, a, b, c, d, e, f, g)
+            _attention(f32, vectors, cache, xt, a, b, c, d, e, f, g)
         elif kind == 5:
-            _draw(f32, params, xt, emb, codes, a, b, c, d, h_out, hn_tile, ss_out, gain, seed)
+            _draw(f32, vectors, xt, emb, codes, a, b, c, d, h_out, hn_tile, ss_out, gain, seed)
         gl.thread_barrier()
         gl.atomic_add(counters_ptr + signal, 1, sem="release", scope="gpu")
         if stamps != 0:
@@ -338,7 +339,7 @@ def compile_offline(nw: int) -> None:
     names = depth_gate.arg_names
     pointers = {"table_ptr": "*i32", "task_counts": "*i32", "chunk_lists": "*i32", "chunk_counts": "*i32",
                 "counters_ptr": "*i32", "failed_ptr": "*i32", "stamps_ptr": "*i64", "f32": "*fp32", "xt": "*fp16",
-                "params": "*fp32", "cache": "*fp16", "emb": "*fp16", "codes": "*i32"}
+                "vectors": "*fp32", "cache": "*fp16", "emb": "*fp16", "codes": "*i32"}
     signature = dict(pointers, x_desc=descriptor_type([P.ROWS, P.CHUNK_K]), w_desc=descriptor_type([P.CHUNK_ROWS, P.CHUNK_K]),
                      prefetch="i32", stamps="i32", MAX_TASKS="constexpr", MAX_CHUNKS="constexpr", NW="constexpr",
                      num_warps="constexpr")
@@ -484,12 +485,12 @@ def run_on_gpu(replays: int, rounds: int, ring_sizes: list[int], out_dir: str | 
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
-    model = random_model(torch.Generator(device="cuda").manual_seed(0))
+    model = random_model(torch.Generator(device=DEVICE).manual_seed(0), DEVICE)
     plans = {"grid": P.build("grid"), "fine": P.build("fine")}
     lay = plans["grid"].layout
     weights, params, f32, xt = device_buffers(model, lay)
-    cache = torch.zeros(2 * P.CACHE_SIZE, dtype=torch.float16, device="cuda")
-    codes = torch.zeros(P.POSITIONS * P.ROWS, dtype=torch.int32, device="cuda")
+    cache = torch.zeros(2 * P.CACHE_SIZE, dtype=torch.float16, device=DEVICE)
+    codes = torch.zeros(P.POSITIONS * P.ROWS, dtype=torch.int32, device=DEVICE)
     emb = model["emb"].flatten()
     x_desc = TensorDescriptor.from_tensor(xt, [P.ROWS, P.CHUNK_K], shared_layout([P.ROWS, P.CHUNK_K]))
     w_desc = TensorDescriptor.from_tensor(weights, [P.CHUNK_ROWS, P.CHUNK_K], shared_layout([P.CHUNK_ROWS, P.CHUNK_K]))
@@ -510,13 +511,13 @@ def run_on_gpu(replays: int, rounds: int, ring_sizes: list[int], out_dir: str | 
                 table[c, :len(lists[c])] = torch.tensor([t.fields for t in lists[c]], dtype=torch.int32)
             if chunks[c]:
                 chunk_table[c, :len(chunks[c])] = torch.tensor(chunks[c], dtype=torch.int32)
-        launches[name] = dict(table=table.cuda(), tasks=torch.tensor([len(l) for l in lists], dtype=torch.int32).cuda(),
-                              chunks=chunk_table.cuda(),
-                              chunk_counts=torch.tensor([len(c) for c in chunks], dtype=torch.int32).cuda(),
+        launches[name] = dict(table=table.to(DEVICE), tasks=torch.tensor([len(l) for l in lists], dtype=torch.int32).to(DEVICE),
+                              chunks=chunk_table.to(DEVICE),
+                              chunk_counts=torch.tensor([len(c) for c in chunks], dtype=torch.int32).to(DEVICE),
                               prefetch=prefetch, plan=plan)
-    counters = torch.zeros(plans["grid"].counters, dtype=torch.int32, device="cuda")
-    failed = torch.zeros(1, dtype=torch.int32, device="cuda")
-    stamps = torch.zeros(plans["grid"].tasks, 3, dtype=torch.int64, device="cuda")
+    counters = torch.zeros(plans["grid"].counters, dtype=torch.int32, device=DEVICE)
+    failed = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    stamps = torch.zeros(plans["grid"].tasks, 3, dtype=torch.int64, device=DEVICE)
 
     def launch(name, nw, with_stamps=0):
         x = launches[name]

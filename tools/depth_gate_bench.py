@@ -530,7 +530,9 @@ def run_on_gpu(replays: int, rounds: int, ring_sizes: list[int], out_dir: str | 
     runs = [(name, ring_sizes[0]) for name in VARIANTS]
     runs += [(name, nw) for nw in ring_sizes[1:] for name in VARIANTS if name.endswith("prefetch")]
     label = {run: run[0] if run[1] == ring_sizes[0] else f"{run[0]} NW={run[1]}" for run in runs}
-    results = {"ctas": ctas, "phases": len(plans["grid"].phases), "tasks": plans["grid"].tasks,
+    import triton
+    results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+               "ctas": ctas, "phases": len(plans["grid"].phases), "tasks": plans["grid"].tasks,
                "ring_sizes": ring_sizes, "variants": {}}
     for run in runs:   # compile each, and see that no wait timed out
         launch(*run)
@@ -564,7 +566,7 @@ def run_on_gpu(replays: int, rounds: int, ring_sizes: list[int], out_dir: str | 
     if out_dir:
         with open(os.path.join(out_dir, "depth_gate.json"), "w") as fh:
             json.dump(results, fh, indent=1)
-    print(f"\n{phases} phases per 64-row 16-position frame, {ctas} CTAs; median of {rounds} x {replays} launches "
+    print(f"\n{results['device']}, torch {results['torch']}, Triton {results['triton']}: {phases} phases per 64-row 16-position frame, {ctas} CTAs; median of {rounds} x {replays} launches "
           f"each, alternated; per kind: mean hand-off / median task body / phase span, us (one stamped launch)")
     print("| variant | ms / frame | us / phase | " + " | ".join(KINDS) + " |")
     for name, v in results["variants"].items():

@@ -481,12 +481,12 @@ def reference_draws(logits, seed_of, positions=P.POSITIONS):
     return codes
 
 
-def run_on_gpu(replays: int, rounds: int, ring_sizes: list[int], out_dir: str | None) -> None:
+def run_on_gpu(replays: int, rounds: int, ring_sizes: list[int], out_dir: str | None, skip: set[int]) -> None:
     import torch
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     model = random_model(torch.Generator(device=DEVICE).manual_seed(0), DEVICE)
-    plans = {"grid": P.build("grid"), "fine": P.build("fine")}
+    plans = {waits: P.without(P.build(waits), skip) for waits in ("grid", "fine")}
     lay = plans["grid"].layout
     weights, params, f32, xt = device_buffers(model, lay)
     cache = torch.zeros(2 * P.CACHE_SIZE, dtype=torch.float16, device=DEVICE)
@@ -626,10 +626,12 @@ if __name__ == "__main__":
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--skip", default="", help="task kinds that only wait and signal, e.g. attn,draw")
     args = ap.parse_args()
     ring_sizes = [int(x) for x in args.nw.split(",")]
     if args.compile:
         for nw in ring_sizes:
             compile_offline(nw)
     else:
-        run_on_gpu(args.replays, args.rounds, ring_sizes, args.out)
+        kinds = {name: kind for kind, name in P.KIND_NAMES.items()}
+        run_on_gpu(args.replays, args.rounds, ring_sizes, args.out, {kinds[k] for k in args.skip.split(",") if k})

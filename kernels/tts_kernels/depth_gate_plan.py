@@ -347,6 +347,14 @@ def handoff_only(plan: Plan) -> Plan:
     return Plan(plan.layout, phases, plan.phase_names, plan.counters)
 
 
+def without(plan: Plan, kinds: set[int]) -> Plan:
+    """The same plan with the tasks of `kinds` doing nothing but their waits and signals."""
+    phases = [[Task(t.phase, t.name, [NOP if i == KIND and t.fields[KIND] in kinds else v
+                                      for i, v in enumerate(t.fields)], t.chunks) for t in tasks]
+              for tasks in plan.phases]
+    return Plan(plan.layout, phases, plan.phase_names, plan.counters)
+
+
 def weights_from_l2(plan: Plan, chunks: int) -> Plan:
     """The same plan with every weight chunk id folded into the first `chunks` (a few MB that stay in
     L2): the cost of the phases without streaming their weights from DRAM."""

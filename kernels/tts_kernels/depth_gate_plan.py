@@ -49,7 +49,6 @@ FIELDS = 24
 @dataclass
 class Task:
     phase: int
-    name: str
     fields: list[int]
     chunks: list[int] = field(default_factory=list)   # weight chunk ids, in the order the task uses them
 
@@ -136,7 +135,6 @@ class Plan:
     phases: list[list[Task]]
     phase_names: list[str]
     counters: int          # phase counters (GROUPS a phase), then one per o/down tile for the last arriver
-    final_slot: dict[int, str] = field(default_factory=dict)
 
     @property
     def tasks(self) -> int:
@@ -174,7 +172,7 @@ def build(waits: str = "grid", positions: int = POSITIONS, seed: int = 1) -> Pla
         f = [0] * FIELDS
         f[KIND], f[WAIT0], f[WAIT1] = kind, -1, -1
         f[SIGNAL] = signal_phase * GROUPS + (group if waits == "fine" else 0)
-        return Task(-1, "", f)
+        return Task(-1, f)
 
     ring_next = 0
     # residual stream state: (h offset, ss offset, hn tile base, ss entries)
@@ -342,14 +340,14 @@ def handoff_only(plan: Plan) -> Plan:
     """The same chain of waits and signals with no work between them (the hand-off alone)."""
     phases = []
     for tasks in plan.phases:
-        phases.append([Task(t.phase, t.name, [NOP if i == KIND else 0 if i == NCHUNK else v
+        phases.append([Task(t.phase, [NOP if i == KIND else 0 if i == NCHUNK else v
                                               for i, v in enumerate(t.fields)]) for t in tasks])
     return Plan(plan.layout, phases, plan.phase_names, plan.counters)
 
 
 def without(plan: Plan, kinds: set[int]) -> Plan:
     """The same plan with the tasks of `kinds` doing nothing but their waits and signals."""
-    phases = [[Task(t.phase, t.name, [NOP if i == KIND and t.fields[KIND] in kinds else v
+    phases = [[Task(t.phase, [NOP if i == KIND and t.fields[KIND] in kinds else v
                                       for i, v in enumerate(t.fields)], t.chunks) for t in tasks]
               for tasks in plan.phases]
     return Plan(plan.layout, phases, plan.phase_names, plan.counters)
@@ -358,7 +356,7 @@ def without(plan: Plan, kinds: set[int]) -> Plan:
 def weights_from_l2(plan: Plan, chunks: int) -> Plan:
     """The same plan with every weight chunk id folded into the first `chunks` (a few MB that stay in
     L2): the cost of the phases without streaming their weights from DRAM."""
-    phases = [[Task(t.phase, t.name, list(t.fields), [c % chunks for c in t.chunks]) for t in tasks]
+    phases = [[Task(t.phase, list(t.fields), [c % chunks for c in t.chunks]) for t in tasks]
               for tasks in plan.phases]
     return Plan(plan.layout, phases, plan.phase_names, plan.counters)
 

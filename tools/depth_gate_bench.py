@@ -37,6 +37,8 @@ logits; two launches bit-identical.
     PYTHONPATH=.:kernels python tools/depth_gate_bench.py [--replays 20] [--rounds 2] [--out DIR]   # the H200
 
 `--compile` wants the device's Triton (3.6) first on PYTHONPATH (tools/sm90_compile.py: DEVICE_TRITON).
+`--skip attn,draw` turns those tasks into waits and signals only. The H200's output of 2026-12-03 (at
+`0dace44`, `--nw 5,6 --replays 20 --rounds 3`): docs/bench-2026-12-03-h200-depth-gate.json.
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ logits; two launches bit-identical.
 
 `--compile` wants the device's Triton (3.6) first on PYTHONPATH (tools/sm90_compile.py: DEVICE_TRITON).
 `--skip attn,draw` turns those tasks into waits and signals only. The H200's output of 2026-12-03 (at
-`0dace44`, `--nw 5,6 --replays 20 --rounds 3`): docs/bench-2026-12-03-h200-depth-gate.json.
+`0dace44`, `--nw 5,6 --replays 20 --rounds 3`): bench/results/depth-gate-430-phases-h200-2026-12-03.json.
 """
 from __future__ import annotations
 

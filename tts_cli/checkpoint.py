@@ -264,10 +264,11 @@ class SamplingConfig:
         return replace(self, do_sample=False, subtalker_do_sample=False)
 
 
-def load_safetensors(model_dir: Path, name: str = "model.safetensors") -> dict[str, torch.Tensor]:
-    """Tensors of a single file or of shards listed in `<name>.index.json`."""
+def load_safetensors(model_dir: Path, name: str = "model.safetensors", prefix: str = "") -> dict[str, torch.Tensor]:
+    """Tensors of a single file or of shards listed in `<name>.index.json`; with a prefix, only those
+    whose names start with it (read alone: the speaker encoder's few MB, not the talker's GBs)."""
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import safe_open
 
     single, index = model_dir / name, model_dir / f"{name}.index.json"
     if single.is_file():
@@ -282,7 +283,8 @@ def load_safetensors(model_dir: Path, name: str = "model.safetensors") -> dict[s
         if not path.is_file():
             raise CheckpointError(f"missing file: {path} (listed in {index})")
         try:
-            tensors.update(load_file(str(path)))
+            with safe_open(str(path), framework="pt") as file:
+                tensors.update({key: file.get_tensor(key) for key in file.keys() if key.startswith(prefix)})
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"malformed safetensors file {path}: {e}") from None
     return tensors

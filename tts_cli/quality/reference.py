@@ -8,8 +8,12 @@ packages it imports but never uses on the CustomVoice path, and a RoPE-init fix 
 Records (`record`): the checkpoint is loaded through the official path
 `qwen_tts.Qwen3TTSModel.from_pretrained(dir, dtype=torch.float32, attn_implementation="eager")`
 on CPU (or, for checkpoints too large for that, on a CUDA device with TF32 off: still fp32, other
-reduction orders), and `generate_custom_voice` runs greedy (do_sample=False, subtalker_dosample=False; the
-other settings, e.g. repetition_penalty 1.05, come from generation_config.json as in real use).
+reduction orders), and the method of the checkpoint's kind runs greedy (do_sample=False,
+subtalker_dosample=False; the other settings, e.g. repetition_penalty 1.05, come from
+generation_config.json as in real use): `generate_custom_voice`, `generate_voice_design`, or for
+Base `generate_voice_clone` with the prompts of `create_voice_clone_prompt` on reference_voice()
+(ICL with REFERENCE_TEXT, and x-vector only). Each prompt runs in its text mode
+(`non_streaming_mode`: its own or the method's default).
 Hooks on the talker record the exact prefill embeddings, the raw codec_head and code-predictor
 lm_head logits, the talker's final hidden states; the waveform is the wrapper's output. Each row
 runs alone with its length forced (EOS masked: min_new_tokens = max_new_tokens, as in
@@ -33,6 +37,14 @@ Tensor names in records.safetensors (i = prompt index, T = forced frames, H = ta
     batch.greedy_codes.{i} [T, 16]      all prompts in one generate_custom_voice call, forced length
     codec.codes [90, 16] int64          random codes (fixed seed); 90 frames > the 72-frame window
     codec.wav [90*1920] fp32            official speech_tokenizer.decode of codec.codes
+Base and VoiceDesign records differ: cp_logits of the first frame only; no codec.* (each prompt's
+waveform checks the codec); a batch per text mode, every row in that mode,
+    batch.non_streaming_{true,false}.greedy_codes.{i} [T, 16]
+and for Base the official reference encodings and ICL transcripts:
+    ref.speaker_embedding [D] fp32      the official x-vector of reference_voice()
+    ref.codes [R, 16] int64             its official 12 Hz codes (R = 31)
+    p{i}.ref_ids [m] int64              ICL prompts: the tokenized reference transcript
+    p{i}.wav                            ICL prompts: decoded after ref.codes and cut (the official way)
 records.json holds the prompts, settings, special ids, versions, attention implementations,
 self-checks (greedy argmax re-derived from the recorded logits, with the smallest top-1/top-2
 margin) and the tensor shapes.

@@ -78,7 +78,8 @@ DEFAULT_CORPUS = REPO_ROOT / "tts_cli" / "assets" / "harvard-sentences.txt"
 TARGETS = (
     ("1.7b", "1.7b", "custom_voice", "tts_cli/assets/tiny-1.7b-customvoice",
      "tts_cli/assets/golden/tiny-1.7b-customvoice"),
-    ("0.6b", "0.6b", "custom_voice", "tests/fixtures/tiny-0.6b-customvoice", "tests/fixtures/golden/tiny-0.6b-customvoice"),
+    ("0.6b", "0.6b", "custom_voice", "tests/fixtures/tiny-0.6b-customvoice",
+     "tests/fixtures/golden/tiny-0.6b-customvoice"),
     ("1.7b-base", "1.7b", "base", "tests/fixtures/tiny-1.7b-base", "tests/fixtures/golden/tiny-1.7b-base"),
     ("0.6b-base", "0.6b", "base", "tests/fixtures/tiny-0.6b-base", "tests/fixtures/golden/tiny-0.6b-base"),
     ("1.7b-voicedesign", "1.7b", "voice_design", "tests/fixtures/tiny-1.7b-voicedesign",
@@ -516,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             voice = row.get("clone") or row["speaker"]
             print(f"p{row['index']}: {voice}/{row['language']} instruct={row['instruct_effective']!r} "
                   f"non_streaming_mode={row.get('non_streaming_mode')} prefill {row['prefill_length']} "
-                  f"forced {row['forced_frames']} natural {row['natural_frames']} (EOS {row['natural_stopped_by_eos']})")
+                  f"forced {row['forced_frames']} natural {row['natural_frames']} "
+                  f"(EOS {row['natural_stopped_by_eos']})")
         print("checks:", json.dumps(meta["checks"]))
     print(f"\ndone in {time.time() - t0:.1f} s")
     return 0

@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # of a checkout; paths outside it are shown whole
@@ -485,12 +486,11 @@ def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, fram
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
-def reference_voice() -> "np.ndarray":
+def reference_voice() -> np.ndarray:
     """The seeded reference voice of the Base records: REFERENCE_VOICE_SECONDS at 24 kHz, float32
     on the 16-bit grid (k / 32768, so a 16-bit WAV of it reads back exactly). Speech-like enough
     to give the encoders some work: a voiced source with a gliding pitch, three formant-like
     resonances, syllable-rate loudness and a little noise."""
-    import numpy as np
     rng = np.random.default_rng(REFERENCE_VOICE_SEED)
     t = np.arange(round(REFERENCE_VOICE_SECONDS * REFERENCE_SAMPLE_RATE)) / REFERENCE_SAMPLE_RATE
     pitch = 125 + 35 * np.sin(2 * np.pi * 0.8 * t + rng.uniform(0, 2 * np.pi))

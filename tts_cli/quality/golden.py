@@ -13,6 +13,11 @@ Each check compares one quantity with a stated threshold, in one of two modes (`
 
 Beside the records, in both modes: the streamed codec against its full decode, and seeded sampling
 run twice (exact codes). The same checks serve the tests and `tts verify-golden`.
+
+Base and VoiceDesign records run through the same checks: a Base prompt clones the voice the
+official code encoded (the recorded x-vector and reference codes, so these checks do not depend on
+our encoders), an ICL prompt's waveform is decoded after the reference's codes and cut where the
+official cuts it, and each text mode has a batch of its own.
 """
 from __future__ import annotations
 

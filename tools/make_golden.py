@@ -36,6 +36,11 @@ It writes, deterministically (a re-run rewrites identical bytes):
    predictor emits nearly the same codes every frame and the waveform does not depend on the codes
    at all, 1e-9 apart for different inputs. With fan-in scaling every signal is O(1), the logits
    are ~N(0, 1) and the waveform has an RMS of ~0.2 without clipping.)
+   Base and VoiceDesign checkpoints have the real files' tables (no speakers, no dialect languages).
+   A Base checkpoint adds the speaker encoder (ECAPA-TDNN at TINY_SPEAKER_ENCODER widths, its
+   x-vector talker-wide), drawn after the rest by the same rules, and its codec_head row of EOS is
+   scaled by BASE_EOS_LOGIT_GAIN. The speech tokenizer, encoder included (a tiny Mimi: 16
+   quantizers of 16 codes), is the same in every kind.
 
 3. Records: `tts_cli.quality.reference.record` runs the official code on each checkpoint (its
    docstring lists what is recorded); `write_golden` stores them.

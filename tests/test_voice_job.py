@@ -180,20 +180,21 @@ def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monke
     assert reason in row["error"]
 
 
-def test_worker_processes_take_the_references_the_parent_encoded_once(tmp_path, monkeypatch):
-    """--gpus cpu,cpu: the parent encodes each reference once, the batches carry it to the workers,
-    and their audio equals the in-process run's."""
+def test_worker_processes_take_the_references_the_parent_encoded(tmp_path, monkeypatch):
+    """--gpus cpu,cpu: the parent encodes each reference once, the batches carry it to the workers, and
+    its audio is the in-process run's."""
     monkeypatch.chdir(tmp_path)
     sf.write(tmp_path / "me.wav", np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
-    (tmp_path / "corpus.txt").write_text("".join(f"Line {i} to speak.\n" for i in range(4)))
+    (tmp_path / "corpus.txt").write_text("First line to speak.\nSecond line to speak.\n")
     common = ["--ref-audio", "me.wav", "--ref-text", "A tone.", "--batch-size", "1", *OPTIONS]
     pooled = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "pool", "--gpus", "cpu,cpu", *common])
     assert pooled.exit_code == 0, pooled.output
     assert "references: 1 used, 1 encoded" in pooled.output
     local = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "local", *common])
     assert local.exit_code == 0, local.output
-    for i in range(1, 5):
-        pooled_audio, _ = sf.read(tmp_path / "pool" / f"{i:06d}.wav")
-        local_audio, _ = sf.read(tmp_path / "local" / f"{i:06d}.wav")
+    for name in ("000001.wav", "000002.wav"):
+        pooled_audio, _ = sf.read(tmp_path / "pool" / name)
+        local_audio, _ = sf.read(tmp_path / "local" / name)
         assert len(pooled_audio) > 0
-        np.testing.assert_array_equal(pooled_audio, local_audio)
+        # one 16-bit step at most: a worker may run torch with more threads (another summation order)
+        np.testing.assert_allclose(pooled_audio, local_audio, rtol=0, atol=1.5 / 32768)

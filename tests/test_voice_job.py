@@ -198,3 +198,27 @@ def test_worker_processes_take_the_references_the_parent_encoded(tmp_path, monke
         assert len(pooled_audio) > 0
         # one 16-bit step at most: a worker may run torch with more threads (another summation order)
         np.testing.assert_allclose(pooled_audio, local_audio, rtol=0, atol=1.5 / 32768)
+
+
+def test_voice_design_and_base_rows_take_no_default_speaker(tmp_path, monkeypatch):
+    """--speaker defaults to vivian on CustomVoice checkpoints only: a VoiceDesign corpus speaks with
+    --instruct alone, and a Base row without a reference fails for that, not for a speaker."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("One line to speak.\n")
+    design = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "design", *OPTIONS[2:], "--model",
+                                     str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign"),
+                                     "--instruct", "A calm, low voice."])
+    assert design.exit_code == 0, design.output
+    [row] = json.loads((tmp_path / "design" / "report.json").read_text())["rows"]
+    assert row["speaker"] is None and row["instruct"] == "A calm, low voice." and row["frames"] > 0
+    base = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "base", *OPTIONS])
+    assert base.exit_code == 1
+    [row] = json.loads((tmp_path / "base" / "report.json").read_text())["rows"]
+    assert row["error"] == "a Base checkpoint clones a voice: the row needs a reference (ref_audio)"
+
+
+def test_help_shows_how_to_clone_a_voice_for_a_whole_corpus():
+    result = runner.invoke(cli.app, ["synth", "--help"], env={"COLUMNS": "200"})
+    help_text = " ".join(result.output.split())
+    assert ("Clone a voice for a whole corpus (a Base checkpoint, on cpu so far): tts synth corpus.txt --out DIR "
+            "--model BASE_DIR --device cpu --ref-audio voice.wav --ref-text \"what voice.wav says\"") in help_text

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from tts_cli import __version__, cli, logs
-from tts_cli.errors import CheckpointError
+from tts_cli.errors import CheckpointError, TTSError
 
 from fakes import SAMPLES_PER_FRAME, use_fake_synthesizer
 
@@ -167,6 +167,31 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
     assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
 
 
+def test_rows_auto_is_the_default_and_a_bad_rows_value_is_one_red_line(fake, tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "check_device", lambda device: None)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--device", "cuda")
+    assert result.exit_code == 0, result.output
+    assert fake.loaded_with["engine_rows"] is None   # the synthesizer chooses per call
+    assert fake.max_rows == [16 * 512]               # calls sized for the most slots auto may choose
+    result = _invoke("synth", manifest, "--out", tmp_path / "out2", "--model", tmp_path / "model", "--rows", "0",
+                     "--device", "cpu")
+    _assert_one_red_line(result, "--rows 0: auto or a whole number of slots (1 or more)")
+
+
+def test_recipe_rows_may_be_a_number_or_auto(tmp_path):
+    from tts_cli.recipe import load_recipe, parse_rows
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rows: 128\n")
+    assert parse_rows(load_recipe(str(recipe))["rows"]) == 128
+    recipe.write_text("rows: auto\n")
+    assert parse_rows(load_recipe(str(recipe))["rows"]) is None
+    recipe.write_text("rows: many\n")
+    with pytest.raises(TTSError, match="--rows many: auto or a whole number"):
+        parse_rows(load_recipe(str(recipe))["rows"])
+
+
 @pytest.mark.parametrize("option, value, choices", [("--codec-precision", "bf16", "fp16, fp32"),
                                                     ("--talker-precision", "fp32", "fp16, bf16")])
 def test_unknown_precision_is_refused_with_the_choices(fake, tmp_path, option, value, choices):
@@ -205,7 +230,11 @@ def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
-    _assert_one_red_line(result, f"{tmp_path / 'model' / 'config.json'}: not valid JSON")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    # the model loads after the device is chosen and said
+    assert [line for line in result.stderr.splitlines() if line] == [
+        cli.resolve_device("auto").line(),
+                                          f"error: {tmp_path / 'model' / 'config.json'}: not valid JSON"]
 
 
 @pytest.mark.parametrize("device, message", [
@@ -234,7 +263,7 @@ def test_bench_runs_the_engine_and_writes_json(tmp_path):
         assert 0 < r["slots_busy"] <= 1 and r["slots_busy"] == round(r["frames"] / (r["steps"] * r["concurrency"]), 3)
     assert report["forced_length"] and report["dtype"] == "float32" and report["codec_window"] == 2
     assert report["sentences"] == "bundled harvard-sentences.txt" and report["sentence_count"] == 360
-    assert "audio-s/s" in result.stdout and "slot-steps that made a frame: " in result.stdout
+    assert "audio-s/s" in result.stdout and "busy: share of slot-steps that made a frame" in result.stdout
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
@@ -370,3 +399,164 @@ def test_verbose_logging_is_added_once_and_removed_without_it():
     assert not logs.verbose()
     assert not any(h.formatter and h.formatter._fmt.endswith(": %(message)s")
                    for name in logs.LOGGERS for h in logging.getLogger(name).handlers)
+
+
+@pytest.fixture
+def cuda_seen(monkeypatch):
+    """Makes torch report (or not) a CUDA device: cuda_seen(True)."""
+    def see(available: bool):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: int(available))
+    return see
+
+
+@pytest.mark.parametrize("available, device, reason", [(True, "cuda", "auto: torch sees 1 CUDA device"),
+                                                       (False, "cpu", "auto: torch sees no CUDA device")])
+def test_synth_device_auto_picks_cuda_when_torch_sees_one_and_says_so(fake, tmp_path, cuda_seen,
+                                                                        available, device, reason):
+    cuda_seen(available)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n")
+    out = tmp_path / "out"
+    result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == f"device: {device} ({reason})"   # the first line of output
+    assert fake.loaded_with["device"] == device
+    report = json.loads((out / "report.json").read_text())
+    assert report["device"] == device and report["settings"]["device_choice"] == reason
+    assert f"- device / dtype: {device} ({reason}) / " in (out / "report.md").read_text()
+
+
+def test_an_explicit_device_wins_over_auto_and_a_recipe_device_is_named(fake, tmp_path, cuda_seen):
+    cuda_seen(True)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "a", "--model", tmp_path / "model", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == "device: cpu (--device)" and fake.loaded_with["device"] == "cpu"
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("device: cpu\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "b", "--model", tmp_path / "model", "--recipe", recipe)
+    assert result.stderr.splitlines()[0] == f"device: cpu (recipe {recipe})" and fake.loaded_with["device"] == "cpu"
+    assert json.loads((tmp_path / "b" / "report.json").read_text())["settings"]["device_choice"] == f"recipe {recipe}"
+
+
+def test_gpus_replace_the_device_and_are_said(tmp_path, cuda_seen, monkeypatch):
+    from tts_cli.scale import workers
+
+    def no_workers(*args, **kwargs):
+        raise TTSError("stopped before the workers start")
+
+    cuda_seen(False)
+    monkeypatch.setattr(workers, "WorkerPool", no_workers)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n")
+    (tmp_path / "model").mkdir()
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--gpus", "cpu,cpu")
+    assert result.stderr.splitlines()[0] == "device: cpu,cpu (--gpus: one worker per device)"
+
+
+@pytest.mark.parametrize("available, dtype, line", [
+    (True, "bfloat16", "device: cuda (auto: torch sees 1 CUDA device)"),
+    (False, "bfloat16", "device: cpu (auto: torch sees no CUDA device)"),
+    # float32's thresholds hold against the records on cpu only
+    (True, "float32", "device: cpu (auto: --dtype float32 is checked on cpu, where its thresholds hold; "
+                      "torch sees 1 CUDA device)"),
+])
+def test_verify_golden_device_auto(monkeypatch, cuda_seen, available, dtype, line):
+    from tts_cli.quality import verify_golden
+    ran_on = []
+    monkeypatch.setattr(verify_golden, "verify", lambda model, golden, device, dtype: ran_on.append(device) or [])
+    cuda_seen(available)
+    result = _invoke("verify-golden", "--dtype", dtype)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == line
+    assert ran_on == [line.split()[1]]
+    result = _invoke("verify-golden", "--dtype", dtype, "--device", "cpu")
+    assert result.stderr.splitlines()[0] == "device: cpu (--device)" and ran_on[-1] == "cpu"
+
+
+def test_bench_device_auto_on_cuda_runs_random_weights_at_the_cuda_levels(monkeypatch, cuda_seen, tmp_path):
+    """(run_bench replaced: this machine may have no GPU.) Its result is printed and written."""
+    from test_bench_output import gpu_result
+
+    from tts_cli import bench
+    asked = {}
+
+    def fake_run_bench(spec, levels, sentences, requests, frames, device, **options):
+        asked.update(spec=spec, levels=levels, requests=requests, device=device,
+                     device_choice=options["device_choice"])
+        result = gpu_result()
+        options["on_row"](result)   # the JSON is written as the levels finish
+        return result
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    cuda_seen(True)
+    out = tmp_path / "bench.json"
+    result = _invoke("bench", "--json", out)
+    assert result.exit_code == 0, result.output
+    assert asked == dict(spec="random:1.7b", levels=[1, 64, 128, 256, 512], requests=None, device="cuda",
+                         device_choice="auto: torch sees 1 CUDA device")
+    assert result.stderr.splitlines()[0] == "device: cuda (auto: torch sees 1 CUDA device)"
+    assert "CPU figures" not in result.output and json.loads(out.read_text())["rows"][2]["concurrency"] == 512
+
+
+def test_bench_with_no_options_on_cpu_runs_the_bundled_model_and_says_cpu(monkeypatch, cuda_seen, tmp_path):
+    cuda_seen(False)
+    monkeypatch.chdir(tmp_path)   # bench.json lands in the current folder
+    monkeypatch.setitem(cli.BENCH_LEVELS, "cpu", "2")   # the defaults' path, one small level: seconds
+    result = _invoke("bench")
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[0] == "device: cpu (auto: torch sees no CUDA device)"
+    assert "CPU figures, not GPU figures" in result.stderr and ": CPU figures" in result.stdout
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["model"] == "bundled tiny-1.7b-customvoice" and report["device"] == "cpu"
+    assert report["cpu_figures"] is True and report["note"].startswith("CPU figures, not GPU figures")
+    assert report["device_choice"] == "auto: torch sees no CUDA device"
+    assert [(r["concurrency"], r["requests"], r["bound_by"]) for r in report["rows"]] == [(2, 4, None)]
+    # every field the JSON had before bound_by, device_choice, cpu_figures and note were added
+    assert report.keys() >= {"model", "device", "dtype", "numerics", "gpu", "torch", "load_s", "sentences",
+                             "sentence_count", "frames", "forced_length", "codec_window", "depth_setting",
+                             "codec_stream_setting", "codec_precision", "talker_precision", "rows"}
+    assert report["rows"][0].keys() >= {"concurrency", "requests", "frames", "audio_s", "wall_s", "audio_s_per_s",
+                                        "xrt", "rtf", "first_audio_p50_s", "first_audio_p99_s", "ms_per_step",
+                                        "steps", "slots_busy", "peak_gpu_gib", "depth", "codec_window",
+                                        "codec_stream"}
+
+
+def test_shared_options_take_their_defaults_from_one_settings_object():
+    """synth's, bench's and verify-golden's options and the recipe keys all come from RunSettings:
+    a default cannot differ between commands."""
+    import dataclasses
+
+    import typer.main
+
+    from tts_cli import recipe
+    commands = typer.main.get_command(cli.app).commands
+    params = {name: {p.name: p for p in command.params} for name, command in commands.items()}
+    fields = {field.name: field.default for field in dataclasses.fields(recipe.RunSettings)}
+    assert recipe.RECIPE_KEYS.keys() == fields.keys()
+    assert recipe.RECIPE_KEYS["max_frames"] is int and recipe.RECIPE_KEYS["model"] is str
+    for name, default in fields.items():
+        assert params["synth"][name].default == default, name
+    for name in ("device", "depth", "codec_precision", "talker_precision"):
+        assert params["bench"][name].default == params["synth"][name].default == fields[name], name
+    assert params["verify-golden"]["device"].default == fields["device"] == "auto"
+
+
+def test_bench_keeps_the_finished_levels_when_a_later_one_fails(monkeypatch, tmp_path):
+    from tts_cli import bench
+    monkeypatch.setattr(bench, "load_synthesizer", lambda spec, device, dtype: None)
+    monkeypatch.setattr(bench, "make_requests", lambda synth, sentences, count, frames, speaker: [None] * count)
+
+    def bench_one(synth, concurrency, requests, *args):
+        if concurrency > 1:
+            raise ValueError(f"no room for {concurrency} rows")
+        return bench.BenchRow(concurrency, len(requests), 8, 0.64, 0.1, 6.4, 6.4, 0.16, 0.01, 0.01,
+                              dict.fromkeys(cli.STEP_STAGES, 0.0), 9, 0.9, None, "loop", 16, False, None)
+
+    monkeypatch.setattr(bench, "bench_one", bench_one)
+    out = tmp_path / "bench.json"
+    result = _invoke("bench", "--device", "cpu", "--concurrency", "1,2", "--json", out)
+    assert result.exit_code == 2 and "no room for 2 rows" in result.stderr
+    assert [(r["concurrency"], r["requests"]) for r in json.loads(out.read_text())["rows"]] == [(1, 2)]

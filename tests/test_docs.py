@@ -11,9 +11,6 @@ PAGES = [ROOT / "README.md", ROOT / "tools" / "README.md", *sorted((ROOT / "docs
 # Top-level folders whose paths a page may name in backticks.
 TREE = ("bench/", "docs/", "tools/", "tests/", "tts_cli/", "kernels/", "recipes/", "examples/")
 # Files a page may name before they exist, each with the reason.
-NOT_YET = {
-    "docs/bench.png": "the README's plot, made by `tts bench --plot` from an H200 run",
-}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`\n]+)`")
 
@@ -45,7 +42,7 @@ def test_the_pages_exist():
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_cited_file_exists(page):
-    missing = sorted(p for p in cited(page) if p not in NOT_YET and not (ROOT / p).exists())
+    missing = sorted(p for p in cited(page) if not (ROOT / p).exists())
     assert missing == [], f"{page.relative_to(ROOT)} cites missing files: {missing}"
 
 

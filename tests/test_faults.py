@@ -65,3 +65,58 @@ def test_out_of_memory_through_the_cli_fails_only_the_row_at_fault(monkeypatch, 
     assert fake.batches == [["a", "b", "c", "d"], ["a", "b"], ["c", "d"], ["c"], ["d"], ["e"], ["e"], ["f"]]
     assert fake.max_rows == [4, 2, 2, 1, 1, 1, 1, 1]   # the engine's slots shrink with the calls
     assert "rows per call went down to 1" in " ".join(report["notes"])
+
+
+def test_no_space_on_the_fifth_file_stops_the_run_and_a_rerun_resumes(monkeypatch, tmp_path):
+    """ENOSPC from the OS, half-way through the fifth row's file (where a tmpfs cannot be mounted,
+    tests/test_signals.py cannot run this for real): exit 2 naming the path, no partial file, no
+    ledger line for the rows not written; the same command then finishes with each row once."""
+    import errno
+    from pathlib import Path
+
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    real_write_bytes, writes = Path.write_bytes, []
+
+    def write_bytes(path, data):
+        writes.append(path.name)
+        if len(writes) == 5:
+            real_write_bytes(path, data[:len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_bytes(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    manifest, out = tmp_path / "m.txt", tmp_path / "out"
+    manifest.write_text("".join(f"r{i}\tRow {i}.\n" for i in range(8)))
+    arguments = ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"), "--batch-size", "1"]
+    full = runner.invoke(cli.app, arguments)
+    assert full.exit_code == 2, full.output
+    assert f"error: cannot write {out / 'r4.wav'}: No space left on device; the run stopped" in full.stderr
+    assert [e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())] == ["r0", "r1", "r2", "r3"]
+    assert sorted(p.name for p in out.iterdir()) == [".tts-lock", "ledger.jsonl", "r0.wav", "r1.wav", "r2.wav", "r3.wav"]
+
+    rerun = runner.invoke(cli.app, arguments)
+    assert rerun.exit_code == 0, rerun.output
+    assert "8 rows ok (4 from an earlier run)" in rerun.stdout
+    assert [e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())] == \
+        [f"r{i}" for i in range(8)]
+
+
+def test_a_ledger_append_that_fails_leaves_the_ledger_as_it_was(monkeypatch, tmp_path):
+    import errno
+    import os
+    import types
+
+    from tts_cli.errors import OutputError
+    from tts_cli.output import ledger as ledger_module
+
+    with ledger_module.Ledger(tmp_path) as ledger:
+        ledger.append([{"id": "a", "key": "k", "status": "ok"}])
+        before = (tmp_path / "ledger.jsonl").read_bytes()
+
+        def fsync(fd):
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(ledger_module, "os", types.SimpleNamespace(**{**vars(os), "fsync": fsync}))
+        with pytest.raises(OutputError, match=f"cannot write {tmp_path / 'ledger.jsonl'}: Input/output error"):
+            ledger.append([{"id": "b", "key": "k", "status": "ok"}])
+        assert (tmp_path / "ledger.jsonl").read_bytes() == before and list(ledger.latest) == ["a"]

@@ -58,15 +58,16 @@ def test_rerun_skips_done_rows_and_rebuilds_the_same_report(fake, tmp_path):
 
 
 def test_a_row_that_cannot_be_written_fails_alone_and_the_ledger_keeps_row_order(fake, tmp_path, monkeypatch):
-    """A batch's files are written by several threads at once: one failing write fails that row
-    only, naming the file and the cause; the ledger records the failure, then the written rows in
-    manifest order (whichever thread finished first)."""
+    """A batch's files are written by several threads at once: a row whose audio libsndfile cannot
+    encode (an OSError without errno; a full disk stops the run instead: tests/test_signals.py)
+    fails that row only, naming the file and the cause; the ledger records the failure, then the
+    written rows in manifest order (whichever thread finished first)."""
     from tts_cli.output import formats
     real_write = formats.write_audio
 
     def write_audio(path, *args):
         if path.name == "c.wav":
-            raise OSError("No space left on device")
+            raise OSError("Error : unsupported sample format")
         real_write(path, *args)
 
     monkeypatch.setattr(formats, "write_audio", write_audio)
@@ -77,7 +78,7 @@ def test_a_row_that_cannot_be_written_fails_alone_and_the_ledger_keeps_row_order
     assert result.exit_code == 1, result.output
     report = json.loads((out / "report.json").read_text())
     assert [(r["id"], r["error"]) for r in report["rows"] if r["error"]] == \
-        [("c", "cannot write c.wav: No space left on device")]
+        [("c", "cannot write c.wav: Error : unsupported sample format")]
     assert sorted(p.name for p in out.glob("*.wav")) == [f"{name}.wav" for name in "abdefghij"]
     assert [(e["id"], e["status"]) for e in _ledger(out)] == \
         [("c", "failed")] + [(name, "ok") for name in "abdefghij"]

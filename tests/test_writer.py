@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from tts_cli.errors import OutputError
 from tts_cli.output.writer import sanitize_id, wav_names, write_atomically, write_wav
 
 
@@ -48,12 +49,12 @@ def test_failed_write_keeps_the_old_file_and_removes_the_temp_file(tmp_path):
         tmp.write_text("half")
         raise OSError("disk full")
 
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputError, match=f"cannot write {target}: disk full"):
         write_atomically(target, half_write)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
-def test_write_wav_into_missing_folder_raises_oserror(tmp_path):
-    with pytest.raises(OSError):
+def test_write_wav_into_missing_folder_raises_output_error(tmp_path):
+    with pytest.raises(OutputError, match="No such file or directory"):
         write_wav(tmp_path / "missing" / "x.wav", np.zeros(10, np.float32), 24000)

@@ -13,7 +13,8 @@ Reported per concurrency:
   first audio p50/p99: seconds from admission (prefill start) to its first frame on the host
   ms per step: depth (code predictor + its sampling), codec (with --codec-window K: one call
   every K steps, amortized over steps), talker (+ its sampling), prefill, host (wall per step not
-  covered by those), from CUDA events around each stage
+  covered by those), from CUDA events around each stage (on CUDA only: on CPU all is host)
+  bound by: the stage with the largest share of the step time (bounding_stage)
   slots busy: frames / (steps x c), the share of slot-steps that made a frame (the rest: slots
   waiting for a window boundary, and the ragged end of the last requests)
   peak GPU memory (torch.cuda.max_memory_allocated)
@@ -26,6 +27,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -44,6 +46,8 @@ CHARS_PER_SECOND = 14.0
 FRAMES_PER_SECOND = 12.5
 MIN_FRAMES = 8
 WARMUP_FRAMES = 4
+CPU_NOTE = ("CPU figures, not GPU figures: the engine's torch reference ops on cpu, stage times not "
+            "timed; they show that the bench runs, not how fast tts is (docs/bench.md has GPU figures)")
 
 
 @dataclass
@@ -65,6 +69,7 @@ class BenchRow:
     depth: str   # what ran the code predictor: kernel or loop
     codec_window: int   # K: the codec ran every K steps over the last K frames
     codec_stream: bool  # the codec ran on its own stream beside the steps: the stage times overlap
+    bound_by: str | None  # the stage with the largest share of a step (bounding_stage); None: stages not timed
 
 
 def load_synthesizer(spec: str, device: str, dtype: torch.dtype) -> Synthesizer:
@@ -96,6 +101,18 @@ def make_requests(synth: Synthesizer, sentences: list[str], count: int, frames: 
         requests.append(EngineRequest(key=key, prompt_embeds=prompt_embeddings(synth.model.talker, prompt),
                                       seed=key, max_frames=n, min_new_tokens=n + 1))
     return requests
+
+
+def bounding_stage(ms_per_step: dict, codec_stream: bool) -> str | None:
+    """The stage that bounds a step: the one with the largest share of its time (host included: the
+    wall the timed stages leave). A codec on its own stream runs beside the others, so it bounds
+    only where it takes longer than they do together. None where the stages were not timed (CPU)."""
+    if not any(ms for stage, ms in ms_per_step.items() if stage != "host"):
+        return None
+    in_line = {stage: ms for stage, ms in ms_per_step.items() if not (codec_stream and stage == "codec")}
+    if codec_stream and ms_per_step["codec"] > sum(in_line.values()):
+        return "codec"
+    return max(in_line, key=in_line.get)
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -151,48 +168,54 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
     audio = frames / FRAMES_PER_SECOND
     xrts = [len(r.codes) / FRAMES_PER_SECOND / (r.finished_at - r.admitted_at) for r in results]
     first = [r.first_audio_at - r.admitted_at for r in results if r.first_audio_at is not None]
+    ms_per_step = {k: round(v, 3) for k, v in engine.stats.per_step().items()}
+    codec_stream = engine.codec_stream is not None
     row = BenchRow(
         concurrency=concurrency, requests=len(requests), frames=frames, audio_s=round(audio, 3),
         wall_s=round(wall, 4), audio_s_per_s=round(audio / wall, 2), xrt=round(statistics.mean(xrts), 3),
         rtf=round(statistics.mean(1 / x for x in xrts), 4),
         first_audio_p50_s=round(_percentile(first, 0.5), 4), first_audio_p99_s=round(_percentile(first, 0.99), 4),
-        ms_per_step={k: round(v, 3) for k, v in engine.stats.per_step().items()}, steps=engine.stats.steps,
+        ms_per_step=ms_per_step, steps=engine.stats.steps,
         slots_busy=round(frames / max(1, engine.stats.steps * concurrency), 3),
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         depth="kernel" if engine.step.depth_frame is not None else "loop", codec_window=engine.codec_window,
-        codec_stream=engine.codec_stream is not None)
+        codec_stream=codec_stream, bound_by=bounding_stage(ms_per_step, codec_stream))
     del engine
     return row
 
 
-def default_requests(concurrency: int) -> int:
-    """Requests per concurrency when not given: the protocol of the runtimes we compare with
-    (shared/reference/000: 40 sentences at c1, 800 above). Many waves per slot, so the ragged end
-    of the last requests weighs little, as in a long batch job."""
-    return 40 if concurrency == 1 else 800
+def default_requests(concurrency: int, cuda: bool = True) -> int:
+    """Requests per concurrency when not given. On CUDA the protocol of the runtimes we compare with
+    (shared/reference/000: 40 sentences at c1, 800 above), and at least three waves per slot
+    (1536 at c512), so the ragged end of the last requests weighs little, as in a long batch job.
+    On CPU two waves: a check that runs in seconds, not a measurement."""
+    if not cuda:
+        return 2 * concurrency
+    return 40 if concurrency == 1 else max(800, 3 * concurrency)
 
 
 def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, requests: int | None,
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int | None = None,
               depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
-              talker_precision: str = DEFAULT_TALKER_PRECISION, codec_stream: bool = True) -> dict:
+              talker_precision: str = DEFAULT_TALKER_PRECISION, codec_stream: bool = True,
+              device_choice: str = "--device", on_row: Callable[[dict], None] | None = None) -> dict:
     """codec_stream: the engine's choice (its own stream on CUDA up to 64 rows, tts_cli.engine.
-    codec_stream_for), else in line; the CPU always runs it in line."""
+    codec_stream_for), else in line; the CPU always runs it in line. device_choice: why this device
+    (tts_cli.cli.DeviceChoice.reason), recorded. on_row: called with the result so far after each
+    concurrency (the CLI writes it, so that a failure at a later one keeps the earlier ones)."""
     dtype = weights_dtype(device, talker_precision)
-    if device.startswith("cuda"):
+    cuda = device.startswith("cuda")
+    if cuda:
         allow_tf32()
     t0 = time.perf_counter()
     synth = load_synthesizer(spec, device, dtype)
     load_s = time.perf_counter() - t0
     sentences = read_sentences(sentences_path)
-    rows = []
-    for c in concurrencies:
-        count = requests or default_requests(c)
-        rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
-                              codec_precision, None if codec_stream else False))
-    return {
-        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
-        "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
+    result = {
+        "model": f"bundled {TINY.name}" if Path(spec).resolve() == TINY else spec, "device": device,
+        "device_choice": device_choice, "cpu_figures": not cuda, **({} if cuda else {"note": CPU_NOTE}),
+        "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
+        "gpu": torch.cuda.get_device_name() if cuda else None,
         "torch": torch.__version__, "load_s": round(load_s, 2),
         # the bundled list by name: its absolute path only says where tts was installed
         "sentences": f"bundled {SENTENCES.name}" if sentences_path.resolve() == SENTENCES else str(sentences_path),
@@ -203,8 +226,16 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "codec_stream_setting": f"own stream {CODEC_STREAM_RULE}" if codec_stream else "in line",
         "codec_precision": codec_precision,
         "talker_precision": talker_precision,
-        "rows": [asdict(r) for r in rows],
+        "rows": [],
     }
+    for c in concurrencies:
+        count = requests or default_requests(c, cuda)
+        row = bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
+                        codec_precision, None if codec_stream else False)
+        result["rows"].append(asdict(row))
+        if on_row is not None:
+            on_row(result)
+    return result
 
 
 def write_json(result: dict, path: Path) -> None:

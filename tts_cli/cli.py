@@ -13,11 +13,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from . import __version__
-from .engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
-                     DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, TALKER_PRECISIONS)
+from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES,
+                     TALKER_PRECISIONS)
+from .bench_plot import STEP_STAGES
 from .errors import TTSError
 from .logs import log_to_stderr
-from .recipe import load_recipe
+from .processes import RunStopped, stop_on_signals
+from .recipe import AUTO_DEVICE, DEFAULTS, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
@@ -40,7 +42,13 @@ TALKER_PRECISION_HELP = ("The talker's and code predictor's weights on cuda, whi
                          "each input rounded once to fp16; NaN or infinite logits are detected and the run refused "
                          "with an error that names this switch) or bf16 (each input as two bf16 halves, 16 bits; "
                          "slower in the prefill and at 128+ rows: docs/bench.md).")
+DEVICE_HELP = ("Torch device: auto (cuda when torch sees a GPU, else cpu; the choice is printed first and "
+               "recorded), cpu or cuda[:N].")
 INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
+# `tts bench`'s concurrencies when none are given. On CPU a check that runs in seconds on the bundled
+# tiny model, not a measurement.
+BENCH_LEVELS = {"cuda": "1,64,128,256,512", "cpu": "1,4"}
+BENCH_TABLE_WIDTH = 100   # the bench table and its notes fit this many columns
 
 app = typer.Typer(
     name="tts",
@@ -95,7 +103,21 @@ def checkpoint_kind(model_dir: Path) -> str | None:
         return None
 
 
-def check_engine_choices(depth: str, codec_precision: str, talker_precision: str = DEFAULT_TALKER_PRECISION) -> None:
+def setting_option(name: str, **kwargs):
+    """The typer option of a RunSettings field: its default from tts_cli.recipe.DEFAULTS, so that
+    every command that takes it has the same default (and a recipe the same key)."""
+    return typer.Option(getattr(DEFAULTS, name), "--" + name.replace("_", "-"), **kwargs)
+
+
+# The engine options of synth and bench, declared once (typer copies an option for each command).
+DEPTH_OPTION = setting_option("depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP)
+CODEC_PRECISION_OPTION = setting_option("codec_precision", metavar="|".join(CODEC_PRECISIONS),
+                                        help=CODEC_PRECISION_HELP)
+TALKER_PRECISION_OPTION = setting_option("talker_precision", metavar="|".join(TALKER_PRECISIONS),
+                                         help=TALKER_PRECISION_HELP)
+
+
+def check_engine_choices(depth: str, codec_precision: str, talker_precision: str) -> None:
     """The engine options that take one of a fixed set of words."""
     for option, value, choices in (("--depth", depth, DEPTH_CHOICES),
                                    ("--codec-precision", codec_precision, CODEC_PRECISIONS),
@@ -104,9 +126,8 @@ def check_engine_choices(depth: str, codec_precision: str, talker_precision: str
             raise TTSError(f"{option} {value}: one of {', '.join(choices)}")
 
 
-def load_synthesizer(model_dir: Path, device: str, engine_rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
-                     codec_precision: str = DEFAULT_CODEC_PRECISION,
-                     talker_precision: str = DEFAULT_TALKER_PRECISION):
+def load_synthesizer(model_dir: Path, device: str, engine_rows: int | None, depth: str, codec_precision: str,
+                     talker_precision: str):
     """Imported here, not at the top: torch and the model load only for commands that synthesize."""
     from .synthesizer import Synthesizer, allow_tf32
 
@@ -125,6 +146,29 @@ def check_device(device: str) -> None:
         raise TTSError(f"--device {device!r}: {e}") from e
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise TTSError(f"--device {device!r}: torch reports no CUDA device on this machine")
+
+
+@dataclass
+class DeviceChoice:
+    device: str   # cpu, cuda, cuda:N
+    reason: str   # "auto: torch sees ...", or where an explicit choice came from (--device, the recipe)
+
+    def line(self) -> str:
+        """The first line a command prints."""
+        return f"device: {self.device} ({self.reason})"
+
+
+def resolve_device(option: str, given_by: str = "--device") -> DeviceChoice:
+    """--device auto: cuda when torch sees a GPU, else cpu. Any other value is checked and kept."""
+    import torch
+
+    if option != AUTO_DEVICE:
+        check_device(option)
+        return DeviceChoice(option, given_by)
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        return DeviceChoice("cuda", f"auto: torch sees {count} CUDA device{'s' if count != 1 else ''}")
+    return DeviceChoice("cpu", "auto: torch sees no CUDA device")
 
 
 def _print_version(value: bool) -> None:
@@ -161,48 +205,47 @@ def synth(
         help="Folder for the outputs (one file per row named by the sanitized row id, or parquet shards), "
              "ledger.jsonl and report.json / report.md; created if missing. Rerunning the same command "
              "skips the rows already done there."),
-    model: Optional[Path] = typer.Option(
-        None, "--model", metavar="DIR", show_default=False,
+    model: Optional[Path] = setting_option(
+        "model", metavar="DIR", show_default=False,
         help="Checkpoint folder in the official Qwen3-TTS-12Hz CustomVoice layout. Default: $TTS_MODEL, "
              "else the bundled tiny model, whose weights are random (its audio is noise)."),
-    speaker: Optional[str] = typer.Option(
-        None, "--speaker", metavar="NAME", show_default=False,
+    speaker: Optional[str] = setting_option(
+        "speaker", metavar="NAME", show_default=False,
         help=f"Speaker for rows that name none; must be one of the checkpoint's. Default: {DEFAULT_SPEAKER} on "
              "CustomVoice checkpoints; Base and VoiceDesign ones have no named speakers."),
-    language: str = typer.Option(
-        "auto", "--language", metavar="NAME", help="Language for rows that name none: auto or one of the checkpoint's."),
-    seed: int = typer.Option(
-        0, "--seed", metavar="SEED",
+    language: str = setting_option(
+        "language", metavar="NAME", help="Language for rows that name none: auto or one of the checkpoint's."),
+    seed: int = setting_option(
+        "seed", metavar="SEED",
         help="Base seed: a row without its own seed uses SEED + its 0-based row index in the manifest "
              "(blank lines count). Unused with --greedy."),
-    greedy: bool = typer.Option(
-        False, "--greedy",
+    greedy: bool = setting_option(
+        "greedy",
         help="No sampling: argmax in both the talker and the code predictor (the official "
              "do_sample=False, subtalker_dosample=False)."),
-    max_frames: Optional[int] = typer.Option(
-        None, "--max-frames", metavar="N", min=1, show_default=False,
+    max_frames: Optional[int] = setting_option(
+        "max_frames", metavar="N", min=1, show_default=False,
         help="Stop each segment after N codec frames (12.5 frames per audio second) and flag its row "
              "hit_cap. Default: 50 + 15 frames per text token, within the checkpoint's max_new_tokens."),
-    batch_size: Optional[int] = typer.Option(
-        None, "--batch-size", metavar="N", min=1, show_default=False,
+    batch_size: Optional[int] = setting_option(
+        "batch_size", metavar="N", min=1, show_default=False,
         help="Segments per synthesize call (fewer after a CUDA out-of-memory). Default: 8 on cpu (one "
              "lockstep batch); on cuda 16 x --rows, queued into the engine's slots longest text first and "
              "refilled as segments end (each call's end leaves slots idle: larger calls, fewer ends)."),
-    rows: int = typer.Option(
-        DEFAULT_ENGINE_ROWS, "--rows", metavar="N", min=1,
-        help="On cuda: the engine's slots, the rows every decode step runs whatever a call holds, so that "
-             "a seeded row's audio does not depend on its batch mates (for one --rows setting). Fewer "
-             "only when CUDA out-of-memory halvings bring the segments per call below it. More rows, more "
-             "throughput for long corpora (tts bench, H200, random 1.7B weights: about 1.24x the audio-s/s of 64 "
-             "rows at 128 and 1.4x at 256, for later first audio and more memory; docs/bench.md)."),
-    depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
-    codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
-                                        metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
-    talker_precision: str = typer.Option(DEFAULT_TALKER_PRECISION, "--talker-precision",
-                                         metavar="|".join(TALKER_PRECISIONS), help=TALKER_PRECISION_HELP),
-    device: str = typer.Option(
-        "cpu", "--device", metavar="DEVICE",
-        help="Torch device: cpu runs the plain model in fp32; cuda[:N] runs the slot engine (CUDA graphs, fused "
+    rows: str = setting_option(
+        "rows", metavar="auto|N",
+        help=f"On cuda: the engine's slots, the rows every decode step runs whatever a call holds. auto: "
+             f"{AUTO_ROWS_RULE}, per call (more rows, more throughput for long corpora: tts bench, H200, "
+             f"random 1.7B weights, 512 rows about 1.76x the audio-s/s of 64; docs/bench.md); the choice is "
+             f"a note of the report. N fixes it, so that a seeded row's audio does not depend on its batch "
+             f"mates (for one --rows setting); fewer only when CUDA out-of-memory halvings bring the segments "
+             f"per call below it."),
+    depth: str = DEPTH_OPTION,
+    codec_precision: str = CODEC_PRECISION_OPTION,
+    talker_precision: str = TALKER_PRECISION_OPTION,
+    device: str = setting_option(
+        "device", metavar="auto|cpu|cuda[:N]",
+        help=DEVICE_HELP + " cpu runs the plain model in fp32; cuda runs the slot engine (CUDA graphs, fused "
              "kernels; 16-bit weights with fp32 activations: --talker-precision; the codec in fp32 but for the "
              "vocoder's convolution inputs: --codec-precision)."),
     output_format: str = typer.Option(
@@ -280,9 +323,11 @@ def synth(
     Resumable: every finished row is recorded in DIR/ledger.jsonl after its file is on disk; a rerun
     of the same command (after a crash or a kill) skips them and rebuilds the report.
 
-    Exit status: 0 every row succeeded; 1 some rows failed (see the report);
-    2 the run could not start or go on (bad manifest, model, option, a row changed since an earlier
-    run into DIR, a worker died), with one red line saying why; 130 interrupted (rerun to resume).
+    Exit status: 0 every row succeeded; 1 some rows failed (see the report; also the rows a --gpus
+    worker held when it died); 2 the run could not start or go on (bad manifest, model, option, a row
+    changed since an earlier run into DIR, every worker died, an output could not be written: disk
+    full, I/O error, read-only folder), with one red line saying why; 130 Ctrl-C, 143 SIGTERM (the
+    finished rows are recorded and reported; rerun to resume).
     """
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
                    max_frames=max_frames, batch_size=batch_size, rows=rows, depth=depth,
@@ -294,10 +339,17 @@ def synth(
     try:
         if recipe is not None:
             options = apply_recipe(ctx, load_recipe(recipe), options)
-        exit_code = run_synth(manifest, out, **options)
+        device_given_by = "--device" if options["device"] == device else f"recipe {recipe}"
+        with stop_on_signals() as stop:   # SIGTERM, Ctrl-C: the run stops between batches, then reports
+            exit_code = run_synth(manifest, out, device_given_by=device_given_by, **options)
+            stop.raise_if_stopped()
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
+    except RunStopped as e:
+        say(f"{e}: the rows finished so far are in {out / 'ledger.jsonl'} and the report; rerun the same command "
+            "to resume", "red")
+        raise typer.Exit(e.exit_status)
     except KeyboardInterrupt:
         say(f"interrupted: the rows finished so far are in {out / 'ledger.jsonl'}; rerun the same command to resume",
             "red")
@@ -318,9 +370,8 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Optional[str], language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
-              rows: int = DEFAULT_ENGINE_ROWS, depth: str = DEFAULT_DEPTH,
-              codec_precision: str = DEFAULT_CODEC_PRECISION,
-              talker_precision: str = DEFAULT_TALKER_PRECISION, output_format: str = "wav",
+              rows: str, depth: str, codec_precision: str, talker_precision: str, device_given_by: str = "--device",
+              output_format: str = "wav",
               max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
               wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None,
@@ -340,6 +391,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     if output_format not in FORMATS:
         raise TTSError(f"--format {output_format!r}: expected one of {', '.join(FORMATS)}")
     shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
+    engine_rows = parse_rows(rows)
     devices = parse_devices(gpus) if gpus else None
     choice = resolve_model(model)
     kind = checkpoint_kind(choice.dir)
@@ -359,12 +411,16 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     check_engine_choices(depth, codec_precision, talker_precision)
     if devices:
         check_devices(devices)
+        device_choice = DeviceChoice(",".join(devices), "--gpus: one worker per device" +
+                                     ("" if device == AUTO_DEVICE else f"; --device {device} not used"))
     else:
-        check_device(device)
+        device_choice = resolve_device(device, device_given_by)
+        device = device_choice.device
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TTSError(f"cannot create output folder {out}: {e}") from e
+    say(device_choice.line(), "bold")
 
     report_row_error = row_error_printer()
     for row in shard_rows:
@@ -374,9 +430,12 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         say(f"warning: using the bundled tiny model ({choice.dir}): random weights: its audio is noise; "
             "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz CustomVoice checkpoint", "yellow")
     on_cuda = bool(devices) or device.startswith("cuda")
-    batch_size = batch_size or (CALL_ROWS_PER_SLOT * rows if on_cuda else 8)
+    if on_cuda:
+        say(f"rows: {engine_rows} (--rows)" if engine_rows else
+            f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
+    batch_size = batch_size or (CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8)
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
-                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=rows, depth=depth,
+                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=engine_rows, depth=depth,
                            codec_precision=codec_precision, talker_precision=talker_precision,
                            model=str(choice.dir.resolve()),
                            redo_changed=redo_changed)
@@ -393,7 +452,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         nonlocal load_seconds, loaded_numerics
         load_start = perf_counter()
         executor = (WorkerPool(choice.dir, devices, settings, voices) if devices
-                    else LocalExecutor(load_synthesizer(choice.dir, device, rows, depth, codec_precision,
+                    else LocalExecutor(load_synthesizer(choice.dir, device, engine_rows, depth, codec_precision,
                                                         talker_precision), settings, voices))
         load_seconds = perf_counter() - load_start
         loaded_numerics = executor.numerics
@@ -448,6 +507,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     report = build_report(RunInfo(
         manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
         bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
+        device_choice=device_choice.reason,
         dtype=loaded_numerics or numerics(first_device, codec_precision, weights_dtype(first_device, talker_precision)),
         greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
         skipped_empty=manifest.skipped_empty, load_seconds=load_seconds,
@@ -529,83 +589,167 @@ def row_error_printer(limit: int = 20):
 
 @app.command(short_help="Closed-loop throughput and latency of the engine at several concurrencies.")
 def bench(
-    concurrency: str = typer.Option("1,8,32,64,128", "--concurrency", metavar="C1,C2,...",
-                                    help="Rows in flight (engine slots), one timed run each."),
-    model: str = typer.Option("random:1.7b", "--model", metavar="DIR|random:1.7b|random:0.6b",
-                              help="A checkpoint folder, or random weights with the exact real shapes built on "
-                                   "the device (no download; its audio is noise)."),
+    concurrency: Optional[str] = typer.Option(
+        None, "--concurrency", metavar="C1,C2,...", show_default=False,
+        help=f"Rows in flight (engine slots), one timed run each. Default: {BENCH_LEVELS['cuda']} on cuda, "
+             f"{BENCH_LEVELS['cpu']} on cpu."),
+    model: Optional[str] = typer.Option(
+        None, "--model", metavar="DIR|random:1.7b|random:0.6b", show_default=False,
+        help="A checkpoint folder, or random weights with the exact real shapes built on the device (no "
+             "download; its audio is noise). Default: random:1.7b on cuda, the bundled tiny model on cpu."),
     sentences: Path = typer.Option(None, "--sentences", metavar="FILE", show_default=False,
                                    help="One sentence per line. Default: the bundled 360 Harvard sentences."),
-    requests: Optional[int] = typer.Option(None, "--requests", min=1, metavar="N", show_default=False,
-                                           help="Requests per concurrency. Default: 40 at concurrency 1, else 800 "
-                                                "(the protocol of the runtimes compared in docs/bench.md)."),
+    requests: Optional[int] = typer.Option(
+        None, "--requests", min=1, metavar="N", show_default=False,
+        help="Requests per concurrency. Default on cuda: 40 at concurrency 1, else 800 (the protocol of the "
+             "runtimes compared in docs/bench.md) and at least 3 per slot; on cpu 2 per slot."),
     frames: str = typer.Option("auto", "--frames", metavar="auto|N",
                                help="Forced length of every request: auto = characters / 14 per s x 12.5 frames "
                                     "per s (at least 8), or N frames. Lengths are forced because random weights "
                                     "never end speech."),
-    device: str = typer.Option(
-        "cuda", "--device", metavar="DEVICE",
-        help="Torch device; on cuda 16-bit weights with fp32 activations (--talker-precision; the vocoder's "
-             "convolutions: --codec-precision), on cpu fp32."),
+    device: str = setting_option(
+        "device", metavar="auto|cpu|cuda[:N]",
+        help=DEVICE_HELP + " On cuda 16-bit weights with fp32 activations (--talker-precision; the vocoder's "
+             "convolutions: --codec-precision); on cpu fp32, and its figures are CPU figures, not GPU figures."),
     codec_window: Optional[int] = typer.Option(
         None, "--codec-window", min=1, metavar="K", show_default=False,
         help=f"Run the codec every K decode steps over the last K frames. Default: the engine's, "
              f"{CODEC_WINDOW_RULE} (larger K: faster codec, later first audio; at more than one row also idle "
              "slots, waiting for a window to end)."),
-    depth: str = typer.Option(DEFAULT_DEPTH, "--depth", metavar="|".join(DEPTH_CHOICES), help=DEPTH_HELP),
+    depth: str = DEPTH_OPTION,
     codec_stream: bool = typer.Option(
         True, "--codec-stream/--codec-in-line",
         help=f"Run the codec on a CUDA stream of its own beside the next window's steps where the engine "
              f"chooses to ({CODEC_STREAM_RULE}; `tts synth` runs 64 rows: its own stream), or always in line "
              "after them, to compare. The audio is the same either way; on CPU it runs in line."),
-    codec_precision: str = typer.Option(DEFAULT_CODEC_PRECISION, "--codec-precision",
-                                        metavar="|".join(CODEC_PRECISIONS), help=CODEC_PRECISION_HELP),
-    talker_precision: str = typer.Option(DEFAULT_TALKER_PRECISION, "--talker-precision",
-                                         metavar="|".join(TALKER_PRECISIONS), help=TALKER_PRECISION_HELP),
+    codec_precision: str = CODEC_PRECISION_OPTION,
+    talker_precision: str = TALKER_PRECISION_OPTION,
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
+    plot: Optional[Path] = typer.Option(
+        None, "--plot", metavar="FILE.png", show_default=False,
+        help="Also draw the results as a PNG: audio-s/s per concurrency, and each step's time split by stage "
+             "(extra [plot]: matplotlib). `tts plot` draws several result files on one chart."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
-    of the engine, per concurrency. Definitions: see tts_cli/bench.py and docs/bench.md."""
-    from rich.table import Table
-
-    from .bench import SENTENCES, run_bench, write_json
-
+    of the engine, per concurrency, and the stage that bounds each. Definitions: see tts_cli/bench.py
+    and docs/bench.md."""
     try:
-        levels = [int(c) for c in concurrency.split(",")]
+        device_choice = resolve_device(device)
+        cuda = device_choice.device.startswith("cuda")
+        levels = [int(c) for c in (concurrency or BENCH_LEVELS["cuda" if cuda else "cpu"]).split(",")]
         forced = None if frames == "auto" else int(frames)
     except ValueError:
         say("error: --concurrency takes integers like 1,8,64 and --frames auto or an integer", "red")
         raise typer.Exit(2)
+    except TTSError as e:
+        say(f"error: {e}", "red")
+        raise typer.Exit(2)
     try:
-        check_device(device)
         check_engine_choices(depth, codec_precision, talker_precision)
-        result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
+        if plot is not None:
+            from .bench_plot import check_plotting
+            check_plotting()   # before the run, not after it
+        say(device_choice.line(), "bold")
+        if not cuda:
+            say("note: CPU figures, not GPU figures: the bench runs the engine's torch reference ops on cpu "
+                f"({'the bundled tiny model' if model is None else model}); docs/bench.md has GPU figures", "yellow")
+        from .bench import SENTENCES, run_bench, write_json
+        result = run_bench(model or ("random:1.7b" if cuda else str(BUNDLED_MODEL_DIR)), levels,
+                           sentences or SENTENCES, requests, forced, device_choice.device,
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision,
-                           talker_precision=talker_precision, codec_stream=codec_stream)
+                           talker_precision=talker_precision, codec_stream=codec_stream,
+                           device_choice=device_choice.reason, on_row=lambda so_far: write_json(so_far, json_out))
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
-    write_json(result, json_out)
-    table = Table(title=f"tts bench: {model} on {result['gpu'] or device} ({result['dtype']}), forced lengths, "
-                        f"codec window {result['codec_window']}")
-    for column in ("rows", "requests", "audio-s/s", "xRT", "RTF", "first audio p50/p99 s", "ms/step "
-                   "depth/codec/talker/prefill/host", "peak GiB"):
-        table.add_column(column)
-    for r in result["rows"]:
-        ms = r["ms_per_step"]
-        table.add_row(str(r["concurrency"]), str(r["requests"]), f"{r['audio_s_per_s']:.1f}", f"{r['xrt']:.2f}",
-                      f"{r['rtf']:.3f}", f"{r['first_audio_p50_s']:.3f}/{r['first_audio_p99_s']:.3f}",
-                      "/".join(f"{ms[k]:.2f}" for k in ("depth", "codec", "talker", "prefill", "host")),
-                      str(r["peak_gpu_gib"]))
-    Console().print(table)
-    typer.echo("slot-steps that made a frame: " +
-               ", ".join(f"{r['slots_busy']:.0%} at {r['concurrency']} rows" for r in result["rows"]))
-    typer.echo(f"--depth {depth}: the code predictor ran as " +
-               ", ".join(f"{r['depth']} at {r['concurrency']} rows" for r in result["rows"]))
-    if any(r["codec_stream"] for r in result["rows"]):
-        typer.echo("the codec ran on its own stream beside the steps: its ms/step overlap the others', "
-                   "and host is what the wall leaves after their sum (0 when they overlap more)")
+    # at least 100 columns, so that a pipe or a narrow terminal wraps the table's lines instead of cutting them
+    Console(width=max(Console().width, BENCH_TABLE_WIDTH)).print(bench_table(result))
+    for line in bench_notes(result, depth):
+        typer.echo(line)
     typer.echo(f"results: {json_out}")
+    if plot is not None:
+        from .bench_plot import plot_runs, runs_from
+        plot_runs(runs_from(result, json_out.stem), plot)
+        typer.echo(f"plot: {plot}")
+
+
+@app.command("plot", short_help="Draw bench results (several runs on one chart) as a PNG.")
+def plot_command(
+    results: list[Path] = typer.Argument(
+        ..., metavar="RESULTS...", show_default=False,
+        help="Result files: tts bench --json output, tools/arms.py's arms.json, or peer bench JSON lines "
+             "(system, batch, audio_s_per_s; shared/peer_bench/results)."),
+    out: Path = typer.Option(..., "--out", metavar="FILE.png", show_default=False, help="The PNG to write."),
+    title: str = typer.Option("tts bench", "--title", metavar="TEXT", help="The figure's title."),
+) -> None:
+    """Audio-s/s per concurrency, one line per run of every file, and each step's time split by stage
+    as stacked bars per concurrency (runs with stage times only). Needs the extra [plot] (matplotlib)."""
+    from .bench_plot import plot_runs, read_runs
+
+    try:
+        runs = [run for path in results for run in read_runs(path)]
+        plot_runs(runs, out, title)
+    except TTSError as e:
+        say(f"error: {e}", "red")
+        raise typer.Exit(2)
+    typer.echo(f"plot: {out} ({len(runs)} runs: {'; '.join(run.label for run in runs)})")
+
+
+# (header, the row's value as text) per column; headers short and units in bench_notes, so that the
+# table fits 100 columns (tests/test_bench_output.py). The JSON has every field, these and more.
+BENCH_COLUMNS = (
+    ("c", lambda r: str(r["concurrency"])),
+    ("req", lambda r: str(r["requests"])),
+    ("audio-s/s", lambda r: f"{r['audio_s_per_s']:.1f}"),
+    ("xRT", lambda r: f"{r['xrt']:.2f}"),
+    ("RTF", lambda r: f"{r['rtf']:.3f}"),
+    ("p50 s", lambda r: f"{r['first_audio_p50_s']:.3f}"),
+    ("p99 s", lambda r: f"{r['first_audio_p99_s']:.3f}"),
+    *((stage, lambda r, stage=stage: f"{r['ms_per_step'][stage]:.2f}" if r["bound_by"] else "-")
+      for stage in STEP_STAGES),
+    ("bound", lambda r: r["bound_by"] or "-"),
+    ("busy", lambda r: f"{r['slots_busy']:.0%}"),
+    ("GiB", lambda r: "-" if r["peak_gpu_gib"] is None else f"{r['peak_gpu_gib']:.1f}"),
+)
+
+
+def bench_table(result: dict):
+    from rich import box
+    from rich.table import Table
+
+    title = (f"tts bench: {result['model']} on {result['gpu'] or result['device']} ({result['dtype']}), forced "
+             f"lengths, codec window {result['codec_window']}" + (": CPU figures" if result["cpu_figures"] else ""))
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0, show_edge=False)
+    for header, _ in BENCH_COLUMNS:
+        table.add_column(header, justify="right", no_wrap=True)
+    for row in result["rows"]:
+        table.add_row(*(text(row) for _, text in BENCH_COLUMNS))
+    return table
+
+
+def bench_notes(result: dict, depth: str) -> list[str]:
+    """The lines under the table: its units, then what ran, each wrapped at 100 columns."""
+    from textwrap import wrap
+
+    rows = result["rows"]
+    paths = {}
+    for r in rows:
+        paths.setdefault(r["depth"], []).append(str(r["concurrency"]))
+    notes = [
+        "c: rows in flight; req: requests; audio-s/s: audio seconds made per wall second; xRT, RTF: per "
+        "request, means; p50, p99: seconds from admission to first audio; "
+        f"{', '.join(STEP_STAGES)}: ms per step (host: what the timed stages leave of the wall); bound: "
+        "the stage with the largest share of a step; busy: share of slot-steps that made a frame; GiB: "
+        "peak GPU memory.",
+        f"--depth {depth}: the code predictor ran as " +
+        "; ".join(f"{path} at {', '.join(levels)} rows" for path, levels in paths.items()) + ".",
+    ]
+    if any(r["codec_stream"] for r in rows):
+        notes.append("The codec ran on its own stream beside the steps: its ms/step overlap the others', and host "
+                     "is what the wall leaves after their sum (0 when they overlap more).")
+    if result["cpu_figures"]:
+        notes.append(result["note"] + ".")
+    return [line for note in notes for line in wrap(note, BENCH_TABLE_WIDTH)]
 
 
 @app.command(short_help="Score existing audio files against their texts: WER, flags, report files.")
@@ -711,9 +855,10 @@ def verify_golden(
     prompts: Optional[int] = typer.Option(
         None, "--prompts", metavar="N", min=1, show_default=False,
         help="With --record: only the first N of the model size's prompts (3 for 1.7B, 2 for 0.6B)."),
-    device: str = typer.Option(
-        "cpu", "--device", metavar="DEVICE", help="Torch device our model runs on for the checks (with --record: the "
-                                      "official implementation's)."),
+    device: str = setting_option(
+        "device", metavar="auto|cpu|cuda[:N]",
+        help=DEVICE_HELP + " Our model runs there for the checks (with --record: the official implementation); "
+             "auto checks --dtype float32 on cpu, where its thresholds hold."),
     dtype: str = typer.Option(
         "float32", "--dtype", metavar="DTYPE",
         help="float32: our model in fp32, held to relative L2 <= 1e-4 and exact codes. float16 (the engine's "
@@ -740,6 +885,18 @@ def verify_golden(
     raise typer.Exit(exit_code)
 
 
+def verify_device(option: str, dtype: str) -> DeviceChoice:
+    """The device of the checks: as resolve_device, but auto checks float32 on cpu. Its thresholds
+    (relative L2 <= 1e-4, exact codes) hold against the fp32 records on cpu; on cuda they do not (H200,
+    bundled model, 0bca9b7: waveforms 2.0e-4, the codec alone 1.6e-3). The 16-bit dtypes check the
+    engine's numerics, whose thresholds are made for cuda."""
+    choice = resolve_device(option)
+    if option == AUTO_DEVICE and dtype == "float32" and choice.device != "cpu":
+        return DeviceChoice("cpu", f"auto: --dtype float32 is checked on cpu, where its thresholds hold; "
+                                   f"{choice.reason.removeprefix('auto: ')}")
+    return choice
+
+
 def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: bool, out: Optional[Path],
                       device: str, dtype: str, frames: Optional[int] = None, prompts: Optional[int] = None) -> int:
     from .quality.verify_golden import (BUNDLED_GOLDEN_DIR, check_dtype, checks_table, numerics_title,
@@ -754,8 +911,9 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
             raise TTSError("--record needs --model DIR (the checkpoint) and --out DIR (where the records go)")
         if dtype != "float32":
             raise TTSError("--record runs the official implementation in float32 only (golden records are fp32)")
-        if device != "cpu":
-            check_device(device)
+        device_choice = resolve_device(device)
+        say(device_choice.line(), "bold")
+        device = device_choice.device
         meta = record_golden(model_dir, out, device, frames, prompts)
         typer.echo(f"recorded {len(meta['prompts'])} prompts of {model_dir} on {device} into {out}")
         return 0
@@ -765,7 +923,9 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
         if model_dir.resolve() != BUNDLED_MODEL_DIR.resolve():
             raise TTSError("--golden DIR is needed with --model: the bundled records fit only the bundled model")
         golden = BUNDLED_GOLDEN_DIR
-    check_device(device)
+    device_choice = verify_device(device, dtype)
+    say(device_choice.line(), "bold")
+    device = device_choice.device
     checks = verify(model_dir, golden, device, dtype)
     Console().print(checks_table(checks, f"{model_dir} against {golden} ({numerics_title(device, dtype)})"))
     failed = [check for check in checks if check.failed]

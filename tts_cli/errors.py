@@ -25,3 +25,13 @@ class CodecRangeError(TTSError):
 class NonFiniteError(TTSError):
     """The talker or code predictor produced NaN or infinite logits (with fp16 projections: most
     likely an activation beyond fp16's range): the audio would be wrong, so it is refused."""
+
+
+class OutputError(TTSError):
+    """The output folder cannot be written (disk full, an I/O error, a read-only folder): every
+    later row would fail too, so the run stops. The message names the path and the OS's reason."""
+
+    def __init__(self, path, error: OSError):
+        super().__init__(f"cannot write {path}: {error.strerror or error}; the run stopped (rows already "
+                         "recorded are kept): free space or fix the folder, then rerun the same command to resume")
+        self.errno = error.errno

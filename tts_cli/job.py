@@ -10,6 +10,12 @@ left, write each finished row and record it, then rebuild the report from the le
   out-of-memory halves the rows per synthesize call and retries, and a row that runs out of memory
   even alone fails with that error. Finished rows are on disk and in the ledger batch by batch,
   so nothing produced is lost to a later fault or a kill.
+- A worker process that dies fails the rows it held (tts_cli/scale/workers.py); an output that
+  cannot be written (disk full, I/O error, read-only folder) stops the run with OutputError, and
+  its row gets no ledger line.
+- SIGTERM or Ctrl-C (tts_cli/processes.py) cuts short the wait for the next batch, never the
+  writing and recording of a finished one; the run then returns what the ledger holds, with
+  JobResult.stopped set.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ from .output.formats import make_sink, output_exists
 from .output.ledger import Ledger, changed_params, params_key, row_params
 from .output.report import RowRecord
 from .output.writer import remove_temporary_files
+from .processes import RunStopped, stops_here
 from .request import Request
 from .textsplit import crossfade_samples, join_with_crossfade, split_text
 
@@ -45,7 +52,7 @@ class JobSettings:
     max_frames: int | None = None
     segment_chars: int = DEFAULT_SEGMENT_CHARS
     batch_size: int = 8           # segments per synthesize call
-    engine_rows: int = DEFAULT_ENGINE_ROWS   # the engine's slots (CUDA); calls queue their segments into them
+    engine_rows: int | None = DEFAULT_ENGINE_ROWS   # the engine's slots (CUDA; None: per call, --rows auto)
     depth: str = DEFAULT_DEPTH    # how the engine runs the code predictor (CUDA)
     codec_precision: str = DEFAULT_CODEC_PRECISION   # the engine's vocoder convolution inputs (CUDA)
     talker_precision: str = DEFAULT_TALKER_PRECISION   # the talker's and code predictor's weights (CUDA)
@@ -87,7 +94,8 @@ class Executor(Protocol):
 
     def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list[Outcome], float]]: ...
 
-    def close(self) -> None: ...
+    def close(self, now: bool = False) -> None:
+        """now: the run stopped or failed, so no batch still running is wanted."""
 
 
 @dataclass
@@ -129,7 +137,7 @@ class LocalExecutor:
         """What the synthesizer chose on its own (`--rows auto`), for the report."""
         return self.synth.notes
 
-    def close(self) -> None:
+    def close(self, now: bool = False) -> None:
         pass
 
 
@@ -206,6 +214,7 @@ class JobResult:
     resumed: int                 # rows whose output an earlier run made
     audio_seconds: float         # made in this run
     notes: list[str]
+    stopped: RunStopped | None = None   # the signal that stopped the run before every row was done
 
 
 def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, settings: JobSettings,
@@ -232,18 +241,28 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
                 if id(plan) not in redone:
                     on_output(_record(plan.row, ledger.latest[plan.row.request.id]), None, None)
         start = perf_counter()
+        stopped = None
         if todo:
-            executor = start_executor()
+            executor, completed = None, False
             try:
+                with stops_here():
+                    executor = start_executor()
                 on_start(len(todo))
                 _synthesize(todo, executor, ledger, out_dir, settings, notes, on_rows_done, on_output)
+                completed = True
+            except RunStopped as e:
+                stopped = e
             finally:
-                notes.extend(getattr(executor, "notes", []))
-                executor.close()
+                if executor is not None:
+                    notes.extend(getattr(executor, "notes", []))
+                    executor.close(now=not completed)
         wall_seconds = perf_counter() - start
         records = [_record(row, ledger.latest.get(row.request.id)) for row in rows]
-    audio_seconds = sum(ledger.latest[plan.row.request.id]["audio_seconds"] or 0.0 for plan in todo)
-    return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes)
+    if stopped is not None:
+        left = sum(plan.row.request.id not in ledger.latest for plan in todo)
+        notes.append(f"{stopped}: {left} rows were not synthesized; rerun the same command to resume")
+    audio_seconds = sum((ledger.latest.get(plan.row.request.id) or {}).get("audio_seconds") or 0.0 for plan in todo)
+    return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes, stopped)
 
 
 def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:
@@ -284,8 +303,16 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
     if getattr(sink, "removed_orphans", None):
         notes.append(f"removed {len(sink.removed_orphans)} parquet shards that no ledger entry names "
                      "(a killed run's; their rows were redone)")
+    batches, stopped = synthesize_plans(todo, executor, settings), None
     with ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="tts-writer") as writers:
-        for finished in synthesize_plans(todo, executor, settings):
+        while True:
+            try:
+                with stops_here():   # a stop cuts short the wait for the next batch, not its writing
+                    finished = next(batches, None)
+            except RunStopped as e:
+                stopped, finished = e, None
+            if finished is None:
+                break
             failed, records = [], []
             for (plan, audio), entry in zip(finished, _store_rows(finished, sink, writers)):
                 records.append(_record(plan.row, entry))
@@ -296,9 +323,12 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
                     on_output(replace(records[-1], file=written), audio, sink.sample_rate)
             ledger.append(failed + sink.durable_entries())
             on_rows_done(records)
-    ledger.append(sink.durable_entries(final=True))
+    ledger.append(sink.durable_entries(final=True))   # after a stop too: the rows finished before it are kept
+    notes += getattr(executor, "notes", [])
     if getattr(executor, "limit", None) and executor.limit.shrinks:
         notes.append(f"out of GPU memory {executor.limit.shrinks} times: rows per call went down to {executor.limit.rows}")
+    if stopped is not None:
+        raise stopped
 
 
 def synthesize_plans(plans: list[RowPlan], executor: Executor,

@@ -1,16 +1,51 @@
-"""Recipes: named YAML files of `tts synth` option defaults (recipes/NAME.yaml in a checkout, or
-any YAML path). An option given on the command line wins over the recipe."""
+"""The run settings of `tts synth` with their defaults, declared once, and recipes: named YAML files
+of those settings (recipes/NAME.yaml in a checkout, or any YAML path). An option given on the
+command line wins over the recipe.
+
+`RunSettings` is the one place these defaults live: cli.py takes the defaults of its typer options
+from it (`tts bench` and `tts verify-golden` share its device and engine options), and a recipe's
+keys and their types are its fields. This module imports no torch."""
 from __future__ import annotations
 
+import typing
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Optional
 
+from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION
 from tts_cli.errors import TTSError
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
+AUTO_DEVICE = "auto"   # cuda when torch sees a GPU, else cpu (tts_cli.cli.resolve_device)
+AUTO_ROWS = "auto"     # the engine's slots chosen per call (tts_cli.engine.AUTO_ROWS; parse_rows)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    model: Optional[str] = None   # a folder, or "bundled"; None: $TTS_MODEL, else the bundled model
+    speaker: Optional[str] = None   # None: cli.DEFAULT_SPEAKER on CustomVoice checkpoints (others have none)
+    language: str = "auto"
+    seed: int = 0
+    greedy: bool = False
+    max_frames: Optional[int] = None
+    batch_size: Optional[int] = None
+    rows: str = AUTO_ROWS   # auto or a whole number
+    depth: str = DEFAULT_DEPTH
+    codec_precision: str = DEFAULT_CODEC_PRECISION
+    talker_precision: str = DEFAULT_TALKER_PRECISION
+    device: str = AUTO_DEVICE
+
+
+DEFAULTS = RunSettings()
+
+
+def _value_type(hint) -> type:
+    """int for Optional[int]: the type a set value has."""
+    return next(arg for arg in typing.get_args(hint) if arg is not type(None)) if typing.get_args(hint) else hint
+
+
 # recipe key -> type; `model` may also be the word "bundled"
-SYNTH_KEYS = {"model": str, "speaker": str, "language": str, "seed": int, "greedy": bool,
-              "max_frames": int, "batch_size": int, "rows": int, "depth": str, "codec_precision": str,
-              "talker_precision": str, "device": str}
+RECIPE_KEYS = {field.name: _value_type(typing.get_type_hints(RunSettings)[field.name]) for field in fields(RunSettings)}
 
 
 def available() -> list[str]:
@@ -33,9 +68,20 @@ def load_recipe(name_or_path: str) -> dict:
     if not isinstance(data, dict):
         raise TTSError(f"recipe {path}: expected a mapping of option names to values")
     for key, value in data.items():
-        if key not in SYNTH_KEYS:
-            raise TTSError(f"recipe {path}: unknown key '{key}' (known: {', '.join(SYNTH_KEYS)})")
-        kind = SYNTH_KEYS[key]
+        if key == "rows" and isinstance(value, int) and not isinstance(value, bool):
+            data[key] = value = str(value)   # `rows: 64` in YAML is an int
+        if key not in RECIPE_KEYS:
+            raise TTSError(f"recipe {path}: unknown key '{key}' (known: {', '.join(RECIPE_KEYS)})")
+        kind = RECIPE_KEYS[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TTSError(f"recipe {path}: '{key}' should be {kind.__name__}, got {value!r}")
     return data
+
+
+def parse_rows(value: str) -> int | None:
+    """--rows: None for auto, else the whole number of engine slots."""
+    if value == AUTO_ROWS:
+        return None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise TTSError(f"--rows {value}: auto or a whole number of slots (1 or more)")

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import TTSError
+from ..errors import OutputError, TTSError
 from ..request import Request
 
 LEDGER_NAME = "ledger.jsonl"
@@ -49,31 +49,50 @@ def changed_params(old: dict, new: dict) -> str:
 
 
 class Ledger:
-    """The ledger of one output folder, opened for appending; holds the folder's lock until closed."""
+    """The ledger of one output folder, opened for appending; holds the folder's lock until closed.
+    An OSError (disk full, I/O error, read-only folder) is raised as OutputError naming the file."""
 
     def __init__(self, out_dir: Path):
         self.path = Path(out_dir) / LEDGER_NAME
-        self._lock = _lock_folder(Path(out_dir))
+        try:
+            self._lock = _lock_folder(Path(out_dir))
+        except OSError as e:
+            raise OutputError(Path(out_dir) / LOCK_NAME, e) from e
         try:
             self.repaired_bytes = _drop_torn_tail(self.path)
             self.latest: dict[str, dict] = {entry["id"]: entry for entry in _read_entries(self.path)}  # last per id
-            self._file = open(self.path, "a", encoding="utf-8")
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            os.close(self._lock)
+            raise OutputError(self.path, e) from e
         except BaseException:
             os.close(self._lock)
             raise
 
     def append(self, entries: list[dict]) -> None:
-        """Write the entries and wait until they are on disk."""
+        """Write the entries and wait until they are on disk. When that fails, the ledger is cut
+        back to what it held before, so that it names no row whose line did not reach the disk
+        (unbuffered writes: nothing is left over to be written at close)."""
         if not entries:
             return
-        self._file.write("".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries))
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        data = "".join(json.dumps(entry, ensure_ascii=False) + "\n" for entry in entries).encode("utf-8")
+        size = os.fstat(self._fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+            os.fsync(self._fd)
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, size)
+            except OSError:
+                pass   # a torn last line is cut off when the ledger is next opened
+            raise OutputError(self.path, e) from e
         for entry in entries:
             self.latest[entry["id"]] = entry
 
     def close(self) -> None:
-        self._file.close()
+        os.close(self._fd)
         os.close(self._lock)
 
     def __enter__(self) -> "Ledger":

@@ -73,6 +73,7 @@ class RunInfo:
     resumed: int = 0
     audio_seconds_this_run: float = 0.0
     notes: list[str] | None = None
+    device_choice: str | None = None  # why this device: "auto: torch sees no CUDA device", "--device", ...
     references: dict | None = None    # tts_cli/voice/voices.py Voices.summary(), when rows clone a voice
 
 
@@ -102,6 +103,7 @@ def build_report(info: RunInfo, rows: list[RowRecord], wer: dict | None = None) 
             "max_text_chars": info.max_text_chars,
             "shard": info.shard,
             "devices": info.devices,
+            "device_choice": info.device_choice,
         },
         "totals": {
             "rows": len(rows),
@@ -165,7 +167,8 @@ def render_markdown(report: dict) -> str:
         "",
         f"- manifest: `{report['manifest']}`",
         f"- model: `{model['dir']}` ({model_note})",
-        f"- device / dtype: {report['device']} / {report['dtype']}",
+        f"- device / dtype: {report['device']}"
+        + (f" ({settings['device_choice']})" if settings.get("device_choice") else "") + f" / {report['dtype']}",
         f"- sampling: {sampling}; max frames: {settings['max_frames'] or 'default cap'}; "
         f"batch size: {settings['batch_size']}; format: {settings['format']}"
         + (f"; shard {settings['shard']}" if settings["shard"] else ""),

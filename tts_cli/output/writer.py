@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
+from ..errors import OutputError
+
 TEMP_SUFFIX = ".tmp"
 MAX_NAME_CHARS = 200  # leaves room for a collision suffix and ".wav" under the usual 255-byte limit
 
@@ -47,12 +49,15 @@ def wav_names(row_ids: list[str]) -> list[str]:
 def write_audio(path: Path, audio: np.ndarray, sample_rate: int, audio_format: str = "WAV") -> None:
     """16-bit PCM WAV or FLAC (libsndfile clips samples outside [-1, 1]).
 
-    Raises OSError for any failure to write, libsndfile's included.
+    Raises OSError when libsndfile cannot encode the audio (that row's fault), OutputError when the
+    file cannot be written. The audio is encoded in memory and written by Python: libsndfile writing
+    to a file reports a full disk as "System error." without the OS's error number.
     """
     try:
-        write_atomically(path, lambda tmp: sf.write(tmp, audio, sample_rate, subtype="PCM_16", format=audio_format))
+        data = encode_audio(audio, sample_rate, audio_format)
     except sf.SoundFileError as e:
         raise OSError(str(e)) from e
+    write_atomically(path, lambda tmp: tmp.write_bytes(data))
 
 
 def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
@@ -68,7 +73,9 @@ def encode_audio(audio: np.ndarray, sample_rate: int, audio_format: str = "FLAC"
 
 def write_atomically(path: Path, write) -> None:
     """Call write(temporary path) next to `path`, flush it to disk, then rename over `path`:
-    readers never see half a file, and after a crash the file is either old or whole."""
+    readers never see half a file, and after a crash the file is either old or whole.
+    Any OSError (disk full, I/O error, read-only folder) is raised as OutputError naming `path`,
+    after the temporary file is removed."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}{TEMP_SUFFIX}")
     try:
@@ -79,17 +86,25 @@ def write_atomically(path: Path, write) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(path, e) from e
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass   # a read-only folder, where it was never made
 
 
 def sync_folder(folder: Path) -> None:
     """Make the renames done in `folder` durable (a file's fsync does not cover its name)."""
-    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise OutputError(folder, e) from e
 
 
 def remove_temporary_files(folder: Path) -> list[str]:

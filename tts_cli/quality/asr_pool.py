@@ -8,7 +8,8 @@
 
 Each worker loads the model once. Processes, not threads: CTranslate2 and torch each want their
 own cores, and a crash or a stuck transcription stays in the worker. Started with "spawn" so that
-a worker holds no copy of the caller's torch state.
+a worker holds no copy of the caller's torch state; they end with the caller, also when it is
+SIGKILLed (tts_cli/processes.py). A stop (SIGTERM, Ctrl-C) cuts the wait for results short.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from ..errors import TTSError
+from ..processes import RunStopped, end_with_parent, stops_here
 from .asr import AudioSource, Transcriber, Transcript, describe_source
 
 _worker_transcriber: Transcriber | None = None  # one per worker process
@@ -25,6 +27,7 @@ _worker_transcriber: Transcriber | None = None  # one per worker process
 
 def _load_in_worker(model_path: str, cpu_threads: int) -> None:
     global _worker_transcriber
+    end_with_parent()
     _worker_transcriber = Transcriber(Path(model_path), cpu_threads)
 
 
@@ -58,12 +61,19 @@ class AsrPool:
         self._futures[key] = self._executor.submit(_transcribe_in_worker, source, text, language)
 
     def results(self) -> dict[str, Transcript | str]:
-        """Every submitted row: its Transcript, or the error text of a row whose file could not be heard."""
+        """Every submitted row: its Transcript, or the error text of a row whose file could not be
+        heard, or that was not heard because the run was stopped while it waited."""
+        heard: dict[str, Transcript | str] = {}
         try:
-            return {key: future.result() for key, future in self._futures.items()}
+            with stops_here():
+                for key, future in self._futures.items():
+                    heard[key] = future.result()
         except BrokenProcessPool as e:
-            raise TTSError(f"the ASR workers stopped (model {self.model_path} could not be loaded, or a "
-                           f"worker ran out of memory): {e}") from e
+            raise TTSError(f"an ASR worker died (model {self.model_path} could not be loaded, or a worker was "
+                           f"killed or ran out of memory): {e}") from e
+        except RunStopped as stop:
+            heard.update((key, f"not heard: the run was {stop}") for key in self._futures if key not in heard)
+        return heard
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

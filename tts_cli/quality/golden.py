@@ -276,7 +276,7 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, nu
             natural = generate(synth.model, [replace(row, max_frames=natural_cap)], talker_s, cp_s, **run)[0]
             stop = "EOS" if natural_ref.shape[0] < natural_cap else "cap"
             checks.append(_exact(f"{p} greedy codes, official EOS rule ({natural_ref.shape[0]} frames, {stop})",
-                                 torch.equal(natural.codes, natural_ref)))
+                                 torch.equal(natural.codes.cpu(), natural_ref.cpu())))
         wav = torch.from_numpy(synth.decode([ref_codes], [request.reference])[0])
         primed = " (ICL: after the reference's codes, cut at its end)" if f"{p}.ref_ids" in records else ""
         checks.append(_wave(n, f"{p} waveform{primed}", wav, records[f"{p}.wav"], n.wave_bound))

@@ -1,26 +1,38 @@
 """`--gpus 0,1,...`: one worker process per device of this host, each with its own synthesizer.
 
-The parent plans the run, writes every output and the ledger; workers only synthesize. Batches go
-to whichever worker is free, a few at a time, so a slow device never holds up the others and
-the queues stay small whatever the manifest's size. Workers are started with `spawn` (CUDA cannot
-be forked) and stop by themselves when the parent dies, since only the parent writes files.
+The parent plans the run, writes every output and the ledger; workers only synthesize. Each worker
+has its own task queue and its own result pipe: the parent keeps up to two batches in flight per
+worker (one running, one waiting, so that no worker idles between batches) and hands the next
+batch to whichever worker answers, so a slow device never holds up the others. Workers are started
+with `spawn` (CUDA cannot be forked) and end with the parent, also when it is SIGKILLed
+(tts_cli/processes.py), since only the parent writes files.
+
+A worker that dies (killed, out of host memory, a crashed driver) closes its result pipe: the
+parent sees the EOF at once, fails the rows of the batches that worker held (the run's exit status
+is then 1, and a rerun retries them) and goes on with the other workers; with none left, the run
+stops. Private pipes and queues keep a killed worker from taking a lock that the others need.
 `cpu` entries make CPU workers (`--gpus cpu,cpu`), which is how the pool is tested without GPUs.
 """
 from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
+import signal
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from time import perf_counter
 from typing import Iterator
 
 from ..errors import TTSError
 from ..logs import log_to_stderr, verbose
+from ..processes import end_with_parent
 from ..request import Request
 
-POLL_SECONDS = 1.0
 BATCHES_IN_FLIGHT_PER_WORKER = 2   # one running, one waiting: no idle gap between batches
+STOP_SECONDS = 10                  # a worker told to stop that is still there after this is killed
 
 
 def parse_devices(spec: str) -> list[str]:
@@ -45,6 +57,18 @@ def check_devices(devices: list[str]) -> None:
             raise TTSError(f"--gpus: {device} is not there (torch sees {count} CUDA devices)")
 
 
+@dataclass
+class Worker:
+    device: str
+    process: multiprocessing.Process
+    tasks: multiprocessing.Queue    # (batch index, requests), or None: stop
+    results: Connection             # what the worker sends; EOF once it has ended
+    held: list[int] = field(default_factory=list)   # batches sent to it and not answered yet
+
+    def __str__(self) -> str:
+        return f"worker on {self.device} (pid {self.process.pid})"
+
+
 class WorkerPool:
     """The Executor of tts_cli/job.py over worker processes."""
 
@@ -55,19 +79,26 @@ class WorkerPool:
         # References are encoded here, in the parent, before any batch goes out (tts_cli/job.py
         # prepare_request): each once, into one cache, and the batches carry them to the workers.
         self.voices = voices
+        self.notes: list[str] = []                     # one line per worker that died
         context = multiprocessing.get_context("spawn")
-        self.tasks, self.results = context.Queue(), context.Queue()
         cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
-        self.processes = [
-            context.Process(target=worker_main, daemon=True, name=f"tts-worker-{device}", args=(
-                str(model_dir), device, cpu_threads, settings.greedy, settings.max_frames, settings.batch_size,
-                settings.engine_rows, settings.depth, settings.codec_precision, settings.talker_precision,
-                verbose(), os.getpid(), self.tasks,
-                self.results))
-            for device in devices]
-        for process in self.processes:
-            process.start()
-        ready = [self._next_message("ready")[2] for _ in self.processes]
+        self.workers: list[Worker] = []              # those alive
+        self.started = len(devices)
+        try:
+            for device in devices:
+                tasks = context.Queue()
+                results, worker_end = context.Pipe(duplex=False)
+                process = context.Process(target=worker_main, daemon=True, name=f"tts-worker-{device}", args=(
+                    str(model_dir), device, cpu_threads, settings.greedy, settings.max_frames, settings.batch_size,
+                    settings.engine_rows, settings.depth, settings.codec_precision, settings.talker_precision,
+                    verbose(), tasks, worker_end))
+                process.start()
+                worker_end.close()   # the worker holds the only other copy: its end is an EOF here
+                self.workers.append(Worker(device, process, tasks, results))
+            ready = [self._ready(worker) for worker in self.workers]
+        except BaseException:
+            self.close(now=True)
+            raise
         self.sample_rate = ready[0][0]
         self.numerics = "; ".join(sorted({numerics for _, numerics in ready}))   # the same model on every device
 
@@ -78,45 +109,83 @@ class WorkerPool:
         # Synthesizer.validate reads only .cfg, which the pool has too
         return prepare_request(request, self.voices, lambda r: Synthesizer.validate(self, r))
 
+    def _ready(self, worker: Worker) -> tuple:
+        try:
+            message = worker.results.recv()
+        except EOFError:
+            raise TTSError(f"{worker} died while loading the model ({_how_it_ended(worker.process)})") from None
+        if message[0] == "failed":
+            raise TTSError(f"worker on {message[1]} could not load the model: {message[2]}")
+        return message[2]
+
     def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list, float]]:
-        sent, received = 0, 0
-        while received < len(batches):
-            while sent < len(batches) and sent - received < BATCHES_IN_FLIGHT_PER_WORKER * len(self.processes):
-                self.tasks.put((sent, batches[sent]))
-                sent += 1
-            _, index, outcomes, seconds = self._next_message("done")
-            received += 1
+        unsent, answered = deque(range(len(batches))), 0
+        while answered < len(batches):
+            if not self.workers:
+                raise TTSError(f"every worker process died ({self.notes[-1]}); rows finished so far are in the "
+                               "ledger: rerun the same command to resume")
+            while unsent:   # to the least busy worker first
+                worker = min(self.workers, key=lambda w: len(w.held))
+                if len(worker.held) == BATCHES_IN_FLIGHT_PER_WORKER:
+                    break
+                worker.held.append(unsent.popleft())
+                worker.tasks.put((worker.held[-1], batches[worker.held[-1]]))
+            ready = wait([w.results for w in self.workers])   # a message, or the EOF of a worker that died
+            worker = next(w for w in self.workers if w.results in ready)
+            try:
+                _, index, outcomes, seconds = worker.results.recv()
+            except EOFError:
+                for index, outcomes in self._lost(worker, batches):
+                    answered += 1
+                    yield index, outcomes, 0.0
+                continue
+            worker.held.remove(index)
+            answered += 1
             yield index, outcomes, seconds
 
-    def _next_message(self, kind: str) -> tuple:
-        while True:
-            try:
-                message = self.results.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                dead = [p for p in self.processes if not p.is_alive()]
-                if dead:
-                    raise TTSError(f"worker {dead[0].name} died (exit code {dead[0].exitcode}); rows finished "
-                                   "so far are in the ledger: rerun the same command to resume") from None
-                continue
-            if message[0] == "failed":
-                raise TTSError(f"worker on {message[1]} could not load the model: {message[2]}")
-            if message[0] != kind:
-                raise RuntimeError(f"worker sent {message[0]!r} while {kind!r} was expected")
-            return message
+    def _lost(self, worker: Worker, batches: list[list[Request]]) -> list[tuple[int, list]]:
+        """A worker that died: its batches' rows fail with one line that says so."""
+        self.workers.remove(worker)
+        worker.tasks.cancel_join_thread()   # what it did not take is dropped, not waited for at exit
+        how = _how_it_ended(worker.process)
+        rows = sum(len(batches[index]) for index in worker.held)
+        self.notes.append(f"{worker} died ({how}) holding {len(worker.held)} batches ({rows} segments): their rows "
+                          f"failed, the run went on with {len(self.workers)} of {self.started} workers; rerun the "
+                          "same command to retry them")
+        error = TTSError(f"{worker} died ({how}) while it held this row: rerun the same command to retry it")
+        return [(index, [error] * len(batches[index])) for index in worker.held]
 
-    def close(self) -> None:
-        for _ in self.processes:
-            self.tasks.put(None)
-        for process in self.processes:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
+    def close(self, now: bool = False) -> None:
+        """Stops the workers: after their batches, or now (a stopped or failed run), by SIGTERM."""
+        for worker in self.workers:
+            if now:
+                worker.tasks.cancel_join_thread()
+                worker.process.terminate()
+            else:
+                worker.tasks.put(None)
+        for worker in self.workers:
+            worker.process.join(timeout=STOP_SECONDS)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+            worker.results.close()
+        self.workers = []
+
+
+def _how_it_ended(process: multiprocessing.Process) -> str:
+    process.join(timeout=STOP_SECONDS)   # the pipe's EOF can come just before the exit status
+    code = process.exitcode
+    if code is None:
+        return "its result pipe closed"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
 
 
 def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max_frames: int | None,
                 batch_size: int, engine_rows: int, depth: str, codec_precision: str, talker_precision: str,
-                verbose_log: bool, parent_pid: int, tasks,
-                results) -> None:
+                verbose_log: bool, tasks, results: Connection) -> None:
+    end_with_parent()
     import torch
 
     from ..job import RowLimit, synthesize_batch
@@ -131,23 +200,17 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
         synth = Synthesizer.from_pretrained(model_dir, device=device, engine_rows=engine_rows, depth=depth,
                                             codec_precision=codec_precision, talker_precision=talker_precision)
     except Exception as e:  # reported to the parent, which stops the run with it
-        results.put(("failed", device, f"{type(e).__name__}: {e}"))
+        results.send(("failed", device, f"{type(e).__name__}: {e}"))
         return
-    results.put(("ready", device, (synth.sample_rate, synth.numerics)))
+    results.send(("ready", device, (synth.sample_rate, synth.numerics)))
     limit = RowLimit(batch_size)
-    while True:
-        try:
-            task = tasks.get(timeout=POLL_SECONDS)
-        except queue.Empty:
-            if os.getppid() != parent_pid:
-                return   # the parent was killed: nobody would write what this worker makes
-            continue
-        if task is None:
-            return
-        index, requests = task
-        start = perf_counter()
-        try:
-            outcomes = synthesize_batch(synth, requests, greedy, max_frames, limit)
-        except Exception as e:  # a device fault or a bug: this batch's rows fail with it, the run goes on
-            outcomes = [TTSError(f"on {device}: {type(e).__name__}: {e}")] * len(requests)
-        results.put(("done", index, outcomes, perf_counter() - start))
+    # A batch's outcomes are sent by this thread while the next batch runs, whenever the parent reads.
+    with ThreadPoolExecutor(1, thread_name_prefix="tts-worker-send") as sender:
+        while (task := tasks.get()) is not None:
+            index, requests = task
+            start = perf_counter()
+            try:
+                outcomes = synthesize_batch(synth, requests, greedy, max_frames, limit)
+            except Exception as e:  # a device fault or a bug: this batch's rows fail with it, the run goes on
+                outcomes = [TTSError(f"on {device}: {type(e).__name__}: {e}")] * len(requests)
+            sender.submit(results.send, ("done", index, outcomes, perf_counter() - start))

@@ -176,6 +176,23 @@ def test_icl_waveform_starts_where_the_reference_ends(base06, recorded_voice):
     assert not np.allclose(icl.audio[1:], base06.decode([icl.codes])[0], atol=1e-3)   # the priming matters
 
 
+def test_rows_of_mixed_voices_and_text_modes_in_one_batch_equal_each_alone(base06, recorded_voice):
+    """The official API takes one text mode per call; ours takes one per row, and a row's codes
+    do not depend on its batch mates (left-padded prompts, trailing text per row)."""
+    embedding, codes, ref_text = recorded_voice
+    rows = [Request(id="a", text=reference.LONG_TEXT, language="auto",
+                    reference=VoiceReference(embedding, codes, ref_text)),
+            Request(id="b", text="Two blue fish swam in the tank.", language="english",
+                    reference=VoiceReference(embedding), non_streaming_mode=True),
+            Request(id="c", text="Cut the pie into large parts.", language="english",
+                    reference=VoiceReference(embedding, codes, ref_text), non_streaming_mode=True)]
+    together = base06.synthesize(rows, greedy=True, max_frames=10, min_new_tokens=11)
+    for row, result in zip(rows, together):
+        alone = base06.synthesize([row], greedy=True, max_frames=10, min_new_tokens=11)[0]
+        assert torch.equal(result.codes, alone.codes), row.id
+        assert np.allclose(result.audio, alone.audio, rtol=0, atol=1e-5), row.id
+
+
 def test_rows_a_checkpoint_cannot_synthesize_fail_with_the_reason(base06, recorded_voice):
     embedding, codes, ref_text = recorded_voice
     voice = VoiceReference(embedding, codes, ref_text, name="ref.wav")

@@ -259,3 +259,13 @@ def test_recorded_requests_carry_the_official_voice():
     assert [r.reference.x_vector_only for r in requests] == [False, False, False, True, True]
     assert all(r.speaker is None and r.reference.speaker_embedding is tensors["ref.speaker_embedding"]
                for r in requests)
+
+
+def test_a_long_cloned_row_keeps_its_voice_and_text_mode_in_every_segment(recorded_voice):
+    from tts_cli.job import segment_requests
+    voice = VoiceReference(*recorded_voice)
+    row = Request(id="long", text="The birch canoe slid on the smooth planks. " * 12, reference=voice,
+                  non_streaming_mode=True, seed=3)
+    segments = segment_requests(row, 120)
+    assert len(segments) > 1 and [s.id for s in segments[:2]] == ["long#1", "long#2"]
+    assert all(s.reference is voice and s.non_streaming_mode is True for s in segments)

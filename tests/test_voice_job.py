@@ -222,3 +222,30 @@ def test_help_shows_how_to_clone_a_voice_for_a_whole_corpus():
     help_text = " ".join(result.output.split())
     assert ("Clone a voice for a whole corpus (a Base checkpoint, on cpu so far): tts synth corpus.txt --out DIR "
             "--model BASE_DIR --device cpu --ref-audio voice.wav --ref-text \"what voice.wav says\"") in help_text
+
+
+def test_a_reference_edited_after_the_manifest_was_read_fails_its_rows_alone(tmp_path, monkeypatch):
+    """The ledger key holds the hash taken when the manifest was read: a file that changes before it
+    is encoded would be another voice under that key, so its rows fail and the others go on."""
+    from tts_cli import manifest as manifest_module
+
+    monkeypatch.chdir(tmp_path)
+    for name, step in (("steady.wav", 7), ("edited.wav", 9)):
+        sf.write(tmp_path / name, np.sin(np.arange(30000) / step) * 0.3, 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["First.", "Second.", "Third."],
+                             "ref_audio": ["steady.wav", "edited.wav", "edited.wav"]}), tmp_path / "m.parquet")
+    read = manifest_module.read_manifest
+
+    def read_then_edit(*args, **kwargs):
+        manifest = read(*args, **kwargs)
+        sf.write(tmp_path / "edited.wav", np.sin(np.arange(30000) / 5) * 0.3, 24000, subtype="PCM_16")
+        return manifest
+
+    monkeypatch.setattr(manifest_module, "read_manifest", read_then_edit)
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", "--x-vector-only", *OPTIONS])
+    assert result.exit_code == 1, result.output
+    rows = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
+    assert rows[0]["error"] is None and rows[0]["frames"] > 0
+    for row in rows[1:]:
+        assert f"reference {tmp_path / 'edited.wav'} changed while the run was going" in row["error"]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["references"]["references_encoded"] == 1

@@ -23,6 +23,7 @@ from .recipe import AUTO_DEVICE, DEFAULTS, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
+DEFAULT_SPEAKER = "vivian"   # for rows of a CustomVoice checkpoint that name none
 # On cuda a synthesize call holds this many segments per engine slot: every call ends with slots
 # idle while its last segments finish, so larger calls waste less (tools/admission_order.py, 1024
 # bundled sentences at 64 rows, longest first: calls of 4 x rows 627 engine steps, of 16 x rows 602). A call's
@@ -89,6 +90,17 @@ def resolve_model(option: Optional[Path]) -> ModelChoice:
         origin = "the bundled model is missing from this install" if choice.bundled else f"from {choice.source}"
         raise TTSError(f"model directory not found: {choice.dir} ({origin})")
     return choice
+
+
+def checkpoint_kind(model_dir: Path) -> str | None:
+    """config.json's tts_model_type (the row defaults and the reference encoders depend on it), read
+    before the model loads; None when the folder is not a checkpoint, which loading it reports."""
+    from .checkpoint import open_checkpoint
+
+    try:
+        return open_checkpoint(model_dir).config.model_type
+    except TTSError:
+        return None
 
 
 def setting_option(name: str, **kwargs):
@@ -197,8 +209,10 @@ def synth(
         "model", metavar="DIR", show_default=False,
         help="Checkpoint folder in the official Qwen3-TTS-12Hz CustomVoice layout. Default: $TTS_MODEL, "
              "else the bundled tiny model, whose weights are random (its audio is noise)."),
-    speaker: str = setting_option(
-        "speaker", metavar="NAME", help="Speaker for rows that name none; must be one of the checkpoint's."),
+    speaker: Optional[str] = setting_option(
+        "speaker", metavar="NAME", show_default=False,
+        help=f"Speaker for rows that name none; must be one of the checkpoint's. Default: {DEFAULT_SPEAKER} on "
+             "CustomVoice checkpoints; Base and VoiceDesign ones have no named speakers."),
     language: str = setting_option(
         "language", metavar="NAME", help="Language for rows that name none: auto or one of the checkpoint's."),
     seed: int = setting_option(
@@ -302,6 +316,10 @@ def synth(
     with the reason and the others go on.
     Blank lines of a .txt manifest are skipped and counted.
 
+    Clone a voice for a whole corpus (a Base checkpoint, on cpu so far): tts synth corpus.txt --out DIR
+    --model BASE_DIR --device cpu --ref-audio voice.wav --ref-text "what voice.wav says". Each distinct
+    reference is encoded once and kept in DIR/.references/; the report counts them.
+
     Resumable: every finished row is recorded in DIR/ledger.jsonl after its file is on disk; a rerun
     of the same command (after a crash or a kill) skips them and rebuilds the report.
 
@@ -350,7 +368,7 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
     return merged
 
 
-def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: str, language: str,
+def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Optional[str], language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
               rows: str, depth: str, codec_precision: str, talker_precision: str, device_given_by: str = "--device",
               output_format: str = "wav",
@@ -360,10 +378,11 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
               instruct: Optional[str] = None, ref_audio: Optional[Path] = None, ref_text: Optional[str] = None,
               x_vector_only: bool = False) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
+    from .checkpoint import BASE, CUSTOM_VOICE
     from .job import JobSettings, LocalExecutor, run_job
     from .manifest import RowDefaults, read_manifest
     from .output.formats import FORMATS, file_extension
-    from .output.report import RunInfo, build_report, write_reports
+    from .output.report import RunInfo, build_report, references_line, write_reports
     from .output.writer import output_names
     from .scale.shard import parse_shard, shard_of
     from .scale.workers import WorkerPool, check_devices, parse_devices
@@ -375,6 +394,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     engine_rows = parse_rows(rows)
     devices = parse_devices(gpus) if gpus else None
     choice = resolve_model(model)
+    kind = checkpoint_kind(choice.dir)
+    if speaker is None and kind in (None, CUSTOM_VOICE):
+        speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(asr_model) if wer else None
     manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars, instruct,
                                                         ref_audio and str(ref_audio), ref_text, x_vector_only))
@@ -419,13 +441,19 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
                            redo_changed=redo_changed)
     load_seconds = 0.0
     loaded_numerics = None   # what the loaded model computes in (its weights may differ from the request's)
+    # Each distinct reference encoded once into out/.references (tts_cli/voice/voices.py); with --gpus
+    # in this process, on its CPU, before the batches go to the workers.
+    voices = None
+    if kind == BASE and any(row.request.clones_voice for row in shard_rows if row.problem is None):
+        from .voice.voices import Voices
+        voices = Voices(choice.dir, out, "cpu" if devices else device)
 
     def start_executor():
         nonlocal load_seconds, loaded_numerics
         load_start = perf_counter()
-        executor = (WorkerPool(choice.dir, devices, settings) if devices
+        executor = (WorkerPool(choice.dir, devices, settings, voices) if devices
                     else LocalExecutor(load_synthesizer(choice.dir, device, engine_rows, depth, codec_precision,
-                                                        talker_precision), settings))
+                                                        talker_precision), settings, voices))
         load_seconds = perf_counter() - load_start
         loaded_numerics = executor.numerics
         return executor
@@ -486,6 +514,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
         segment_chars=segment_chars, max_text_chars=max_text_chars, shard=shard and f"{shard_index}/{shard_count}",
         devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
+        references=voices.summary() if voices else None,
     ), result.records, wer_section)
     _, md_path = write_reports(out, report, wer_rows)
     if wer_rows is None:
@@ -497,6 +526,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: st
     typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
                f"{totals['skipped_empty']} empty skipped; {totals['audio_seconds_this_run']:.2f} s audio made in "
                f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
+    if voices:
+        typer.echo(f"references: {references_line(report['references'])}")
     if wer_section is not None:
         typer.echo(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
     return 0 if totals["failed"] == 0 else 1

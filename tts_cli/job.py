@@ -88,7 +88,9 @@ class Executor(Protocol):
     sample_rate: int
     numerics: str     # what the loaded model computes in (Synthesizer.numerics), for the report
 
-    def validate(self, request: Request) -> None: ...
+    def prepare(self, request: Request) -> Request:
+        """The request as it is synthesized (a clone row with its encoded reference: prepare_request),
+        or RequestError for a row it cannot synthesize."""
 
     def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list[Outcome], float]]: ...
 
@@ -104,16 +106,25 @@ class RowLimit:
     shrinks: int = 0
 
 
-class LocalExecutor:
-    """Batches in this process, on an already loaded synthesizer."""
+def prepare_request(request: Request, voices, validate: Callable[[Request], None]) -> Request:
+    """The row's request with its encoded reference when it clones a voice (voices:
+    tts_cli/voice/voices.py Voices, or None when no row clones one), checked by `validate`."""
+    if voices is not None:
+        request = voices.attach(request)
+    validate(request)
+    return request
 
-    def __init__(self, synth, settings: JobSettings):
-        self.synth, self.settings = synth, settings
+
+class LocalExecutor:
+    """Batches in this process, on an already loaded synthesizer. voices: see prepare_request."""
+
+    def __init__(self, synth, settings: JobSettings, voices=None):
+        self.synth, self.settings, self.voices = synth, settings, voices
         self.sample_rate, self.numerics = synth.sample_rate, synth.numerics
         self.limit = RowLimit(settings.batch_size)
 
-    def validate(self, request: Request) -> None:
-        self.synth.validate(request)
+    def prepare(self, request: Request) -> Request:
+        return prepare_request(request, self.voices, self.synth.validate)
 
     def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list[Outcome], float]]:
         for index, batch in enumerate(batches):
@@ -324,17 +335,18 @@ def synthesize_plans(plans: list[RowPlan], executor: Executor,
                      settings: JobSettings) -> Iterator[list[tuple[RowPlan, np.ndarray | str]]]:
     """Rows in, finished rows out: each yielded list holds (row, its joined audio or why it failed)
     for the rows finished by one batch; rows the executor refuses come first, in a list of their own.
-    A row's segments are spread over the batches like any other requests."""
+    A row's segments are spread over the batches like any other requests. Every row is prepared
+    (its reference encoded) before the first batch goes out."""
     fade = crossfade_samples(executor.sample_rate)
     items: list[tuple[RowPlan, int]] = []     # (row, segment index) for each request, in batch order
     refused = []
     for plan in plans:
         try:
-            executor.validate(plan.row.request)
+            request = executor.prepare(plan.row.request)
         except RequestError as e:
             refused.append((plan, str(e)))
             continue
-        plan.segments = segment_requests(plan.row.request, settings.segment_chars)
+        plan.segments = segment_requests(request, settings.segment_chars)
         plan.outcomes = [None] * len(plan.segments)
         items += [(plan, k) for k in range(len(plan.segments))]
     if refused:

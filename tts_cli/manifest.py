@@ -46,7 +46,7 @@ ALLOWED_CONTROLS = "\t\n\r"
 
 @dataclass
 class RowDefaults:
-    speaker: str
+    speaker: str | None           # None: rows name their own (Base and VoiceDesign checkpoints have none)
     language: str
     base_seed: int
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
@@ -177,7 +177,7 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only)
     request = Request(
         id=row_id, text=text,
-        speaker=_string_or(speaker, defaults.speaker).lower(),
+        speaker=_string_or(speaker, defaults.speaker or "").lower() or None,
         language=_string_or(language, defaults.language).lower(),
         instruct=_string_or(instruct, defaults.instruct or "") or None,
         seed=defaults.base_seed + index if seed is None else seed,

@@ -23,7 +23,7 @@ AUTO_ROWS = "auto"     # the engine's slots chosen per call (tts_cli.engine.AUTO
 @dataclass(frozen=True)
 class RunSettings:
     model: Optional[str] = None   # a folder, or "bundled"; None: $TTS_MODEL, else the bundled model
-    speaker: str = "vivian"
+    speaker: Optional[str] = None   # None: cli.DEFAULT_SPEAKER on CustomVoice checkpoints (others have none)
     language: str = "auto"
     seed: int = 0
     greedy: bool = False

@@ -7,13 +7,27 @@ import numpy as np
 import torch
 
 
+@dataclass(eq=False)
+class VoiceReference:
+    """The voice a Base checkpoint clones, already encoded from the reference audio (24 kHz mono):
+    the official create_voice_clone_prompt's VoiceClonePromptItem. Compared by identity."""
+    speaker_embedding: torch.Tensor          # [D] float: the x-vector (D = the talker width)
+    codes: torch.Tensor | None = None        # [frames, 16] int64 codec codes: ICL; None: x-vector only
+    text: str | None = None                  # the reference's transcript (ICL needs it; x-vector only ignores it)
+    name: str = ""                           # for messages: e.g. the reference file
+
+    @property
+    def x_vector_only(self) -> bool:
+        return self.codes is None
+
+
 @dataclass
 class Request:
     id: str
     text: str
-    speaker: str
+    speaker: str | None = None               # CustomVoice only
     language: str = "auto"
-    instruct: str | None = None
+    instruct: str | None = None              # CustomVoice 1.7B (optional) and VoiceDesign (the voice)
     seed: int = 0
     # Voice cloning (Base checkpoints), from the manifest's ref_* columns or --ref-* options
     # (tts_cli/voice/): a request with ref_audio clones that reference's voice.
@@ -21,6 +35,12 @@ class Request:
     ref_audio_sha256: str | None = None   # SHA-256 of its bytes when the manifest was checked
     ref_text: str | None = None           # the reference's transcript: ICL mode needs it
     x_vector_only: bool = False           # the speaker embedding only (no ICL, no ref_text needed)
+    # The encoded ref_audio (tts_cli/voice/voices.py attaches it before synthesis): the voice to clone.
+    reference: VoiceReference | None = None
+    # The official argument of that name: True feeds the whole text in the prompt, False one text
+    # token per frame beside the codes ("streaming" text). None: the official default for the
+    # checkpoint's kind (False for Base, True for CustomVoice and VoiceDesign).
+    non_streaming_mode: bool | None = None
 
     @property
     def clones_voice(self) -> bool:

@@ -23,6 +23,11 @@ DEFINITIONS = {
                     "per row: the wall time of the batches that synthesized it (its segments'), since a batch's rows "
                     "run together",
     "hit_cap": "the row stopped at its frame cap (--max-frames or the default cap), not at end of speech",
+    "references": "voice cloning: references_used, the distinct reference files this run's rows cloned; of those, "
+                  "references_encoded were encoded by this run (speaker embedding and codes) and "
+                  "references_from_cache_files read from DIR/.references, where an earlier run into DIR left them; "
+                  "reference_encode_seconds: reading, resampling and encoding them, including "
+                  "reference_encoder_load_seconds, loading the encoders",
 }
 
 
@@ -69,6 +74,7 @@ class RunInfo:
     audio_seconds_this_run: float = 0.0
     notes: list[str] | None = None
     device_choice: str | None = None  # why this device: "auto: torch sees no CUDA device", "--device", ...
+    references: dict | None = None    # tts_cli/voice/voices.py Voices.summary(), when rows clone a voice
 
 
 def build_report(info: RunInfo, rows: list[RowRecord], wer: dict | None = None) -> dict:
@@ -113,6 +119,7 @@ def build_report(info: RunInfo, rows: list[RowRecord], wer: dict | None = None) 
             "audio_seconds_per_second": xrt,
             "xrt": xrt,
         },
+        **({"references": info.references} if info.references is not None else {}),
         "definitions": DEFINITIONS,
         "notes": info.notes or [],
         **({"wer": wer} if wer is not None else {}),
@@ -178,6 +185,7 @@ def render_markdown(report: dict) -> str:
         f"xRT = {DEFINITIONS['xrt']}.",
         f"Wall seconds: {DEFINITIONS['wall_seconds']}. Model loading took {totals['load_seconds']:.3f} s.",
         f"Resumed: {DEFINITIONS['resumed']}.",
+        *_reference_lines(report.get("references")),
         *(f"Note: {note}." for note in report["notes"]),
         "",
         *_wer_lines(report.get("wer")),
@@ -189,11 +197,25 @@ def render_markdown(report: dict) -> str:
     for row in report["rows"]:
         outcome = f"`{row['file']}`" if row["error"] is None else f"error: {row['error']}"
         lines.append("| " + " | ".join(_cell(value) for value in (
-            _number(row["row"]), row["id"], row["speaker"], row["language"], _number(row["frames"]),
+            _number(row["row"]), row["id"], row["speaker"] or "", row["language"], _number(row["frames"]),
             _number(row["audio_seconds"]), _number(row["wall_seconds"]),
             "" if row["hit_cap"] is None else ("yes" if row["hit_cap"] else "no"),
             outcome, row["text"])) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _reference_lines(references: dict | None) -> list[str]:
+    if references is None:
+        return []
+    return [f"References: {references_line(references)}."]
+
+
+def references_line(references: dict) -> str:
+    """One line of the voice-cloning counts, for report.md and the console."""
+    return (f"{references['references_used']} used, {references['references_encoded']} encoded in "
+            f"{references['reference_encode_seconds']:.2f} s (encoders loaded in "
+            f"{references['reference_encoder_load_seconds']:.2f} s), {references['references_from_cache_files']} "
+            "read from the cache files of an earlier run")
 
 
 def _wer_lines(wer: dict | None) -> list[str]:

@@ -52,6 +52,7 @@ def _tf32(on: bool) -> Iterator[None]:
 def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32") -> list[Check]:
     import torch
 
+    from ..checkpoint import CUSTOM_VOICE, open_checkpoint
     from ..synthesizer import Synthesizer
     from .golden import NUMERICS, compare, load_records
 
@@ -59,7 +60,10 @@ def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32
     if missing:
         raise TTSError(f"golden records not found: {golden_dir} lacks {', '.join(missing)}")
     tensors, meta = load_records(golden_dir)
-    synth = Synthesizer.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype))
+    # The engine runs CustomVoice checkpoints only so far: Base and VoiceDesign run the plain model (on cuda too).
+    plain_only = open_checkpoint(model_dir).config.model_type != CUSTOM_VOICE
+    synth = Synthesizer.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype),
+                                        engine=False if plain_only else None)
     cuda = device.startswith("cuda")
     if dtype != "float32" and cuda:
         from ..engine.runner import use_fused_kernels
@@ -76,8 +80,9 @@ def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32
 def record_golden(model_dir: Path, out_dir: Path, device: str = "cpu", frames: int | None = None,
                   prompts: int | None = None) -> dict:
     """Run the official implementation on model_dir (fp32; on `device`, TF32 off) and write its
-    records into out_dir. frames: forced frames per prompt (default reference.FORCED_FRAMES; the
-    unforced run then stops at the same length); prompts: the first N prompts only."""
+    records into out_dir. frames: forced frames per prompt (default reference.FORCED_FRAMES, for
+    Base and VoiceDesign FORCED_FRAMES_VOICES; the unforced run then stops at the same length);
+    prompts: the first N prompts only."""
     from . import reference
     try:
         reference.import_official()

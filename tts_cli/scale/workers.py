@@ -72,10 +72,13 @@ class Worker:
 class WorkerPool:
     """The Executor of tts_cli/job.py over worker processes."""
 
-    def __init__(self, model_dir: Path, devices: list[str], settings):
+    def __init__(self, model_dir: Path, devices: list[str], settings, voices=None):
         from ..checkpoint import open_checkpoint
 
         self.cfg = open_checkpoint(model_dir).config   # rows are checked here, without loading weights
+        # References are encoded here, in the parent, before any batch goes out (tts_cli/job.py
+        # prepare_request): each once, into one cache, and the batches carry them to the workers.
+        self.voices = voices
         self.notes: list[str] = []                     # one line per worker that died
         context = multiprocessing.get_context("spawn")
         cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
@@ -99,10 +102,12 @@ class WorkerPool:
         self.sample_rate = ready[0][0]
         self.numerics = "; ".join(sorted({numerics for _, numerics in ready}))   # the same model on every device
 
-    def validate(self, request: Request) -> None:
+    def prepare(self, request: Request) -> Request:
+        from ..job import prepare_request
         from ..synthesizer import Synthesizer
 
-        Synthesizer.validate(self, request)   # it reads only .cfg, which the pool has too
+        # Synthesizer.validate reads only .cfg, which the pool has too
+        return prepare_request(request, self.voices, lambda r: Synthesizer.validate(self, r))
 
     def _ready(self, worker: Worker) -> tuple:
         try:

@@ -1,0 +1,251 @@
+"""Voice cloning through `tts synth` on a Base checkpoint: each distinct reference encoded once per
+run and kept in OUT/.references, the encoded voice reaching the synthesizer, resume after SIGKILL
+without encoding again, and bad reference rows failing alone."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+from typer.testing import CliRunner
+
+from tts_cli import cli
+from tts_cli.output.ledger import LEDGER_NAME
+from tts_cli.voice.cache import CACHE_DIR_NAME
+
+from test_voice_manifest import BAD_ROWS, GOOD_CLONE_ROWS, write_fuzz_manifest
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[1]
+BASE_MODEL = REPO / "tests" / "fixtures" / "tiny-1.7b-base"
+ROWS = 200
+REFERENCES = 3
+# Every 8th row clones in ICL mode (its reference's codes decoded before its own: the slower kind
+# on CPU), the others from the speaker embedding alone.
+ICL_EVERY = 8
+OPTIONS = ["--model", str(BASE_MODEL), "--max-frames", "2", "--greedy", "--no-wer"]
+
+
+def write_clone_manifest(folder: Path) -> Path:
+    """ROWS rows over REFERENCES reference files (refs/ref-K.wav, 1.0-1.2 s, each its own tones),
+    named relative to the manifest."""
+    (folder / "refs").mkdir(parents=True)
+    for k in range(REFERENCES):
+        t = np.arange(int(24000 * (1.0 + 0.1 * k))) / 24000
+        wave = 0.3 * np.sin(2 * np.pi * (220 + 110 * k) * t) * (1 + 0.5 * np.sin(2 * np.pi * (3 + k) * t))
+        sf.write(folder / "refs" / f"ref-{k}.wav", wave, 24000, subtype="PCM_16")
+    path = folder / "clones.parquet"
+    icl = [i % ICL_EVERY == 0 for i in range(ROWS)]
+    pq.write_table(pa.table({
+        "id": [f"row-{i:03d}" for i in range(ROWS)],
+        "text": [f"Line {i} in a cloned voice." for i in range(ROWS)],
+        "ref_audio": [f"refs/ref-{i % REFERENCES}.wav" for i in range(ROWS)],
+        "ref_text": [f"Reference {i % REFERENCES}." if icl[i] else None for i in range(ROWS)],
+        "x_vector_only": [not icl[i] for i in range(ROWS)],
+    }), path)
+    return path
+
+
+def _ledger(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / LEDGER_NAME).read_text().splitlines()]
+
+
+def _cache_files(out: Path) -> dict[str, tuple[int, int]]:
+    """Each cache file with its inode and mtime: a file encoded again is replaced (a new inode)."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in (out / CACHE_DIR_NAME).iterdir()}
+
+
+def _check_every_row_once(out: Path) -> None:
+    report = json.loads((out / "report.json").read_text())
+    assert [r["id"] for r in report["rows"]] == [f"row-{i:03d}" for i in range(ROWS)]
+    for row in report["rows"]:
+        assert row["error"] is None, row
+        assert sf.info(out / row["file"]).frames == row["frames"] * 1920 > 0
+    assert sorted(e["id"] for e in _ledger(out)) == [f"row-{i:03d}" for i in range(ROWS)]   # each exactly once
+
+
+def test_200_rows_over_3_references_encode_each_once_and_clone_the_encoded_voice(tmp_path):
+    manifest = write_clone_manifest(tmp_path)
+    out = tmp_path / "out"
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--batch-size", "200", *OPTIONS])
+    assert result.exit_code == 0, result.output
+    assert f"{ROWS} rows ok (0 from an earlier run), 0 failed" in result.output
+    assert "references: 3 used, 3 encoded in" in result.output
+    report = json.loads((out / "report.json").read_text())
+    assert {k: v for k, v in report["references"].items() if "seconds" not in k} == {
+        "references_used": 3, "references_encoded": 3, "references_from_cache_files": 0}
+    assert report["references"]["reference_encode_seconds"] > report["references"]["reference_encoder_load_seconds"] > 0
+    assert "References: 3 used, 3 encoded in" in (out / "report.md").read_text()
+    _check_every_row_once(out)
+    assert len(_cache_files(out)) == 3
+
+    # The written audio is what the synthesizer makes from the encoded reference: an ICL row
+    # (codes and transcript) and an x-vector row, each against a direct call.
+    from tts_cli.request import Request, VoiceReference
+    from tts_cli.synthesizer import Synthesizer
+    from tts_cli.voice.reference_audio import load_reference
+    from tts_cli.voice.voices import ReferenceEncoders
+
+    synth, encoders = Synthesizer.from_pretrained(BASE_MODEL), ReferenceEncoders(BASE_MODEL)
+    for i in (8, 13):   # row 8: ICL on ref-2; row 13: x-vector only on ref-1
+        embedding, codes = encoders(load_reference(str(tmp_path / "refs" / f"ref-{i % 3}.wav")).waveform)
+        icl = i % ICL_EVERY == 0
+        reference = VoiceReference(embedding, codes if icl else None, f"Reference {i % 3}." if icl else None)
+        [expected] = synth.synthesize([Request(f"row-{i:03d}", f"Line {i} in a cloned voice.", reference=reference)],
+                                      greedy=True, max_frames=2)
+        written, _ = sf.read(out / f"row-{i:03d}.wav", dtype="float32")
+        assert len(written) == len(expected.audio) > 0
+        np.testing.assert_allclose(written, np.clip(expected.audio, -1, 1), atol=2 / 32768)
+
+    again = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), *OPTIONS])
+    assert again.exit_code == 0 and f"{ROWS} rows ok ({ROWS} from an earlier run)" in again.output
+    assert json.loads((out / "report.json").read_text())["references"]["references_encoded"] == 0
+
+
+def test_sigkill_mid_run_then_rerun_does_each_row_once_and_encodes_no_reference_again(tmp_path):
+    """Acceptance: the 200-row manifest, SIGKILLed mid-run, then the same command again."""
+    manifest = write_clone_manifest(tmp_path)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "tts_cli", "synth", str(manifest), "--out", str(out), "--batch-size", "25",
+               *OPTIONS]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first.poll() is None:
+        ledger = out / LEDGER_NAME
+        if ledger.is_file() and ledger.read_text().count("\n") >= 25:
+            break
+        time.sleep(0.02)
+    assert first.poll() is None, f"the run ended before it could be killed: {first.stderr.read().decode()}"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    first.stderr.close()
+    done_before = {e["id"] for e in _ledger(out)}
+    assert 25 <= len(done_before) < ROWS
+    cached = _cache_files(out)
+    assert len(cached) == 3   # every reference is encoded before the first batch goes out
+
+    second = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--batch-size", "200", *OPTIONS])
+    assert second.exit_code == 0, second.output
+    assert f"{ROWS} rows ok ({len(done_before)} from an earlier run)" in second.output
+    report = json.loads((out / "report.json").read_text())
+    assert {k: v for k, v in report["references"].items() if "seconds" not in k} == {
+        "references_used": 3, "references_encoded": 0, "references_from_cache_files": 3}
+    assert report["references"]["reference_encoder_load_seconds"] == 0   # the encoders never loaded
+    assert _cache_files(out) == cached
+    _check_every_row_once(out)
+
+
+def test_fuzz_through_tts_synth_on_a_base_checkpoint(tmp_path):
+    """Bad reference rows fail with their reason, the good clone rows are synthesized, the rows
+    without a reference fail (a Base checkpoint only clones), exit status 1, no crash."""
+    path, expected, _ = write_fuzz_manifest(tmp_path, plain_rows=2)
+    out = tmp_path / "out"
+    result = runner.invoke(cli.app, ["synth", str(path), "--out", str(out), "--max-text-chars", "100", *OPTIONS])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    report = json.loads((out / "report.json").read_text())
+    assert [row["id"] for row in report["rows"]] == [row_id for row_id, _, _ in expected]
+    for row, (row_id, reason, clones) in zip(report["rows"], expected):
+        if clones:
+            assert row["error"] is None and sf.info(out / row["file"]).frames == row["frames"] * 1920 > 0, row
+        else:
+            needed = reason or "a Base checkpoint clones a voice: the row needs a reference (ref_audio)"
+            assert needed in (row["error"] or "") and row["file"] is None, (row, needed)
+    assert report["totals"]["ok"] == len(GOOD_CLONE_ROWS)
+    assert report["totals"]["failed"] == len(BAD_ROWS) + 2
+    # good.wav (twice: relative and absolute), good.flac, good.ogg
+    assert report["references"]["references_used"] == report["references"]["references_encoded"] == 3
+
+
+@pytest.mark.parametrize("options, reason", [
+    (["--speaker", "vivian"], "speaker 'vivian': a Base checkpoint has no named speakers"),
+    (["--model", str(cli.BUNDLED_MODEL_DIR)], "this checkpoint (custom_voice) cannot clone a voice"),
+])
+def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monkeypatch, options, reason):
+    monkeypatch.chdir(tmp_path)
+    sf.write(tmp_path / "me.wav", np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
+    (tmp_path / "corpus.txt").write_text("One line to speak.\n")
+    result = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *OPTIONS, "--ref-audio", "me.wav",
+                                     "--x-vector-only", *options])
+    assert result.exit_code == 1, result.output
+    [row] = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
+    assert reason in row["error"]
+
+
+def test_worker_processes_take_the_references_the_parent_encoded(tmp_path, monkeypatch):
+    """--gpus cpu,cpu: the parent encodes each reference once, the batches carry it to the workers, and
+    its audio is the in-process run's."""
+    monkeypatch.chdir(tmp_path)
+    sf.write(tmp_path / "me.wav", np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
+    (tmp_path / "corpus.txt").write_text("First line to speak.\nSecond line to speak.\n")
+    common = ["--ref-audio", "me.wav", "--ref-text", "A tone.", "--batch-size", "1", *OPTIONS]
+    pooled = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "pool", "--gpus", "cpu,cpu", *common])
+    assert pooled.exit_code == 0, pooled.output
+    assert "references: 1 used, 1 encoded" in pooled.output
+    local = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "local", *common])
+    assert local.exit_code == 0, local.output
+    for name in ("000001.wav", "000002.wav"):
+        pooled_audio, _ = sf.read(tmp_path / "pool" / name)
+        local_audio, _ = sf.read(tmp_path / "local" / name)
+        assert len(pooled_audio) > 0
+        # one 16-bit step at most: a worker may run torch with more threads (another summation order)
+        np.testing.assert_allclose(pooled_audio, local_audio, rtol=0, atol=1.5 / 32768)
+
+
+def test_voice_design_and_base_rows_take_no_default_speaker(tmp_path, monkeypatch):
+    """--speaker defaults to vivian on CustomVoice checkpoints only: a VoiceDesign corpus speaks with
+    --instruct alone, and a Base row without a reference fails for that, not for a speaker."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("One line to speak.\n")
+    design = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "design", *OPTIONS[2:], "--model",
+                                     str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign"),
+                                     "--instruct", "A calm, low voice."])
+    assert design.exit_code == 0, design.output
+    [row] = json.loads((tmp_path / "design" / "report.json").read_text())["rows"]
+    assert row["speaker"] is None and row["instruct"] == "A calm, low voice." and row["frames"] > 0
+    base = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "base", *OPTIONS])
+    assert base.exit_code == 1
+    [row] = json.loads((tmp_path / "base" / "report.json").read_text())["rows"]
+    assert row["error"] == "a Base checkpoint clones a voice: the row needs a reference (ref_audio)"
+
+
+def test_help_shows_how_to_clone_a_voice_for_a_whole_corpus():
+    result = runner.invoke(cli.app, ["synth", "--help"], env={"COLUMNS": "200"})
+    help_text = " ".join(result.output.split())
+    assert ("Clone a voice for a whole corpus (a Base checkpoint, on cpu so far): tts synth corpus.txt --out DIR "
+            "--model BASE_DIR --device cpu --ref-audio voice.wav --ref-text \"what voice.wav says\"") in help_text
+
+
+def test_a_reference_edited_after_the_manifest_was_read_fails_its_rows_alone(tmp_path, monkeypatch):
+    """The ledger key holds the hash taken when the manifest was read: a file that changes before it
+    is encoded would be another voice under that key, so its rows fail and the others go on."""
+    from tts_cli import manifest as manifest_module
+
+    monkeypatch.chdir(tmp_path)
+    for name, step in (("steady.wav", 7), ("edited.wav", 9)):
+        sf.write(tmp_path / name, np.sin(np.arange(30000) / step) * 0.3, 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["First.", "Second.", "Third."],
+                             "ref_audio": ["steady.wav", "edited.wav", "edited.wav"]}), tmp_path / "m.parquet")
+    read = manifest_module.read_manifest
+
+    def read_then_edit(*args, **kwargs):
+        manifest = read(*args, **kwargs)
+        sf.write(tmp_path / "edited.wav", np.sin(np.arange(30000) / 5) * 0.3, 24000, subtype="PCM_16")
+        return manifest
+
+    monkeypatch.setattr(manifest_module, "read_manifest", read_then_edit)
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", "--x-vector-only", *OPTIONS])
+    assert result.exit_code == 1, result.output
+    rows = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
+    assert rows[0]["error"] is None and rows[0]["frames"] > 0
+    for row in rows[1:]:
+        assert f"reference {tmp_path / 'edited.wav'} changed while the run was going" in row["error"]
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["references"]["references_encoded"] == 1

@@ -4,6 +4,11 @@ A checkpoint directory holds config.json, generation_config.json, model.safetens
 with model.safetensors.index.json), the Qwen2 tokenizer files and speech_tokenizer/ (the codec).
 Every special id, speaker, language, dialect and sampling default is read from these files; a
 missing or malformed file raises CheckpointError naming it.
+
+Three kinds (config.json `tts_model_type`), as the official wrapper's three generate methods:
+"custom_voice" (named speakers, optional instruct), "base" (voice cloning from a reference: its
+model.safetensors also holds `speaker_encoder.*`, the x-vector encoder) and "voice_design" (the
+instruct describes the voice; no speakers).
 """
 from __future__ import annotations
 
@@ -56,9 +61,48 @@ class DecoderConfig:
         )
 
 
+CUSTOM_VOICE, BASE, VOICE_DESIGN = "custom_voice", "base", "voice_design"
+MODEL_KINDS = {CUSTOM_VOICE: "CustomVoice", BASE: "Base", VOICE_DESIGN: "VoiceDesign"}
+SPEAKER_ENCODER_PREFIX = "speaker_encoder."
+
+
+@dataclass(frozen=True)
+class SpeakerEncoderConfig:
+    """config.json `speaker_encoder_config` of a Base checkpoint (ECAPA-TDNN over a 128-bin log-mel
+    of 24 kHz audio); defaults as the official Qwen3TTSSpeakerEncoderConfig."""
+    embedding_dim: int                      # enc_dim: the x-vector width, equal to the talker's
+    channels: tuple[int, ...] = (512, 512, 512, 512, 1536)
+    kernel_sizes: tuple[int, ...] = (5, 3, 3, 3, 1)
+    dilations: tuple[int, ...] = (1, 2, 3, 4, 1)
+    attention_channels: int = 128
+    res2net_scale: int = 8
+    se_channels: int = 128
+    mel_dim: int = 128
+    sample_rate: int = 24000
+
+    @classmethod
+    def parse(cls, f: ConfigFields) -> "SpeakerEncoderConfig":
+        base = cls(embedding_dim=0)
+        lists = {name: f.int_list(key) if key in f.data else getattr(base, name)
+                 for name, key in (("channels", "enc_channels"), ("kernel_sizes", "enc_kernel_sizes"),
+                                   ("dilations", "enc_dilations"))}
+        if not len(lists["channels"]) == len(lists["kernel_sizes"]) == len(lists["dilations"]):
+            raise CheckpointError(f"{f.where}: enc_channels, enc_kernel_sizes and enc_dilations differ in length")
+        return cls(
+            # the official default is 1024; Base checkpoints state it (1024 for 0.6B, 2048 for 1.7B)
+            embedding_dim=f.get("enc_dim", int, 1024, minimum=1),
+            **lists,
+            attention_channels=f.get("enc_attention_channels", int, base.attention_channels, minimum=1),
+            res2net_scale=f.get("enc_res2net_scale", int, base.res2net_scale, minimum=1),
+            se_channels=f.get("enc_se_channels", int, base.se_channels, minimum=1),
+            mel_dim=f.get("mel_dim", int, base.mel_dim, minimum=1),
+            sample_rate=f.get("sample_rate", int, base.sample_rate, minimum=1),
+        )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """config.json of a CustomVoice checkpoint: model shapes and every id the prompt needs."""
+    """config.json of a checkpoint: model shapes and every id the prompt needs."""
     model_size: str                 # "1b7" or "0b6" as written in the checkpoint
     talker: DecoderConfig
     code_predictor: DecoderConfig
@@ -84,11 +128,27 @@ class ModelConfig:
     speaker_ids: dict[str, int]
     speaker_dialects: dict[str, str]       # speaker -> dialect language, only for dialect speakers
     language_ids: dict[str, int]           # includes dialect entries
+    model_type: str = CUSTOM_VOICE         # tts_model_type: CUSTOM_VOICE, BASE or VOICE_DESIGN
+    speaker_encoder: SpeakerEncoderConfig | None = None   # Base checkpoints only
+
+    @property
+    def kind_name(self) -> str:
+        """"CustomVoice", "Base" or "VoiceDesign", for messages."""
+        return MODEL_KINDS[self.model_type]
 
     @property
     def supports_instruct(self) -> bool:
-        # The official wrapper drops instructs for 0.6B with `tts_model_size in "0b6"`.
-        return self.model_size not in "0b6"
+        # The official wrapper drops instructs for a CustomVoice 0.6B with `tts_model_size in "0b6"`;
+        # generate_voice_design takes one; generate_voice_clone has none.
+        if self.model_type == VOICE_DESIGN:
+            return True
+        return self.model_type == CUSTOM_VOICE and self.model_size not in "0b6"
+
+    @property
+    def default_non_streaming_mode(self) -> bool:
+        """The official default of `non_streaming_mode`: False for generate_voice_clone (the text fed
+        one token per frame), True for generate_custom_voice and generate_voice_design."""
+        return self.model_type != BASE
 
     @property
     def languages(self) -> list[str]:
@@ -103,10 +163,10 @@ class ModelConfig:
     def parse(cls, data: dict, path: Path) -> "ModelConfig":
         top = ConfigFields(data, str(path))
         kind = top.get("tts_model_type", str)
-        if kind != "custom_voice":
+        if kind not in MODEL_KINDS:
             raise UnsupportedModelError(
-                f"{path}: tts_model_type '{kind}' is not supported yet; tts synthesizes CustomVoice "
-                "checkpoints (Qwen3-TTS-12Hz-1.7B-CustomVoice, Qwen3-TTS-12Hz-0.6B-CustomVoice)")
+                f"{path}: tts_model_type '{kind}' is not supported; tts synthesizes "
+                f"{', '.join(MODEL_KINDS)} checkpoints (Qwen3-TTS-12Hz CustomVoice, Base and VoiceDesign)")
         tokenizer_type = top.get("tokenizer_type", str)
         if tokenizer_type != "qwen3_tts_tokenizer_12hz":
             raise UnsupportedModelError(f"{path}: tokenizer_type '{tokenizer_type}' is not supported yet "
@@ -126,6 +186,15 @@ class ModelConfig:
             if dialect not in language_ids:
                 raise CheckpointError(f"{path}: speaker '{spk}' has dialect '{dialect}', "
                                       "which is not in codec_language_id")
+        speaker_encoder = None
+        if kind == BASE:   # the official model builds a speaker encoder for Base checkpoints only
+            speaker_encoder = SpeakerEncoderConfig.parse(
+                top.sub("speaker_encoder_config") if "speaker_encoder_config" in top.data
+                else ConfigFields({}, f"{path} -> speaker_encoder_config"))
+            if speaker_encoder.embedding_dim != talker_cfg.hidden_size:
+                raise CheckpointError(f"{path}: speaker_encoder_config enc_dim {speaker_encoder.embedding_dim} differs "
+                                      f"from the talker's hidden_size {talker_cfg.hidden_size} (the x-vector is a "
+                                      "talker input)")
         return cls(
             model_size=top.get("tts_model_size", str),
             talker=talker_cfg,
@@ -150,6 +219,8 @@ class ModelConfig:
             speaker_ids=speaker_ids,
             speaker_dialects=dialects,
             language_ids=language_ids,
+            model_type=kind,
+            speaker_encoder=speaker_encoder,
         )
 
 
@@ -229,6 +300,19 @@ class Checkpoint:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return load_safetensors(self.root)
+
+    def speaker_encoder_tensors(self) -> dict[str, torch.Tensor]:
+        """A Base checkpoint's `speaker_encoder.*` tensors, keyed without that prefix (e.g.
+        "blocks.0.conv.weight", the official module's state_dict names)."""
+        if self.config.model_type != BASE:
+            raise CheckpointError(f"{self.root}: a {self.config.kind_name} checkpoint has no speaker encoder "
+                                  "(only Base checkpoints clone voices)")
+        found = {key[len(SPEAKER_ENCODER_PREFIX):]: t for key, t in self.tensors().items()
+                 if key.startswith(SPEAKER_ENCODER_PREFIX)}
+        if not found:
+            raise CheckpointError(f"{self.root / 'model.safetensors'}: a Base checkpoint without "
+                                  f"{SPEAKER_ENCODER_PREFIX}* tensors (the speaker encoder)")
+        return found
 
 
 TOKENIZER_FILES = ("tokenizer_config.json",)

@@ -1,5 +1,11 @@
 """Requests in, audio out, with the plain reference model: tokenizer -> prompt -> generate ->
-codec. The CLI's `synth` uses it on CPU; the GPU engine is tested against it."""
+codec. The CLI's `synth` uses it on CPU; the GPU engine is tested against it.
+
+Each checkpoint kind takes the rows its official generate method takes: CustomVoice a speaker
+(and an instruct on 1.7B), Base a reference voice (`Request.reference`: x-vector only, or ICL with
+the reference's codes and transcript), VoiceDesign an instruct. An ICL row's codes are decoded
+after the reference's codes (the codec primed with the reference) and its waveform starts where
+the reference's ends. The GPU engine runs CustomVoice rows of the non-streaming text mode only."""
 from __future__ import annotations
 
 import logging
@@ -8,20 +14,20 @@ from pathlib import Path
 
 import torch
 
-from tts_cli.checkpoint import Checkpoint, SamplingConfig, open_checkpoint
+from tts_cli.checkpoint import BASE, CUSTOM_VOICE, Checkpoint, ModelConfig, SamplingConfig, open_checkpoint
 from tts_cli.engine import (DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION,
                             TALKER_PRECISIONS)
 from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.engine.slots import talker_kv_bytes
-from tts_cli.errors import CheckpointError, RequestError, TTSError
+from tts_cli.errors import CheckpointError, RequestError, TTSError, UnsupportedModelError
 from tts_cli.model.codec import load_codec
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import (Prompt, assistant_text, build_prompt, check_speaker, instruct_text,
-                                  prompt_embeddings, resolve_language_id)
+                                  prompt_embeddings, reference_text, resolve_language_id, trailing_text_embeddings)
 from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.sampler import SamplerSettings
-from tts_cli.request import Request, Result
+from tts_cli.request import Request, Result, VoiceReference
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +95,57 @@ def allow_tf32() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
+def check_request(cfg: ModelConfig, request: Request) -> None:
+    """What the row asks for against what its checkpoint's kind can do (RequestError naming it)."""
+    if not request.text.strip():
+        raise RequestError("empty text")
+    kind = cfg.kind_name
+    if request.reference is not None and cfg.model_type != BASE:
+        raise RequestError(f"a reference voice (ref_audio) needs a Base checkpoint: this is a {kind} checkpoint, "
+                           "which has no speaker encoder")
+    if cfg.model_type == CUSTOM_VOICE:
+        check_speaker(cfg, request.speaker)
+    elif request.speaker:
+        what = "clones the reference voice (ref_audio)" if cfg.model_type == BASE else "takes the voice from instruct"
+        raise RequestError(f"speaker '{request.speaker}': a {kind} checkpoint has no named speakers; it {what}")
+    if cfg.model_type == BASE:
+        if request.instruct:
+            raise RequestError("instruct: a Base checkpoint takes no instruction (the official generate_voice_clone "
+                               "has none); VoiceDesign and CustomVoice 1.7B checkpoints do")
+        if request.reference is None:
+            raise RequestError("a Base checkpoint clones a voice: the row needs a reference (ref_audio)")
+        check_reference(cfg, request.reference)
+    resolve_language_id(cfg, request.speaker if cfg.model_type == CUSTOM_VOICE else None, request.language)
+
+
+def check_reference(cfg: ModelConfig, reference: VoiceReference) -> None:
+    name = f"reference {reference.name}: " if reference.name else "reference: "
+    width = cfg.talker.hidden_size
+    embedding = reference.speaker_embedding
+    if not torch.is_floating_point(embedding) or tuple(embedding.shape) != (width,):
+        raise RequestError(f"{name}speaker embedding of shape {tuple(embedding.shape)} ({embedding.dtype}); this "
+                           f"checkpoint takes a float x-vector of {width}")
+    if reference.x_vector_only:
+        return
+    codes = reference.codes
+    if (codes.dim() != 2 or codes.shape[0] < 1 or codes.shape[1] != cfg.num_code_groups
+            or torch.is_floating_point(codes)):
+        raise RequestError(f"{name}codes of shape {tuple(codes.shape)} ({codes.dtype}); ICL takes integer codes of "
+                           f"[frames >= 1, {cfg.num_code_groups}]")
+    if int(codes.min()) < 0 or int(codes.max()) >= cfg.code_vocab_size:
+        raise RequestError(f"{name}codes outside 0..{cfg.code_vocab_size - 1}")
+    if not (reference.text or "").strip():
+        raise RequestError(f"{name}ICL needs the reference's transcript (ref_text); without one, clone from "
+                           "the x-vector only (x_vector_only)")
+
+
+def icl_cut(reference_frames: int, total_frames: int, samples: int) -> int:
+    """Where an ICL row's waveform starts in the decode of its reference + generated codes: the
+    official formula, a float product that for some lengths lands one sample before the frame
+    boundary (15 of 22 frames: sample 28799, not 28800), keeping one sample of the reference."""
+    return int(reference_frames / max(total_frames, 1) * samples)
+
+
 def longest_first(requests: list[EngineRequest]) -> list[EngineRequest]:
     """The engine's queue with the longest prompts (so the longest texts, which speak longest)
     first, ties in their given order: the slots that free up last then hold short requests, and
@@ -117,6 +174,10 @@ class Synthesizer:
         log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self._engine_now: Engine | None = None
+        if self.uses_engine and self.cfg.model_type != CUSTOM_VOICE:
+            raise UnsupportedModelError(
+                f"{ckpt.root}: the GPU engine does not run {self.cfg.kind_name} checkpoints yet (voice cloning "
+                "and voice design run on the plain model: --device cpu)")
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -156,13 +217,18 @@ class Synthesizer:
         return self.codec.sample_rate
 
     def validate(self, request: Request) -> None:
-        if not request.text.strip():
-            raise RequestError("empty text")
-        check_speaker(self.cfg, request.speaker)
-        resolve_language_id(self.cfg, request.speaker, request.language)
+        """RequestError for a row its checkpoint cannot synthesize. Reads only self.cfg (the
+        --gpus pool calls it with a config alone)."""
+        check_request(self.cfg, request)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text)["input_ids"])
+
+    def non_streaming_mode(self, request: Request) -> bool:
+        """The row's text mode: its own, else the official default of the checkpoint's kind."""
+        if request.non_streaming_mode is None:
+            return self.cfg.default_non_streaming_mode
+        return request.non_streaming_mode
 
     def prompt(self, request: Request) -> Prompt:
         instruct_ids = None
@@ -173,8 +239,22 @@ class Synthesizer:
                 log.warning("this %s checkpoint does not support instructions; ignoring them "
                             "(as the official implementation does)", self.cfg.model_size)
                 self._warned_instruct = True
-        return build_prompt(self.cfg, self.tokenize(assistant_text(request.text)), request.speaker,
-                            request.language, instruct_ids)
+        reference = request.reference
+        icl = reference is not None and not reference.x_vector_only
+        return build_prompt(
+            self.cfg, self.tokenize(assistant_text(request.text)),
+            request.speaker if self.cfg.model_type == CUSTOM_VOICE else None, request.language, instruct_ids,
+            non_streaming_mode=self.non_streaming_mode(request),
+            speaker_embedding=reference.speaker_embedding.float() if reference is not None else None,
+            reference_ids=self.tokenize(reference_text(reference.text)) if icl else None,
+            reference_codes=reference.codes.long() if icl else None)
+
+    def row_input(self, request: Request, max_frames: int | None = None, prompt: Prompt | None = None) -> RowInput:
+        """The request as the generation loop's input: prompt embeddings, trailing text, frame cap."""
+        prompt = prompt or self.prompt(request)
+        talker = self.model.talker
+        return RowInput(prompt_embeddings(talker, prompt, self.model.code_predictor), request.seed,
+                        self.frame_cap(prompt, max_frames), trailing_text=trailing_text_embeddings(talker, prompt))
 
     def frame_cap(self, prompt: Prompt, max_frames: int | None) -> int:
         official_cap = self.ckpt.sampling.max_new_tokens - 1   # the last drawn token gets no frame
@@ -190,18 +270,17 @@ class Synthesizer:
         RequestError for an invalid request."""
         for r in requests:
             self.validate(r)
+            if self.uses_engine and not self.non_streaming_mode(r):
+                raise RequestError(f"{r.id}: the GPU engine does not run the streaming text mode "
+                                   "(non_streaming_mode false) yet: --device cpu runs it on the plain model")
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
-        rows = []
-        for r in requests:
-            prompt = self.prompt(r)
-            rows.append(RowInput(prompt_embeddings(self.model.talker, prompt), r.seed,
-                                 self.frame_cap(prompt, max_frames)))
+        rows = [self.row_input(r, max_frames) for r in requests]
         if self.uses_engine:
             slots = min(self.engine_rows, max_rows or self.engine_rows)
             return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens, slots)
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
                         min_new_tokens=min_new_tokens)
-        audio = self.decode([o.codes for o in outs])
+        audio = self.decode([o.codes for o in outs], [r.reference for r in requests])
         return [Result(id=r.id, codes=o.codes, audio=a, hit_cap=o.hit_cap)
                 for r, o, a in zip(requests, outs, audio)]
 
@@ -258,16 +337,26 @@ class Synthesizer:
                            f"{COLUMNS} talker positions for {rows} slots: use fewer --rows")
         return most
 
-    def decode(self, codes: list[torch.Tensor]):
+    def decode(self, codes: list[torch.Tensor], references: list[VoiceReference | None] | None = None):
         """Codes of several rows -> float32 numpy waveforms, one padded causal decode: padding
-        at the end cannot change earlier samples of a causal decoder."""
-        longest = max(c.shape[0] for c in codes)
+        at the end cannot change earlier samples of a causal decoder. A row with an ICL reference
+        is decoded after the reference's codes and cut where they end (icl_cut)."""
+        references = references or [None] * len(codes)
+        primes = [ref.codes.long().cpu() if ref is not None and not ref.x_vector_only else None for ref in references]
+        full = [c if prime is None else torch.cat((prime, c.cpu())) for c, prime in zip(codes, primes)]
+        longest = max(c.shape[0] for c in full)
         if longest == 0:
             return [torch.zeros(0).numpy() for _ in codes]
         device = next(self.codec.parameters()).device
-        batch = torch.zeros(len(codes), longest, self.cfg.num_code_groups, dtype=torch.int64, device=device)
-        for i, c in enumerate(codes):
+        batch = torch.zeros(len(full), longest, self.cfg.num_code_groups, dtype=torch.int64, device=device)
+        for i, c in enumerate(full):
             batch[i, :c.shape[0]] = c
         wav = self.codec.decode(batch).float().cpu()
         spf = self.codec.samples_per_frame
-        return [wav[i, :c.shape[0] * spf].numpy() for i, c in enumerate(codes)]
+        out = []
+        for i, (c, prime) in enumerate(zip(full, primes)):
+            row = wav[i, :c.shape[0] * spf]
+            if prime is not None:
+                row = row[icl_cut(prime.shape[0], c.shape[0], row.shape[0]):]
+            out.append(row.numpy())
+        return out

@@ -5,6 +5,9 @@ against it.
 Frame f of a row: the talker output that predicted codebook 0 (g0[f]) plus the code predictor's
 codebooks 1..15, computed at the start of the next talker step (as in the official model). A row
 ends when it draws EOS as g0 (that frame is not emitted) or when it has max_frames frames.
+
+The talker input of the step after frame f is the sum of the frame's 16 codebook embeddings plus a
+text-track vector: the row's trailing text [f] in the streaming text mode while it lasts, else tts_pad.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ class RowInput:
     seed: int
     max_frames: int
     teacher_codes: torch.Tensor | None = None   # [T, 16]: forced codes (parity tests)
+    trailing_text: torch.Tensor | None = None   # [N, H]: streaming text mode, added to decode steps 0..N-1
 
 
 @dataclass
@@ -73,6 +77,7 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
     talker_rows = RowSampling.uniform(talker_sampler, b, device)
     cp_rows = RowSampling.uniform(cp_sampler, b, device)
     pad_embed = talker.text_track(torch.tensor([cfg.tts_pad_id], device=device))   # [1, H]
+    trailing = _trailing_text(rows, pad_embed)   # [B, N, H], padded with tts_pad (N >= 1)
     outputs = [RowOutput(codes=torch.empty(0, cfg.num_code_groups, dtype=torch.int64), hit_cap=False)
                for _ in rows]
 
@@ -120,7 +125,8 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
             if trace:
                 outputs[i].cp_logits.append(cp_logits[i].cpu())
 
-        step_embed = cp.frame_embedding(code0_embed, codes) + pad_embed
+        text_embed = trailing[:, frame] if frame < trailing.shape[1] else pad_embed
+        step_embed = cp.frame_embedding(code0_embed, codes) + text_embed
         key_valid = torch.cat((key_valid, torch.ones(b, 1, dtype=torch.bool, device=device)), dim=1)
         for cache in caches:
             cache.at = key_valid.shape[1] - 1   # GrowingKV: its length already; StaticKV: where to write
@@ -132,6 +138,17 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
         if row_frames:
             out.codes = torch.stack(row_frames)
     return outputs
+
+
+def _trailing_text(rows: list[RowInput], pad_embed: torch.Tensor) -> torch.Tensor:
+    """Each row's trailing text vectors, right-padded with tts_pad to the longest (as the official
+    batch pads them): [B, N, H], N >= 1."""
+    longest = max([1] + [r.trailing_text.shape[0] for r in rows if r.trailing_text is not None])
+    trailing = pad_embed.expand(len(rows), longest, -1).clone()
+    for i, r in enumerate(rows):
+        if r.trailing_text is not None:
+            trailing[i, :r.trailing_text.shape[0]] = r.trailing_text
+    return trailing
 
 
 def _static_caches(model: Qwen3TTS, rows: list[RowInput], depth: bool = False) -> list[StaticKV]:

@@ -1,32 +1,50 @@
-"""CustomVoice prompt construction (the official non-streaming text mode).
+"""Talker prompts of the three checkpoint kinds, as the official Qwen3TTSForConditionalGeneration.generate
+builds them (CustomVoice: a named speaker; Base: a cloned voice; VoiceDesign: the instruct only).
 
 A prompt is a list of positions, each the sum of a text-track vector (the projected text
-embedding) and, where present, a codec-track vector (a row of the talker's codec table):
+embedding) and, where present, a codec-track vector: a row of the talker's codec table, the
+reference's x-vector, or a reference frame (the sum of its 16 codebook embeddings):
 
-    [instruct tokens]                       text only (1.7B, optional)
+    [instruct tokens]                       text only (CustomVoice 1.7B, VoiceDesign; optional)
     <|im_start|> assistant \\n               text only
-    tts_pad + think | nothink, think_bos, [language], think_eos, speaker
+    tts_pad + think | nothink, think_bos, [language], think_eos, [speaker or x-vector]
     tts_bos + codec_pad
-    text token_i + codec_pad  ...  tts_eos + codec_pad
-    tts_pad + codec_bos                     <- its output predicts codebook 0 of frame 0
+    then one of
+      non-streaming text (non_streaming_mode=True):
+        text token_i + codec_pad  ...  tts_eos + codec_pad
+        tts_pad + codec_bos                 <- its output predicts codebook 0 of frame 0
+      streaming text (False):
+        text token_0 + codec_bos            the other tokens and tts_eos are the trailing text:
+                                            one added to each decode step's input, then tts_pad
+      ICL (a reference with codes), non-streaming:
+        ref text token_i + codec_pad ... text token_i + codec_pad ... tts_eos + codec_pad
+        tts_pad + codec_bos, tts_pad + reference frame_k ...
+      ICL, streaming: the text track (ref text, text, tts_eos) beside the codec track (codec_bos,
+        reference frames) position by position; the longer text continues as trailing text, the
+        shorter is padded with tts_pad.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from tts_cli.checkpoint import ModelConfig
 from tts_cli.errors import RequestError
 
-NO_CODEC = -1
+NO_CODEC = -1            # a position without a codec track
+SPEAKER_EMBEDDING = -2   # the codec track is the prompt's speaker embedding (x-vector)
+REFERENCE_FRAME = -3     # the codec track is the next reference frame (in order)
 
 
 @dataclass
 class Prompt:
     text_ids: list[int]
-    codec_ids: list[int]        # NO_CODEC where a position has no codec track
+    codec_ids: list[int]        # a codec id, or NO_CODEC / SPEAKER_EMBEDDING / REFERENCE_FRAME
     text_tokens: int            # tokens of the text to speak (sets the default frame cap)
+    trailing_text_ids: list[int] = field(default_factory=list)   # streaming text: one per decode step
+    speaker_embedding: torch.Tensor | None = None   # [H], at the SPEAKER_EMBEDDING position
+    reference_codes: torch.Tensor | None = None     # [frames, 16], at the REFERENCE_FRAME positions
 
     def __len__(self) -> int:
         return len(self.text_ids)
@@ -36,58 +54,120 @@ def assistant_text(text: str) -> str:
     return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
+def reference_text(text: str) -> str:
+    """The official wrapper's template for an ICL reference transcript (_build_ref_text)."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
 def instruct_text(instruct: str) -> str:
     return f"<|im_start|>user\n{instruct}<|im_end|>\n"
 
 
-def resolve_language_id(cfg: ModelConfig, speaker: str, language: str) -> int | None:
+def resolve_language_id(cfg: ModelConfig, speaker: str | None, language: str) -> int | None:
     """The codec language id, with the dialect override for dialect speakers ('auto' -> None)."""
     lang = language.lower()
     if lang not in cfg.languages:
         raise RequestError(f"unknown language '{language}'; valid: {', '.join(cfg.languages)}")
     language_id = None if lang == "auto" else cfg.language_ids[lang]
-    dialect = cfg.speaker_dialects.get(speaker.lower())
+    dialect = cfg.speaker_dialects.get(speaker.lower()) if speaker else None
     if dialect and lang in ("chinese", "auto"):
         language_id = cfg.language_ids[dialect]
     return language_id
 
 
-def check_speaker(cfg: ModelConfig, speaker: str) -> None:
+def check_speaker(cfg: ModelConfig, speaker: str | None) -> None:
     if not speaker or speaker.lower() not in cfg.speaker_ids:
-        raise RequestError(f"unknown speaker '{speaker}'; valid: {', '.join(cfg.speakers)}")
+        raise RequestError(f"unknown speaker '{speaker or ''}'; valid: {', '.join(cfg.speakers)}")
 
 
-def build_prompt(cfg: ModelConfig, text_ids: list[int], speaker: str, language: str,
-                 instruct_ids: list[int] | None = None) -> Prompt:
-    """text_ids: the tokenized assistant_text(text); instruct_ids: tokenized instruct_text()."""
-    check_speaker(cfg, speaker)
-    if len(text_ids) < 9 or text_ids[0] != cfg.im_start_id or text_ids[-5] != cfg.im_end_id:
-        raise RequestError("text tokenizes to an unexpected layout (does it start with a newline "
+def _text_body(cfg: ModelConfig, ids: list[int], tail: int, what: str) -> list[int]:
+    """The tokens between the 3-token role and the `tail` template tokens (the official slices
+    [3:-5] of the text, [3:-2] of a reference transcript)."""
+    if len(ids) < 4 + tail or ids[0] != cfg.im_start_id or ids[-tail] != cfg.im_end_id:
+        raise RequestError(f"{what} tokenizes to an unexpected layout (does it start with a newline "
                            "or contain chat-template tokens?)")
+    return ids[3:-tail]
+
+
+def build_prompt(cfg: ModelConfig, text_ids: list[int], speaker: str | None, language: str,
+                 instruct_ids: list[int] | None = None, non_streaming_mode: bool = True,
+                 speaker_embedding: torch.Tensor | None = None, reference_ids: list[int] | None = None,
+                 reference_codes: torch.Tensor | None = None) -> Prompt:
+    """text_ids: the tokenized assistant_text(text); instruct_ids: tokenized instruct_text().
+    speaker: a CustomVoice speaker name, or None (Base, VoiceDesign). speaker_embedding [H]: the
+    x-vector of a cloned voice (Base); with reference_ids (tokenized reference_text()) and
+    reference_codes [frames, 16] the prompt is ICL. Checks of what a checkpoint kind allows are
+    the synthesizer's; this builds what it is given."""
+    if speaker is not None:
+        check_speaker(cfg, speaker)
+    body = _text_body(cfg, text_ids, 5, "text")
     language_id = resolve_language_id(cfg, speaker, language)
-    role, body = text_ids[:3], text_ids[3:-5]
+    role = text_ids[:3]
 
     control = ([cfg.codec_nothink_id, cfg.codec_think_bos_id, cfg.codec_think_eos_id] if language_id is None
                else [cfg.codec_think_id, cfg.codec_think_bos_id, language_id, cfg.codec_think_eos_id])
-    control += [cfg.speaker_ids[speaker.lower()], cfg.codec_pad_id]
+    if speaker is not None:
+        control.append(cfg.speaker_ids[speaker.lower()])
+    elif speaker_embedding is not None:
+        control.append(SPEAKER_EMBEDDING)
+    control.append(cfg.codec_pad_id)      # the codec_bos that ends the official list comes with the text below
 
     text = list(instruct_ids or []) + role
     codec = [NO_CODEC] * len(text)
     text += [cfg.tts_pad_id] * (len(control) - 1) + [cfg.tts_bos_id]
     codec += control
-    text += body + [cfg.tts_eos_id]
-    codec += [cfg.codec_pad_id] * (len(body) + 1)
-    text.append(cfg.tts_pad_id)
-    codec.append(cfg.codec_bos_id)
-    return Prompt(text_ids=text, codec_ids=codec, text_tokens=len(body))
+    trailing: list[int] = []
+    if reference_codes is not None:
+        ref_body = _text_body(cfg, reference_ids or [], 2, "reference text")
+        icl_text = ref_body + body + [cfg.tts_eos_id]
+        icl_codec = [cfg.codec_bos_id] + [REFERENCE_FRAME] * reference_codes.shape[0]
+        if non_streaming_mode:
+            text += icl_text + [cfg.tts_pad_id] * len(icl_codec)
+            codec += [cfg.codec_pad_id] * len(icl_text) + icl_codec
+        else:
+            paired = len(icl_codec)
+            text += icl_text[:paired] + [cfg.tts_pad_id] * (paired - len(icl_text))
+            codec += icl_codec
+            trailing = icl_text[paired:]
+    elif non_streaming_mode:
+        text += body + [cfg.tts_eos_id, cfg.tts_pad_id]
+        codec += [cfg.codec_pad_id] * (len(body) + 1) + [cfg.codec_bos_id]
+    else:
+        text.append(body[0])
+        codec.append(cfg.codec_bos_id)
+        trailing = body[1:] + [cfg.tts_eos_id]
+    return Prompt(text_ids=text, codec_ids=codec, text_tokens=len(body), trailing_text_ids=trailing,
+                  speaker_embedding=speaker_embedding, reference_codes=reference_codes)
 
 
-def prompt_embeddings(talker, prompt: Prompt) -> torch.Tensor:
-    """[len(prompt), H] talker input vectors."""
+def prompt_embeddings(talker, prompt: Prompt, code_predictor=None) -> torch.Tensor:
+    """[len(prompt), H] talker input vectors. code_predictor: the model's, for prompts with
+    reference frames (its codebook 1..15 embeddings)."""
     device = talker.codec_embedding.weight.device
     text_ids = torch.tensor(prompt.text_ids, device=device)
     codec_ids = torch.tensor(prompt.codec_ids, device=device)
     embeds = talker.text_track(text_ids)
-    has_codec = codec_ids != NO_CODEC
     codec = talker.codec_track(codec_ids.clamp(min=0))
-    return torch.where(has_codec[:, None], embeds + codec, embeds)
+    if prompt.speaker_embedding is not None:
+        codec[codec_ids == SPEAKER_EMBEDDING] = prompt.speaker_embedding.to(device=device, dtype=codec.dtype)
+    if prompt.reference_codes is not None:
+        if code_predictor is None:
+            raise ValueError("a prompt with reference frames needs the code predictor's embeddings")
+        codec[codec_ids == REFERENCE_FRAME] = reference_frame_embeddings(talker, code_predictor,
+                                                                         prompt.reference_codes)
+    return torch.where((codec_ids != NO_CODEC)[:, None], embeds + codec, embeds)
+
+
+def reference_frame_embeddings(talker, code_predictor, codes: torch.Tensor) -> torch.Tensor:
+    """[frames, H]: each reference frame as the talker input a generated frame would be (without
+    text): the sum of its 16 codebook embeddings (official generate_icl_prompt)."""
+    codes = codes.to(talker.codec_embedding.weight.device)
+    return code_predictor.frame_embedding(talker.codec_track(codes[:, 0]), codes[:, 1:])
+
+
+def trailing_text_embeddings(talker, prompt: Prompt) -> torch.Tensor | None:
+    """[N, H] text-track vectors of the streaming text mode, one per decode step (None: none)."""
+    if not prompt.trailing_text_ids:
+        return None
+    device = talker.codec_embedding.weight.device
+    return talker.text_track(torch.tensor(prompt.trailing_text_ids, device=device))

@@ -1,4 +1,6 @@
-"""The whole Qwen3-TTS CustomVoice model (talker + code predictor) and its weight loading."""
+"""The whole Qwen3-TTS model (talker + code predictor) and its weight loading. A Base checkpoint's
+speaker encoder (`speaker_encoder.*`) is not part of it: the speaker encoder loads those tensors
+(Checkpoint.speaker_encoder_tensors); here they are only required present (Base) or absent."""
 from __future__ import annotations
 
 import logging
@@ -6,7 +8,7 @@ import logging
 import torch
 from torch import nn
 
-from tts_cli.checkpoint import Checkpoint, ModelConfig
+from tts_cli.checkpoint import BASE, SPEAKER_ENCODER_PREFIX, Checkpoint, ModelConfig
 from tts_cli.errors import CheckpointError
 from tts_cli.model.depth import CodePredictor
 from tts_cli.model.talker import Talker
@@ -70,10 +72,18 @@ class Qwen3TTS(nn.Module):
         """Loads official-layout tensors, naming any missing, unexpected or misshapen tensor."""
         expected = self.state_dict()
         local: dict[str, torch.Tensor] = {}
+        base = self.cfg.model_type == BASE
+        speaker_encoder_keys = [key for key in tensors if key.startswith(SPEAKER_ENCODER_PREFIX)]
+        if base and not speaker_encoder_keys:
+            raise CheckpointError(f"{source}: a Base checkpoint without {SPEAKER_ENCODER_PREFIX}* tensors "
+                                  "(the speaker encoder, which voice cloning needs)")
         for key, tensor in tensors.items():
+            if base and key.startswith(SPEAKER_ENCODER_PREFIX):
+                continue   # the speaker encoder's, loaded by it
             name = official_to_local(key)
             if name is None:
-                raise CheckpointError(f"{source}: unexpected tensor '{key}' (not part of a CustomVoice model)")
+                raise CheckpointError(f"{source}: unexpected tensor '{key}' (not part of a {self.cfg.kind_name} "
+                                      "model)")
             if name not in expected:
                 raise CheckpointError(f"{source}: unexpected tensor '{key}' for this config.json")
             if tuple(tensor.shape) != tuple(expected[name].shape):

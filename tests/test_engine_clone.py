@@ -2,15 +2,23 @@
 rows (ICL and x-vector only, both text modes) and VoiceDesign rows, mixed in one call, give the
 plain path's codes and waveforms (tests/test_engine.py holds CustomVoice to the same), whatever
 their batch mates and slots."""
+import json
+
 import numpy as np
 import pytest
 import torch
+from typer.testing import CliRunner
 
-from clone_cases import (CUT_KEEPS_A_SAMPLE, SHORT_REFERENCE, TINY_BASE, TINY_VOICE_DESIGN, clone_requests,
-                         design_requests)
+from clone_cases import (CUT_KEEPS_A_SAMPLE, FIXTURES, SHORT_REFERENCE, TINY_BASE, TINY_VOICE_DESIGN,
+                         clone_requests, design_requests)
+from tts_cli import bench, cli
+from tts_cli.bench_clone import bench_reference, model_kind, synthetic_voice, transcript
+from tts_cli.checkpoint import BASE
+from tts_cli.engine.random_model import random_config, random_encoders
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.errors import RequestError
 from tts_cli.model.prompt import trailing_text_embeddings
+from tts_cli.request import Request
 from tts_cli.synthesizer import Synthesizer, code_predictor_settings, icl_cut, icl_codes, talker_settings
 
 LONG_REFERENCE = 70   # frames: the ICL prompt spans 3+ prefill tiles of 32 positions
@@ -113,3 +121,74 @@ def test_an_engine_without_trailing_text_refuses_a_streaming_text_row(base):
     with pytest.raises(RequestError, match=r"trailing text \(the streaming text mode\), but this engine was built "
                                            r"without \(Engine\(trailing_text=True\) holds it\)"):
         _engine(base, rows=2, trailing_text=False).run(streaming)
+
+
+# -- tts bench --workload: one cloned voice for every request ----------------------------------------
+
+@pytest.mark.parametrize("workload, ref_frames", [("clone-icl", 25), ("clone-xvector", None)])
+def test_bench_clone_workload_encodes_one_reference_and_runs_the_engine(tmp_path, workload, ref_frames):
+    """The tiny Base checkpoint's own encoders encode the 2 s synthetic reference once (25 frames of
+    codes for ICL); every request clones it through the engine, in the streaming text mode."""
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(cli.app, ["bench", "--device", "cpu", "--model", str(TINY_BASE), "--concurrency", "2",
+                                          "--requests", "3", "--frames", "4", "--workload", workload,
+                                          "--ref-seconds", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert (report["workload"], report["ref_seconds"], report["ref_frames"]) == (workload, 2, ref_frames)
+    assert report["ref_encoders"] == "the checkpoint's" and report["ref_encode_s"] > 0
+    assert report["rows"][0]["frames"] == 3 * 4
+    assert f"workload {workload}: one voice cloned from a 2 s reference" in result.output
+
+
+def test_bench_clone_requests_carry_the_reference_and_the_trailing_text():
+    synth = Synthesizer.from_pretrained(TINY_BASE)
+    sentences = bench.read_sentences(bench.SENTENCES)
+    reference, info = bench_reference(synth, "clone-icl", None, 2.0, sentences)
+    requests = bench.make_requests(synth, sentences[:3], 3, 5, "vivian", reference)
+    assert reference.text == sentences[0] and info["ref_text_chars"] == len(sentences[0])   # one sentence at least
+    assert all(torch.equal(r.codec_prime, reference.codes) for r in requests)
+    assert all(r.trailing_text is not None for r in requests)   # the texts outlast the 26 codec positions
+    expected = synth.row_input(Request(id="1", text=sentences[1], reference=reference), 5)
+    assert torch.equal(requests[1].prompt_embeds, expected.prompt_embeds)
+    assert torch.equal(requests[1].trailing_text, expected.trailing_text)
+
+
+def test_synthetic_reference_voice_is_fixed_and_voiced():
+    a, b = synthetic_voice(1.5), synthetic_voice(1.5)
+    assert a.shape == (36000,) and torch.equal(a, b) and a.abs().max() == pytest.approx(0.5)
+    spectrum = torch.fft.rfft(a).abs()
+    peak_hz = spectrum[50:].argmax().item() / 1.5 + 50 / 1.5   # the strongest component: the pitch, 100-160 Hz
+    assert 95 < peak_hz < 165
+
+
+def test_reference_transcript_is_as_long_as_the_reference_speaks():
+    sentences = ["A" * 30, "B" * 40, "C" * 20, "D" * 50]
+    assert transcript(sentences, 6) == "A" * 30 + " " + "B" * 40       # 71 chars; with C 92 > 6 s x 14/s
+    assert transcript(sentences, 1) == "A" * 30                         # one sentence at least
+    assert transcript(sentences, 20) == " ".join(sentences + sentences[:3])   # the list again from its start
+
+
+def test_bench_refuses_an_unknown_workload():
+    with pytest.raises(ValueError, match="unknown workload 'clone': one of customvoice, clone-icl, clone-xvector"):
+        model_kind("clone")
+
+
+def test_random_base_model_has_the_released_base_shapes():
+    """random:0.6b for the clone workloads: a Base config with no speakers, and encoders whose every
+    tensor has the released shape (tests/fixtures/golden/encoders/encoders.json, from the official
+    configs); a second of the synthetic voice encodes to an x-vector of the talker's width and 13
+    frames of codes spread over the codebooks."""
+    cfg = random_config("0.6b", BASE)
+    assert cfg.model_type == BASE and cfg.speakers == [] and cfg.speaker_encoder.embedding_dim == 1024
+    speaker, codec = random_encoders("0.6b", "cpu")
+    released = json.loads((FIXTURES / "golden" / "encoders" / "encoders.json").read_text())
+    assert {k: list(v.shape) for k, v in speaker.state_dict().items()} == \
+        released["real_speaker_encoders"]["0.6b"]["parameters"]
+    codec_tensors = released["real_codec_encoder"]["encoder_tensors"]
+    assert {k: list(v.shape) for k, v in codec.state_dict().items()} == \
+        {k: codec_tensors["encoder." + k] for k in codec.state_dict()}
+    voice = synthetic_voice(1.0)
+    embedding, codes = speaker.embed(voice), codec.encode(voice)
+    assert embedding.shape == (1024,) and torch.isfinite(embedding).all()
+    assert codes.shape == (13, 16) and len(codes.unique()) > 13

@@ -15,6 +15,7 @@ from rich.text import Text
 from . import __version__
 from .engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                      DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION, DEPTH_CHOICES, TALKER_PRECISIONS)
+from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, WORKLOADS
 from .errors import TTSError
 from .logs import log_to_stderr
 from .recipe import load_recipe
@@ -508,6 +509,14 @@ def bench(
     talker_precision: str = typer.Option(DEFAULT_TALKER_PRECISION, "--talker-precision",
                                          metavar="|".join(TALKER_PRECISIONS), help=TALKER_PRECISION_HELP),
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
+    workload: str = typer.Option(
+        DEFAULT_WORKLOAD, "--workload", metavar="|".join(WORKLOADS),
+        help="What the requests ask for: a named speaker (customvoice), or one cloned voice (a Base model: "
+             "random:... builds one) from ICL (clone-icl: the reference's x-vector, transcript and codes) or "
+             "its x-vector only (clone-xvector), in the streaming text mode (voice cloning's official "
+             "default). The reference is encoded once, before the timed runs: tts_cli/bench_clone.py."),
+    ref_seconds: float = typer.Option(DEFAULT_REF_SECONDS, "--ref-seconds", min=1.0, metavar="S",
+                                      help="Length of the cloned voice's reference (a synthetic voiced signal)."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
     of the engine, per concurrency. Definitions: see tts_cli/bench.py and docs/bench.md."""
@@ -526,7 +535,8 @@ def bench(
         check_engine_choices(depth, codec_precision, talker_precision)
         result = run_bench(model, levels, sentences or SENTENCES, requests, forced, device,
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision,
-                           talker_precision=talker_precision, codec_stream=codec_stream)
+                           talker_precision=talker_precision, codec_stream=codec_stream, workload=workload,
+                           ref_seconds=ref_seconds)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
@@ -550,6 +560,10 @@ def bench(
     if any(r["codec_stream"] for r in result["rows"]):
         typer.echo("the codec ran on its own stream beside the steps: its ms/step overlap the others', "
                    "and host is what the wall leaves after their sum (0 when they overlap more)")
+    if result.get("ref_seconds"):
+        cloned_from = f"{result['ref_frames']} frames, ICL" if result["ref_frames"] else "x-vector only"
+        typer.echo(f"workload {workload}: one voice cloned from a {result['ref_seconds']:g} s reference "
+                   f"({cloned_from}), encoded in {result['ref_encode_s']:.2f} s by {result['ref_encoders']} encoders")
     typer.echo(f"results: {json_out}")
 
 

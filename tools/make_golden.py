@@ -10,8 +10,12 @@ It writes, deterministically (a re-run rewrites identical bytes):
 
     tts_cli/assets/tiny-1.7b-customvoice/           tiny random CustomVoice checkpoint, tts_model_size "1b7"
     tests/fixtures/tiny-0.6b-customvoice/           tiny random CustomVoice checkpoint, tts_model_size "0b6"
+    tests/fixtures/tiny-1.7b-base/                  tiny random Base checkpoints (speaker encoder included),
+    tests/fixtures/tiny-0.6b-base/                    "1b7" and "0b6"
+    tests/fixtures/tiny-1.7b-voicedesign/           tiny random VoiceDesign checkpoint, "1b7"
     tts_cli/assets/golden/tiny-1.7b-customvoice/    records.safetensors + records.json
-    tests/fixtures/golden/tiny-0.6b-customvoice/    records.safetensors + records.json
+    tests/fixtures/golden/tiny-*/                   records of the other four
+    tests/fixtures/reference-voice-24k.wav          the reference voice the Base records clone (16-bit)
 
 1. Text tokenizer (`build_tokenizer`): a byte-level BPE trained with `tokenizers` on the Harvard
    sentences plus a few lines of other languages and the chat-template words, with the Qwen2
@@ -32,6 +36,11 @@ It writes, deterministically (a re-run rewrites identical bytes):
    predictor emits nearly the same codes every frame and the waveform does not depend on the codes
    at all, 1e-9 apart for different inputs. With fan-in scaling every signal is O(1), the logits
    are ~N(0, 1) and the waveform has an RMS of ~0.2 without clipping.)
+   Base and VoiceDesign checkpoints have the real files' tables (no speakers, no dialect languages).
+   A Base checkpoint adds the speaker encoder (ECAPA-TDNN at TINY_SPEAKER_ENCODER widths, its
+   x-vector talker-wide), drawn after the rest by the same rules, and its codec_head row of EOS is
+   scaled by BASE_EOS_LOGIT_GAIN. The speech tokenizer, encoder included (a tiny Mimi: 16
+   quantizers of 16 codes), is the same in every kind.
 
 3. Records: `tts_cli.quality.reference.record` runs the official code on each checkpoint (its
    docstring lists what is recorded); `write_golden` stores them.
@@ -63,21 +72,33 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tts_cli, run as a script
 from tts_cli.quality.reference import (  # noqa: E402
-    FORCED_FRAMES, QWEN_SPECIAL_TOKENS, import_official, record, stub_missing_audio_modules, write_golden, write_json)
+    FORCED_FRAMES, QWEN_SPECIAL_TOKENS, import_official, record, reference_voice, stub_missing_audio_modules,
+    write_golden, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The bundled copy of shared/data/harvard-lists-01-36.txt (byte-identical): present on any checkout.
 DEFAULT_CORPUS = REPO_ROOT / "tts_cli" / "assets" / "harvard-sentences.txt"
 
-# (variant, checkpoint dir, golden dir), relative to the repository root.
+# (name, variant, tts_model_type, checkpoint dir, golden dir), relative to the repository root.
 TARGETS = (
-    ("1.7b", "tts_cli/assets/tiny-1.7b-customvoice", "tts_cli/assets/golden/tiny-1.7b-customvoice"),
-    ("0.6b", "tests/fixtures/tiny-0.6b-customvoice", "tests/fixtures/golden/tiny-0.6b-customvoice"),
+    ("1.7b", "1.7b", "custom_voice", "tts_cli/assets/tiny-1.7b-customvoice",
+     "tts_cli/assets/golden/tiny-1.7b-customvoice"),
+    ("0.6b", "0.6b", "custom_voice", "tests/fixtures/tiny-0.6b-customvoice",
+     "tests/fixtures/golden/tiny-0.6b-customvoice"),
+    ("1.7b-base", "1.7b", "base", "tests/fixtures/tiny-1.7b-base", "tests/fixtures/golden/tiny-1.7b-base"),
+    ("0.6b-base", "0.6b", "base", "tests/fixtures/tiny-0.6b-base", "tests/fixtures/golden/tiny-0.6b-base"),
+    ("1.7b-voicedesign", "1.7b", "voice_design", "tests/fixtures/tiny-1.7b-voicedesign",
+     "tests/fixtures/golden/tiny-1.7b-voicedesign"),
 )
+REFERENCE_VOICE_FILE = "tests/fixtures/reference-voice-24k.wav"
 
 WEIGHT_SEED = {"1.7b": 17, "0.6b": 6, "1.7b-real": 17}
 SPEECH_TOKENIZER_SEED = 1920
 RESIDUAL_OUT_GAIN = 0.2  # codec residual-unit output convs (see codec_output_gains)
+# Base checkpoints: the codec_head row of EOS scaled up, so that unforced rows end by EOS within
+# tens of frames in every clone mode (at gain 1 the tiny 0.6B Base drew no EOS in 160 frames of
+# any of its four prompts), and the records show the official EOS rule in each.
+BASE_EOS_LOGIT_GAIN = 1.8
 FINAL_CONV_GAIN = 0.05   # codec final conv
 WEIGHTS_NOTE = ("random, fixed seeds: >=2-D tensors N(0, 1/fan_in) (lookup tables N(0, 1)); codec residual-unit "
                 "output convs x0.2 and final conv x0.05; norm weights 1+N(0, 0.1); biases N(0, 0.02); LayerScale "
@@ -256,9 +277,20 @@ VARIANTS = {
 }
 
 
-def model_config(variant: str, ids: dict[str, int]) -> dict:
-    """config.json of a tiny CustomVoice checkpoint (structure and tables of the real file)."""
+# The Base speaker encoder at tiny widths (the real one: enc_channels [512, 512, 512, 512, 1536],
+# attention 128, SE 128, res2net scale 8; the 128 mel bins are fixed by extract_speaker_embedding).
+TINY_SPEAKER_ENCODER = dict(enc_channels=[16, 16, 16, 16, 48], enc_kernel_sizes=[5, 3, 3, 3, 1],
+                            enc_dilations=[1, 2, 3, 4, 1], enc_attention_channels=8, enc_res2net_scale=8,
+                            enc_se_channels=8, sample_rate=24000)
+
+
+def model_config(variant: str, ids: dict[str, int], kind: str = "custom_voice") -> dict:
+    """config.json of a tiny checkpoint of the given tts_model_type (structure and tables of the
+    real file: Base and VoiceDesign have no speakers and no dialects; Base has a speaker encoder
+    whose x-vector is talker-wide)."""
     v = VARIANTS[variant]
+    named_speakers = kind == "custom_voice"
+    languages = {k: i for k, i in CODEC_LANGUAGE_ID.items() if named_speakers or "dialect" not in k}
     code_predictor = dict(
         hidden_size=v.cp_hidden, intermediate_size=v.cp_intermediate, num_hidden_layers=v.cp_layers,
         num_attention_heads=v.cp_heads, num_key_value_heads=v.cp_kv_heads, head_dim=v.cp_head_dim,
@@ -277,15 +309,18 @@ def model_config(variant: str, ids: dict[str, int]) -> dict:
         num_code_groups=16, position_id_per_seconds=13, use_sliding_window=False, sliding_window=None,
         attention_bias=False, attention_dropout=0.0, initializer_range=0.02, use_cache=True,
         tie_word_embeddings=False, **CODEC_SPECIAL_IDS,
-        codec_language_id=dict(CODEC_LANGUAGE_ID), spk_id=dict(SPK_ID), spk_is_dialect=dict(SPK_IS_DIALECT),
+        codec_language_id=languages, spk_id=dict(SPK_ID) if named_speakers else {},
+        spk_is_dialect=dict(SPK_IS_DIALECT) if named_speakers else {},
         code_predictor_config=code_predictor)
+    speaker_encoder = ({"speaker_encoder_config": dict(enc_dim=v.talker_hidden, **TINY_SPEAKER_ENCODER)}
+                       if kind == "base" else {})
     return dict(
         architectures=["Qwen3TTSForConditionalGeneration"], model_type="qwen3_tts",
-        tts_model_type="custom_voice", tts_model_size=v.tts_model_size, tokenizer_type="qwen3_tts_tokenizer_12hz",
+        tts_model_type=kind, tts_model_size=v.tts_model_size, tokenizer_type="qwen3_tts_tokenizer_12hz",
         im_start_token_id=ids["<|im_start|>"], im_end_token_id=ids["<|im_end|>"],
         assistant_token_id=ids["assistant"], tts_pad_token_id=ids["<tts_pad>"],
         tts_bos_token_id=ids["<tts_text_bos>"], tts_eos_token_id=ids["<tts_text_eod>"],
-        talker_config=talker, torch_dtype="bfloat16")
+        **speaker_encoder, talker_config=talker, torch_dtype="bfloat16")
 
 
 def speech_tokenizer_config(variant: str) -> dict:
@@ -387,9 +422,12 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors"
 SPEECH_TOKENIZER_FILES = ("config.json", "model.safetensors", "preprocessor_config.json")
 
 
-def build_checkpoint(out_dir: str | Path, variant: str, corpus: str | Path = DEFAULT_CORPUS) -> dict[str, int]:
-    """Write a tiny random CustomVoice checkpoint ("1.7b" or "0.6b") into out_dir, in the official
-    layout; returns the tokenizer ids (see build_tokenizer)."""
+def build_checkpoint(out_dir: str | Path, variant: str, corpus: str | Path = DEFAULT_CORPUS,
+                     kind: str = "custom_voice") -> dict[str, int]:
+    """Write a tiny random checkpoint ("1.7b" or "0.6b"; tts_model_type `kind`) into out_dir, in the
+    official layout; returns the tokenizer ids (see build_tokenizer). The talker, code predictor and
+    speech tokenizer draw the same values for every kind (a Base model's speaker encoder is drawn
+    after them), so a VoiceDesign checkpoint's weight files equal the CustomVoice ones."""
     import_official()
     from qwen_tts.core import Qwen3TTSTokenizerV2Config, Qwen3TTSTokenizerV2Model
     from qwen_tts.core.models import Qwen3TTSConfig, Qwen3TTSForConditionalGeneration
@@ -398,10 +436,13 @@ def build_checkpoint(out_dir: str | Path, variant: str, corpus: str | Path = DEF
     out_dir.mkdir(parents=True, exist_ok=True)
     ids = build_tokenizer(out_dir, corpus)
 
-    cfg = model_config(variant, ids)
+    cfg = model_config(variant, ids, kind)
     torch.manual_seed(0)  # construction-time init; every parameter is redrawn below anyway
     model = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
     randomize_(model, WEIGHT_SEED[variant])
+    if kind == "base":
+        with torch.no_grad():
+            model.talker.codec_head.weight[cfg["talker_config"]["codec_eos_token_id"]] *= BASE_EOS_LOGIT_GAIN
     write_json(out_dir / "config.json", dict(cfg, transformers_version=CONFIG_TRANSFORMERS_VERSION))
     _save_weights(model, out_dir / "model.safetensors", torch.bfloat16)
     write_json(out_dir / "generation_config.json", GENERATION_CONFIG)
@@ -427,13 +468,22 @@ def build_checkpoint(out_dir: str | Path, variant: str, corpus: str | Path = DEF
 
 
 
+def write_reference_voice(path: Path) -> None:
+    """The reference voice of the Base records as a 16-bit WAV: its samples are exactly
+    reference_voice()'s (k / 32768), so reading it back gives what the records cloned."""
+    import numpy as np
+    import soundfile as sf
+    samples = np.round(reference_voice() * 32768).astype(np.int16)
+    sf.write(str(path), samples, 24000, subtype="PCM_16")
+
+
 def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=[t[0] for t in TARGETS], help="build/record one variant only")
+    ap.add_argument("--only", choices=[t[0] for t in TARGETS], help="build/record one target only")
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="tokenizer training text")
     ap.add_argument("--frames", type=int, default=FORCED_FRAMES, help="forced frames per prompt")
     ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"], help="talker attention")
@@ -441,6 +491,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only write a random checkpoint of this variant (e.g. 1.7b-real) into --ckpt, no records "
                          "(record them with `tts verify-golden --record`)")
     ap.add_argument("--ckpt", type=Path, help="with --build: the checkpoint folder")
+    ap.add_argument("--kind", default="custom_voice", choices=["custom_voice", "base", "voice_design"],
+                    help="with --build: the checkpoint's tts_model_type")
     a = ap.parse_args(argv)
 
     t0 = time.time()
@@ -449,24 +501,29 @@ def main(argv: list[str] | None = None) -> int:
     if a.build:
         if a.ckpt is None:
             ap.error("--build needs --ckpt DIR")
-        build_checkpoint(a.ckpt, a.build, a.corpus)
-        print(f"{a.build}: {a.ckpt} ({_dir_size(a.ckpt) / 1e6:.1f} MB) in {time.time() - t0:.1f} s")
+        build_checkpoint(a.ckpt, a.build, a.corpus, a.kind)
+        print(f"{a.build} {a.kind}: {a.ckpt} ({_dir_size(a.ckpt) / 1e6:.1f} MB) in {time.time() - t0:.1f} s")
         return 0
-    for variant, ckpt_rel, golden_rel in TARGETS:
-        if a.only and variant != a.only:
+    for name, variant, kind, ckpt_rel, golden_rel in TARGETS:
+        if a.only and name != a.only:
             continue
         ckpt_dir, golden_dir = REPO_ROOT / ckpt_rel, REPO_ROOT / golden_rel
-        ids = build_checkpoint(ckpt_dir, variant, a.corpus)
+        ids = build_checkpoint(ckpt_dir, variant, a.corpus, kind)
+        if kind == "base":
+            write_reference_voice(REPO_ROOT / REFERENCE_VOICE_FILE)
         tensors, meta = record(ckpt_dir, frames=a.frames, attn_implementation=a.attn, weights_note=WEIGHTS_NOTE)
         write_golden(golden_dir, tensors, meta)
-        print(f"\n== {variant}: {ckpt_rel} ({_dir_size(ckpt_dir) / 1e6:.2f} MB), "
+        print(f"\n== {name}: {ckpt_rel} ({_dir_size(ckpt_dir) / 1e6:.2f} MB), "
               f"{golden_rel} ({_dir_size(golden_dir) / 1e6:.2f} MB)")
         newline = ids["\n"]
         print(f"tokenizer: vocab {ids['vocab_size']}, assistant {ids['assistant']}, newline {newline}, "
               f"im_start {ids['<|im_start|>']}, tts_pad {ids['<tts_pad>']}")
         for row in meta["prompts"]:
-            print(f"p{row['index']}: {row['speaker']}/{row['language']} instruct={row['instruct_effective']!r} "
-                  f"prefill {row['prefill_length']} forced {row['forced_frames']} natural {row['natural_frames']}")
+            voice = row.get("clone") or row["speaker"]
+            print(f"p{row['index']}: {voice}/{row['language']} instruct={row['instruct_effective']!r} "
+                  f"non_streaming_mode={row.get('non_streaming_mode')} prefill {row['prefill_length']} "
+                  f"forced {row['forced_frames']} natural {row['natural_frames']} "
+                  f"(EOS {row['natural_stopped_by_eos']})")
         print("checks:", json.dumps(meta["checks"]))
     print(f"\ndone in {time.time() - t0:.1f} s")
     return 0

@@ -264,9 +264,9 @@ class Synthesizer:
             reference_ids=self.tokenize(reference_text(reference.text)) if icl else None,
             reference_codes=reference.codes.long() if icl else None)
 
-    def row_input(self, request: Request, max_frames: int | None = None, prompt: Prompt | None = None) -> RowInput:
+    def row_input(self, request: Request, max_frames: int | None = None) -> RowInput:
         """The request as the generation loop's input: prompt embeddings, trailing text, frame cap."""
-        prompt = prompt or self.prompt(request)
+        prompt = self.prompt(request)
         talker = self.model.talker
         return RowInput(prompt_embeddings(talker, prompt, self.model.code_predictor), request.seed,
                         self.frame_cap(prompt, max_frames), trailing_text=trailing_text_embeddings(talker, prompt))

@@ -13,6 +13,11 @@ Each check compares one quantity with a stated threshold, in one of two modes (`
 
 Beside the records, in both modes: the streamed codec against its full decode, and seeded sampling
 run twice (exact codes). The same checks serve the tests and `tts verify-golden`.
+
+Base and VoiceDesign records run through the same checks: a Base prompt clones the voice the
+official code encoded (the recorded x-vector and reference codes, so these checks do not depend on
+our encoders), an ICL prompt's waveform is decoded after the reference's codes and cut where the
+official cuts it, and each text mode has a batch of its own.
 """
 from __future__ import annotations
 
@@ -23,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from tts_cli.model.generate import RowInput, generate
-from tts_cli.model.prompt import assistant_text, prompt_embeddings
-from tts_cli.request import Request
+from tts_cli.model.generate import generate
+from tts_cli.model.prompt import assistant_text, reference_text
+from tts_cli.request import Request, VoiceReference
 from tts_cli.synthesizer import Synthesizer, code_predictor_settings, talker_settings
 
 REL_L2_MAX = 1e-4
@@ -200,9 +205,25 @@ def _greedy(numerics: Numerics, name: str, ours: list[torch.Tensor], refs: list[
                  0.0, INFO, of=min(r.shape[0] for r in refs))
 
 
-def prompt_requests(meta: dict) -> list[Request]:
-    return [Request(id=f"p{p['index']}", text=p["text"], speaker=p["speaker"], language=p["language"],
-                    instruct=p["instruct"], seed=0) for p in meta["prompts"]]
+def prompt_requests(meta: dict, records: dict[str, torch.Tensor]) -> list[Request]:
+    """The recorded prompts as requests; a Base record's clones take the official x-vector and codes."""
+    requests = []
+    for p in meta["prompts"]:
+        reference = None
+        if p.get("clone"):
+            icl = p["clone"] == "icl"
+            reference = VoiceReference(records["ref.speaker_embedding"], records["ref.codes"] if icl else None,
+                                       meta["reference"]["text"] if icl else None, name="recorded")
+        requests.append(Request(id=f"p{p['index']}", text=p["text"], speaker=p["speaker"], language=p["language"],
+                                instruct=p["instruct"], seed=0, reference=reference,
+                                non_streaming_mode=p.get("non_streaming_mode")))
+    return requests
+
+
+def batch_calls(meta: dict) -> dict[str, bool | None]:
+    """The records' batch calls: tensor prefix -> the text mode of every row (None: each row's own)."""
+    return {prefix: call["non_streaming_mode"] for prefix, call in meta["batch"].get("calls", {"batch": {
+        "non_streaming_mode": None}}).items()}
 
 
 def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, numerics: Numerics = FP32) -> list[Check]:
@@ -215,19 +236,24 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, nu
     talker_s, cp_s = talker_settings(greedy), code_predictor_settings(greedy)
     run = dict(static_caches=n.static_caches)   # one prompt per generate call: static caches need that
     checks: list[Check] = []
-    requests = prompt_requests(meta)
+    requests = prompt_requests(meta, records)
     agree_talker, agree_cp = [], []   # per prompt: does each step's (frame and head's) argmax match
     for i, request in enumerate(requests):
         p = f"p{i}"
         ref_codes = records[f"{p}.greedy_codes"]
         frames = ref_codes.shape[0]
+        synth.validate(request)
         checks.append(_exact(f"{p} text token ids",
                              synth.tokenize(assistant_text(request.text)) == records[f"{p}.input_ids"].tolist()))
-        embeds = prompt_embeddings(synth.model.talker, synth.prompt(request))
+        if f"{p}.ref_ids" in records:
+            checks.append(_exact(f"{p} reference text token ids", synth.tokenize(reference_text(
+                request.reference.text)) == records[f"{p}.ref_ids"].tolist()))
+        row = synth.row_input(request, frames)
+        embeds = row.prompt_embeds
         checks.append(_close(n, f"{p} prompt embeddings", embeds, records[f"{p}.prefill_embeds"], n.embeddings_bound))
 
         # Teacher-forced: feed the official codes, compare every logit along the way.
-        forced = generate(synth.model, [RowInput(embeds, 0, frames, teacher_codes=ref_codes)], talker_s, cp_s,
+        forced = generate(synth.model, [replace(row, teacher_codes=ref_codes)], talker_s, cp_s,
                           min_new_tokens=frames + 1, trace=True, **run)[0]
         talker_logits, ref_talker = torch.stack(forced.talker_logits), records[f"{p}.talker_logits"]
         checks.append(_close(n, f"{p} talker logits (teacher-forced, {frames + 1} steps)",
@@ -242,18 +268,18 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, nu
         agree_cp.append(argmax_matches(cp_logits, ref_cp))
 
         # Free-running greedy, length forced as in the records, then the official EOS rule.
-        free = generate(synth.model, [RowInput(embeds, 0, frames)], talker_s, cp_s, min_new_tokens=frames + 1,
-                        **run)[0]
+        free = generate(synth.model, [row], talker_s, cp_s, min_new_tokens=frames + 1, **run)[0]
         checks.append(_greedy(n, f"{p} greedy codes ({frames} frames x 16)", [free.codes], [ref_codes.cpu()]))
         if n.exact_greedy:   # bf16: the same greedy loop as the forced run up to EOS, so its frames would say no more
             natural_ref = records[f"{p}.greedy_codes_natural"]
             natural_cap = meta["prompts"][i]["natural_max_new_tokens"] - 1
-            natural = generate(synth.model, [RowInput(embeds, 0, natural_cap)], talker_s, cp_s, **run)[0]
+            natural = generate(synth.model, [replace(row, max_frames=natural_cap)], talker_s, cp_s, **run)[0]
             stop = "EOS" if natural_ref.shape[0] < natural_cap else "cap"
             checks.append(_exact(f"{p} greedy codes, official EOS rule ({natural_ref.shape[0]} frames, {stop})",
                                  torch.equal(natural.codes, natural_ref)))
-        wav = torch.from_numpy(synth.decode([ref_codes])[0])
-        checks.append(_wave(n, f"{p} waveform", wav, records[f"{p}.wav"], n.wave_bound))
+        wav = torch.from_numpy(synth.decode([ref_codes], [request.reference])[0])
+        primed = " (ICL: after the reference's codes, cut at its end)" if f"{p}.ref_ids" in records else ""
+        checks.append(_wave(n, f"{p} waveform{primed}", wav, records[f"{p}.wav"], n.wave_bound))
 
     if n.argmax_min is not None:   # over all prompts: a fraction of 20-60 steps moves in steps of 2-5%
         heads = synth.model.cfg.num_code_groups - 1
@@ -262,13 +288,18 @@ def compare(synth: Synthesizer, records: dict[str, torch.Tensor], meta: dict, nu
                             _fraction(agree_talker), n.argmax_min, FRACTION))
         checks.append(Check(f"code-predictor logits argmax agreement ({len(requests)} prompts, {cp_frames} frames "
                             f"x {heads} heads)", _fraction(agree_cp), n.argmax_min, FRACTION))
-    batch = synth.synthesize(requests, greedy=True, max_frames=frames, min_new_tokens=frames + 1)
-    checks.append(_greedy(n, f"batch of {len(requests)}: greedy codes", [r.codes for r in batch],
-                          [records[f"batch.greedy_codes.{i}"].cpu() for i in range(len(batch))]))
-    codec_wav = torch.from_numpy(synth.decode([records["codec.codes"]])[0])
-    checks.append(_wave(n, f"codec waveform ({records['codec.codes'].shape[0]} frames)", codec_wav,
-                        records["codec.wav"], n.wave_bound))
-    checks.append(streamed_codec_check(synth, records["codec.codes"], n))
+    for prefix, mode in batch_calls(meta).items():
+        rows = requests if mode is None else [replace(r, non_streaming_mode=mode) for r in requests]
+        batch = synth.synthesize(rows, greedy=True, max_frames=frames, min_new_tokens=frames + 1)
+        text_mode = "" if mode is None else f", non_streaming_mode {mode}"
+        checks.append(_greedy(n, f"batch of {len(requests)}{text_mode}: greedy codes", [r.codes for r in batch],
+                              [records[f"{prefix}.greedy_codes.{i}"].cpu() for i in range(len(batch))]))
+    codec_codes = records.get("codec.codes", records["p0.greedy_codes"])   # Base/VoiceDesign: no codec record
+    if "codec.codes" in records:
+        codec_wav = torch.from_numpy(synth.decode([codec_codes])[0])
+        checks.append(_wave(n, f"codec waveform ({codec_codes.shape[0]} frames)", codec_wav,
+                            records["codec.wav"], n.wave_bound))
+    checks.append(streamed_codec_check(synth, codec_codes, n))
     checks.append(seeded_determinism_check(synth, requests, frames))
     checks.extend(depth_kernel_checks(synth, records, meta))
     return checks

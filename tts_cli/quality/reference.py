@@ -8,8 +8,12 @@ packages it imports but never uses on the CustomVoice path, and a RoPE-init fix 
 Records (`record`): the checkpoint is loaded through the official path
 `qwen_tts.Qwen3TTSModel.from_pretrained(dir, dtype=torch.float32, attn_implementation="eager")`
 on CPU (or, for checkpoints too large for that, on a CUDA device with TF32 off: still fp32, other
-reduction orders), and `generate_custom_voice` runs greedy (do_sample=False, subtalker_dosample=False; the
-other settings, e.g. repetition_penalty 1.05, come from generation_config.json as in real use).
+reduction orders), and the method of the checkpoint's kind runs greedy (do_sample=False,
+subtalker_dosample=False; the other settings, e.g. repetition_penalty 1.05, come from
+generation_config.json as in real use): `generate_custom_voice`, `generate_voice_design`, or for
+Base `generate_voice_clone` with the prompts of `create_voice_clone_prompt` on reference_voice()
+(ICL with REFERENCE_TEXT, and x-vector only). Each prompt runs in its text mode
+(`non_streaming_mode`: its own or the method's default).
 Hooks on the talker record the exact prefill embeddings, the raw codec_head and code-predictor
 lm_head logits, the talker's final hidden states; the waveform is the wrapper's output. Each row
 runs alone with its length forced (EOS masked: min_new_tokens = max_new_tokens, as in
@@ -33,6 +37,14 @@ Tensor names in records.safetensors (i = prompt index, T = forced frames, H = ta
     batch.greedy_codes.{i} [T, 16]      all prompts in one generate_custom_voice call, forced length
     codec.codes [90, 16] int64          random codes (fixed seed); 90 frames > the 72-frame window
     codec.wav [90*1920] fp32            official speech_tokenizer.decode of codec.codes
+Base and VoiceDesign records differ: cp_logits of the first frame only; no codec.* (each prompt's
+waveform checks the codec); a batch per text mode, every row in that mode,
+    batch.non_streaming_{true,false}.greedy_codes.{i} [T, 16]
+and for Base the official reference encodings and ICL transcripts:
+    ref.speaker_embedding [D] fp32      the official x-vector of reference_voice()
+    ref.codes [R, 16] int64             its official 12 Hz codes (R = 31)
+    p{i}.ref_ids [m] int64              ICL prompts: the tokenized reference transcript
+    p{i}.wav                            ICL prompts: decoded after ref.codes and cut (the official way)
 records.json holds the prompts, settings, special ids, versions, attention implementations,
 self-checks (greedy argmax re-derived from the recorded logits, with the smallest top-1/top-2
 margin) and the tensor shapes.
@@ -50,6 +62,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # of a checkout; paths outside it are shown whole
@@ -201,10 +214,50 @@ def write_json(path: Path, data: Any) -> None:
 @dataclass(frozen=True)
 class Prompt:
     text: str
-    speaker: str
+    speaker: str | None          # CustomVoice only
     language: str
     instruct: str | None = None
+    clone: str | None = None     # Base: "icl" or "x_vector" (the reference voice, REFERENCE_TEXT its transcript)
+    non_streaming_mode: bool | None = None   # None: the official method's default
 
+    def fields(self) -> dict:
+        """The prompt as a record row: the Base/VoiceDesign fields only where set."""
+        row = asdict(self)
+        for key in ("clone", "non_streaming_mode"):
+            if row[key] is None:
+                del row[key]
+        return row
+
+
+# What the Base records clone: REFERENCE_VOICE_SECONDS of reference_voice(), which the 12 Hz
+# encoder turns into 31 frames; with the 20 forced frames the official ICL cut lands one sample
+# before the reference's end (31 of 51 frames), which the records keep.
+REFERENCE_TEXT = "The box was thrown beside the parked truck."
+REFERENCE_VOICE_SECONDS = 2.45
+REFERENCE_VOICE_SEED = 245
+REFERENCE_SAMPLE_RATE = 24000
+
+# Base: ICL and x-vector only, each in both text modes; the streaming ICL prompts cover both of
+# the official branches (a text track longer than the codec track continues as trailing text; a
+# shorter one is padded with tts_pad). VoiceDesign: an instruct in both modes, and none.
+LONG_TEXT = ("The stale smell of old beer lingers. It takes heat to bring out the odor. A cold dip "
+             "restores health and zest.")
+CLONE_PROMPTS = (
+    Prompt("Rice is often served in round bowls.", None, "english", clone="icl"),
+    Prompt(LONG_TEXT, None, "auto", clone="icl"),
+    Prompt("The juice of lemons makes fine punch.", None, "english", clone="icl", non_streaming_mode=True),
+    Prompt("今天天气很好，我们去公园散步吧。", None, "chinese", clone="x_vector"),
+    Prompt("Four hours of steady work faced us.", None, "auto", clone="x_vector", non_streaming_mode=True),
+)
+PROMPTS_BY_KIND = {
+    "base": {"1b7": CLONE_PROMPTS, "0b6": CLONE_PROMPTS[1:]},
+    "voice_design": {"1b7": (
+        Prompt("The birch canoe slid on the smooth planks.", None, "english", "A deep, calm male voice."),
+        Prompt("Glue the sheet to the dark blue background.", None, "auto", "Read this with a cheerful, energetic "
+               "voice.", non_streaming_mode=False),
+        Prompt("北京的秋天是一年中最美的季节。", None, "chinese", ""),
+    )},
+}
 
 PROMPTS = {
     "1b7": (
@@ -404,18 +457,22 @@ def _versions() -> dict[str, str]:
 CP_LOGIT_FRAMES = 4
 # The unforced run may go this far, so that a row that draws EOS shows where the official rule stops it.
 NATURAL_MAX_NEW_TOKENS = 161
+# Base and VoiceDesign records: shorter (their tests run five kinds of prompt; the tiny Base
+# checkpoints' rows end by EOS within 80 frames, tools/make_golden.py BASE_EOS_LOGIT_GAIN).
+NATURAL_MAX_NEW_TOKENS_VOICES = 81
 
 
 def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, frames: int = FORCED_FRAMES,
            attn_implementation: str = "eager",
            weights_note: str = "as stored in the checkpoint", device: str = "cpu",
-           natural_max_new_tokens: int = NATURAL_MAX_NEW_TOKENS,
+           natural_max_new_tokens: int | None = None,
            prompt_count: int | None = None) -> tuple[dict[str, torch.Tensor], dict]:
     """Run the official implementation on ckpt_dir and return (tensors, meta) as described in the
-    module docstring. prompts default to PROMPTS[config tts_model_size], their first prompt_count
-    when given. device: "cpu" (the fixtures), or a CUDA device for checkpoints at real sizes
-    (fp32 with TF32 off; the flags are restored afterwards). natural_max_new_tokens caps the
-    unforced run (frames + 1: no longer than the forced one)."""
+    module docstring. prompts default to those of the checkpoint's kind and size (PROMPTS,
+    PROMPTS_BY_KIND), their first prompt_count when given. device: "cpu" (the fixtures), or a CUDA
+    device for checkpoints at real sizes (fp32 with TF32 off; the flags are restored afterwards).
+    natural_max_new_tokens caps the unforced run (frames + 1: no longer than the forced one;
+    default NATURAL_MAX_NEW_TOKENS, for Base and VoiceDesign NATURAL_MAX_NEW_TOKENS_VOICES)."""
     ckpt_dir = Path(ckpt_dir)
     threads = torch.get_num_threads()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -429,13 +486,81 @@ def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, fram
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
+def reference_voice() -> np.ndarray:
+    """The seeded reference voice of the Base records: REFERENCE_VOICE_SECONDS at 24 kHz, float32
+    on the 16-bit grid (k / 32768, so a 16-bit WAV of it reads back exactly). Speech-like enough
+    to give the encoders some work: a voiced source with a gliding pitch, three formant-like
+    resonances, syllable-rate loudness and a little noise."""
+    rng = np.random.default_rng(REFERENCE_VOICE_SEED)
+    t = np.arange(round(REFERENCE_VOICE_SECONDS * REFERENCE_SAMPLE_RATE)) / REFERENCE_SAMPLE_RATE
+    pitch = 125 + 35 * np.sin(2 * np.pi * 0.8 * t + rng.uniform(0, 2 * np.pi))
+    phase = 2 * np.pi * np.cumsum(pitch) / REFERENCE_SAMPLE_RATE
+    formants = rng.uniform([450, 1300, 2300], [650, 1700, 2900])
+    voice = np.zeros_like(t)
+    for k in range(1, 31):
+        gain = sum(np.exp(-0.5 * ((k * pitch - f) / 180) ** 2) for f in formants) + 0.02
+        voice += gain * np.sin(k * phase) / k ** 0.5
+    syllables = 0.5 * (1 - np.cos(2 * np.pi * 3.7 * t)) ** 2
+    signal = voice * syllables + 0.01 * rng.standard_normal(t.shape)
+    signal *= 0.6 / np.abs(signal).max()
+    return (np.round(signal * 32768).clip(-32768, 32767) / 32768).astype(np.float32)
+
+
+def _official_generate(tts, prompts: list[Prompt], settings: dict, voices: dict,
+                       non_streaming_mode: bool | None = None):
+    """One call of the official method of the checkpoint's kind on `prompts` (a batch when
+    several), in their text mode or `non_streaming_mode` (one per call in the official API)."""
+    kind = tts.model.tts_model_type
+    modes = {non_streaming_mode} if non_streaming_mode is not None else {p.non_streaming_mode for p in prompts}
+    if len(modes) != 1:
+        raise ValueError(f"one official call has one text mode; the prompts ask for {modes}")
+    mode = modes.pop()
+    call = dict(text=[p.text for p in prompts], language=[p.language for p in prompts], **settings,
+                **({} if mode is None else {"non_streaming_mode": mode}))
+    if kind == "base":
+        return tts.generate_voice_clone(voice_clone_prompt=[voices[p.clone] for p in prompts], **call)
+    if kind == "voice_design":
+        return tts.generate_voice_design(instruct=[p.instruct for p in prompts], **call)
+    return tts.generate_custom_voice(speaker=[p.speaker for p in prompts], instruct=[p.instruct for p in prompts],
+                                     **call)
+
+
+def _official_voices(tts, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """Base: the official voice-clone prompts of reference_voice() (ICL with REFERENCE_TEXT, and
+    x-vector only), their speaker embedding and codes recorded in `tensors`; and the meta."""
+    wav = reference_voice()
+    voices = {"icl": tts.create_voice_clone_prompt((wav, REFERENCE_SAMPLE_RATE), REFERENCE_TEXT, False)[0],
+              "x_vector": tts.create_voice_clone_prompt((wav, REFERENCE_SAMPLE_RATE), None, True)[0]}
+    embedding = voices["icl"].ref_spk_embedding.detach().float().cpu().clone()
+    if not torch.equal(embedding, voices["x_vector"].ref_spk_embedding.float().cpu()):
+        raise AssertionError("the official x-vector differs between the ICL and x-vector-only prompts")
+    tensors["ref.speaker_embedding"] = embedding
+    tensors["ref.codes"] = voices["icl"].ref_code.detach().cpu().clone()
+    meta = dict(text=REFERENCE_TEXT, samples=len(wav), sample_rate=REFERENCE_SAMPLE_RATE,
+                frames=int(tensors["ref.codes"].shape[0]),
+                source="tts_cli.quality.reference.reference_voice() (tests/fixtures/reference-voice-24k.wav)",
+                calls=["create_voice_clone_prompt((wav, 24000), ref_text, x_vector_only_mode=False)",
+                       "create_voice_clone_prompt((wav, 24000), None, x_vector_only_mode=True)"])
+    return voices, meta
+
+
+def _expected_samples(frames: int, reference_frames: int) -> int:
+    """The official waveform's length: an ICL row's decode of reference + frames, less its cut."""
+    total = (reference_frames + frames) * SAMPLES_PER_FRAME
+    return total - int(reference_frames / max(reference_frames + frames, 1) * total)
+
+
 def _record(ckpt_dir: Path, prompts, frames: int, attn: str, weights_note: str, device: str,
             natural_max_new_tokens: int, prompt_count: int | None) -> tuple[dict[str, torch.Tensor], dict]:
     tts = load_official(ckpt_dir, attn, device)
     check_loaded_weights(tts, ckpt_dir)
     model, cfg = tts.model, tts.model.config
     talker_cfg = cfg.talker_config
-    prompts = tuple(prompts or PROMPTS[cfg.tts_model_size])[:prompt_count]
+    kind = cfg.tts_model_type
+    if natural_max_new_tokens is None:
+        natural_max_new_tokens = NATURAL_MAX_NEW_TOKENS if kind == "custom_voice" else NATURAL_MAX_NEW_TOKENS_VOICES
+    defaults = PROMPTS_BY_KIND[kind][cfg.tts_model_size] if kind in PROMPTS_BY_KIND else PROMPTS[cfg.tts_model_size]
+    prompts = tuple(prompts or defaults)[:prompt_count]
     tokenizer = tts.processor.tokenizer
     special = {t: tokenizer.convert_tokens_to_ids(t) for t, _ in QWEN_SPECIAL_TOKENS}
     special.update(assistant=tokenizer.convert_tokens_to_ids("assistant"), newline=tokenizer.convert_tokens_to_ids("Ċ"))
@@ -444,45 +569,52 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str, weights_note: str, 
     settings = dict(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1)
     eos, penalty = talker_cfg.codec_eos_token_id, tts._merge_generate_kwargs(**settings)["repetition_penalty"]
     tensors: dict[str, torch.Tensor] = {}
+    voices, reference_meta = _official_voices(tts, tensors) if kind == "base" else ({}, None)
+    # The code predictor is the same in every kind: the CustomVoice records keep more of its logits.
+    cp_logit_frames = CP_LOGIT_FRAMES if kind == "custom_voice" else 1
     rows, checks = [], {"talker_min_margin": float("inf"), "cp_min_margin": float("inf")}
 
     for i, p in enumerate(prompts):
-        call = dict(text=p.text, speaker=p.speaker, language=p.language, instruct=p.instruct)
+        reference_frames = int(tensors["ref.codes"].shape[0]) if p.clone == "icl" else 0
         with captured_generate(tts) as gen, TalkerTrace(model.talker) as trace, forced_length():
-            wavs, sr = tts.generate_custom_voice(**call, **settings)
+            wavs, sr = _official_generate(tts, [p], settings, voices)
         codes = gen["codes"][0].cpu()
-        if codes.shape != (frames, 16) or len(wavs[0]) != frames * SAMPLES_PER_FRAME or sr != 24000:
+        if (codes.shape != (frames, 16) or len(wavs[0]) != _expected_samples(frames, reference_frames)
+                or sr != 24000):
             raise AssertionError(f"prompt {i}: codes {tuple(codes.shape)}, wav {len(wavs[0])}, sr {sr}")
         input_ids = gen["kwargs"]["input_ids"][0][0].cpu()
         check_template_ids(input_ids.tolist(), template_ids, p.text)
-        instruct_ids = gen["kwargs"]["instruct_ids"][0]
-        generate_kwargs = _jsonable(gen["kwargs"], skip=("input_ids", "instruct_ids", "languages", "speakers"))
+        instruct_ids = (gen["kwargs"].get("instruct_ids") or [None])[0]
+        generate_kwargs = _jsonable(gen["kwargs"], skip=("input_ids", "instruct_ids", "languages", "speakers",
+                                                         "ref_ids", "voice_clone_prompt"))
         tensors[f"p{i}.input_ids"] = input_ids
         if instruct_ids is not None:
             tensors[f"p{i}.instruct_ids"] = instruct_ids[0].cpu()
+        if reference_frames:
+            tensors[f"p{i}.ref_ids"] = gen["kwargs"]["ref_ids"][0][0].cpu()
         traced = {k: v.cpu() for k, v in trace.tensors(frames).items()}
         for k, v in traced.items():
-            tensors[f"p{i}.{k}"] = v[:CP_LOGIT_FRAMES] if k == "cp_logits" else v
+            tensors[f"p{i}.{k}"] = v[:cp_logit_frames] if k == "cp_logits" else v
         tensors[f"p{i}.greedy_codes"] = codes
         tensors[f"p{i}.wav"] = torch.from_numpy(wavs[0]).float()
         margins = check_greedy(traced, codes, frames + 1, eos, penalty)
         checks = {k: min(checks[k], margins[k]) for k in checks}
 
         with captured_generate(tts) as natural:
-            tts.generate_custom_voice(**call, **dict(settings, max_new_tokens=natural_max_new_tokens))
+            _official_generate(tts, [p], dict(settings, max_new_tokens=natural_max_new_tokens), voices)
         natural_codes = natural["codes"][0].cpu()
         tensors[f"p{i}.greedy_codes_natural"] = natural_codes
         n = natural_codes.shape[0]
 
         language = p.language.lower()
         language_id = None if language == "auto" else talker_cfg.codec_language_id[language]
-        dialect = talker_cfg.spk_is_dialect[p.speaker]
+        dialect = talker_cfg.spk_is_dialect[p.speaker] if p.speaker else False
         if language in ("chinese", "auto") and dialect:
             language_id = talker_cfg.codec_language_id[dialect]
         rows.append(dict(
-            index=i, **asdict(p),
+            index=i, **p.fields(),
             instruct_effective=(p.instruct if instruct_ids is not None else None),
-            speaker_codec_id=talker_cfg.spk_id[p.speaker], language_codec_id=language_id,
+            speaker_codec_id=talker_cfg.spk_id[p.speaker] if p.speaker else None, language_codec_id=language_id,
             prefill_length=int(traced["prefill_embeds"].shape[0]), input_ids_length=int(input_ids.shape[0]),
             forced_frames=frames, max_new_tokens=frames + 1, min_new_tokens=frames + 1,
             natural_frames=n, natural_min_new_tokens=2, natural_max_new_tokens=natural_max_new_tokens,
@@ -490,36 +622,48 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str, weights_note: str, 
             natural_equals_forced_prefix=bool(torch.equal(natural_codes[:frames], codes[:n])),
         ))
 
-    # All rows in one call (left-padded lockstep batch), same forced length.
-    batch_call = dict(text=[p.text for p in prompts], speaker=[p.speaker for p in prompts],
-                      language=[p.language for p in prompts], instruct=[p.instruct for p in prompts])
-    with captured_generate(tts) as gen, forced_length():
-        tts.generate_custom_voice(**batch_call, **settings)
-    batch_equal = []
-    for i, codes in enumerate(gen["codes"]):
-        tensors[f"batch.greedy_codes.{i}"] = codes.cpu()
-        batch_equal.append(bool(torch.equal(codes.cpu(), tensors[f"p{i}.greedy_codes"])))
+    # All rows in one call (left-padded lockstep batch), same forced length: CustomVoice in each
+    # row's mode (the default); Base and VoiceDesign once per text mode, every row in that mode.
+    batch_modes = (None,) if kind == "custom_voice" else (True, False)
+    batch_equal = {}
+    for mode in batch_modes:
+        prefix = "batch" if mode is None else f"batch.non_streaming_{str(mode).lower()}"
+        with captured_generate(tts) as gen, forced_length():
+            _official_generate(tts, list(prompts), settings, voices, non_streaming_mode=mode)
+        batch_equal[prefix] = []
+        for i, codes in enumerate(gen["codes"]):
+            tensors[f"{prefix}.greedy_codes.{i}"] = codes.cpu()
+            same_mode = mode is None or mode == _mode(prompts[i], kind)
+            batch_equal[prefix].append(bool(torch.equal(codes.cpu(), tensors[f"p{i}.greedy_codes"])) if same_mode
+                                       else None)
 
-    # The codec alone on random codes.
-    codes = torch.randint(0, 2048, (CODEC_FRAMES, 16), generator=torch.Generator().manual_seed(CODEC_CODES_SEED))
-    wavs, _ = model.speech_tokenizer.decode([{"audio_codes": codes}])
-    tensors["codec.codes"] = codes
-    tensors["codec.wav"] = torch.from_numpy(wavs[0]).float()
+    if kind == "custom_voice":   # the codec alone on random codes (the other kinds' waveforms check it too)
+        codes = torch.randint(0, 2048, (CODEC_FRAMES, 16), generator=torch.Generator().manual_seed(CODEC_CODES_SEED))
+        wavs, _ = model.speech_tokenizer.decode([{"audio_codes": codes}])
+        tensors["codec.codes"] = codes
+        tensors["codec.wav"] = torch.from_numpy(wavs[0]).float()
 
     texts = [assistant_text(p.text) for p in prompts]
     checks.update(_tokenizer_agreement(tts, ckpt_dir, texts, [tensors[f"p{i}.input_ids"].tolist()
                                                                for i in range(len(prompts))]))
-    checks["batch_codes_equal_single"] = batch_equal
-    for key in [f"p{i}.wav" for i in range(len(prompts))] + ["codec.wav"]:
+    if kind == "custom_voice":
+        checks["batch_codes_equal_single"] = batch_equal["batch"]
+    else:
+        checks.update({f"{prefix}_codes_equal_single": equal for prefix, equal in batch_equal.items()})
+    for key in [f"p{i}.wav" for i in range(len(prompts))] + (["codec.wav"] if "codec.wav" in tensors else []):
         wav = tensors[key]
         checks[f"{key}.rms"] = float(wav.pow(2).mean().sqrt())
         checks[f"{key}.clipped_fraction"] = float((wav.abs() >= 1).float().mean())
 
+    method = {"base": "generate_voice_clone(text, language, voice_clone_prompt=[prompt], non_streaming_mode",
+              "voice_design": "generate_voice_design(text, instruct, language, non_streaming_mode",
+              "custom_voice": "generate_custom_voice(text, speaker, language, instruct"}[kind]
     codec_cfg = model.speech_tokenizer.model.config
     meta = dict(
         source="official qwen_tts (qwen-tts-hf) via tts_cli.quality.reference.record",
         checkpoint=_display_path(ckpt_dir),
         tts_model_size=cfg.tts_model_size,
+        **({} if kind == "custom_voice" else {"tts_model_type": kind}),
         load=dict(call="qwen_tts.Qwen3TTSModel.from_pretrained(dir, dtype=torch.float32, "
                        f"attn_implementation={attn!r})", device=device, dtype="float32",
                   **({} if device == "cpu" else {"tf32": False})),
@@ -527,7 +671,7 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str, weights_note: str, 
                                  code_predictor=talker_cfg.code_predictor_config._attn_implementation,
                                  codec=codec_cfg.decoder_config._attn_implementation),
         generation=dict(
-            call="generate_custom_voice(text, speaker, language, instruct, do_sample=False, "
+            call=f"{method}, do_sample=False, "
                  "subtalker_dosample=False, max_new_tokens=F+1); the rest from generation_config.json",
             generate_kwargs=generate_kwargs,
             forced="Qwen3TTSTalkerForConditionalGeneration.generate wrapped: min_new_tokens = max_new_tokens",
@@ -537,14 +681,28 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str, weights_note: str, 
         tokenizer=dict(vocab_size=len(tokenizer), bpe_vocab_size=special["<|endoftext|>"],
                        text_vocab_size=talker_cfg.text_vocab_size, special_ids=special),
         weights=weights_note,
+        **({} if reference_meta is None else {"reference": reference_meta}),
         prompts=rows,
-        batch=dict(rows=len(prompts), forced_frames=frames, codes_equal_single=batch_equal),
-        codec=dict(frames=CODEC_FRAMES, seed=CODEC_CODES_SEED, call="model.speech_tokenizer.decode([{'audio_codes': codes}])"),
+        batch=(dict(rows=len(prompts), forced_frames=frames, codes_equal_single=batch_equal["batch"])
+               if kind == "custom_voice" else
+               dict(rows=len(prompts), forced_frames=frames, calls={prefix: dict(non_streaming_mode=mode)
+                                                                    for prefix, mode in zip(batch_equal, batch_modes)},
+                    codes_equal_single=batch_equal)),
+        **({"codec": dict(frames=CODEC_FRAMES, seed=CODEC_CODES_SEED,
+                          call="model.speech_tokenizer.decode([{'audio_codes': codes}])")}
+           if "codec.codes" in tensors else {}),
         checks=checks,
         versions=_versions(),
         tensors={k: dict(shape=list(v.shape), dtype=str(v.dtype).replace("torch.", "")) for k, v in tensors.items()},
     )
     return tensors, meta
+
+
+def _mode(prompt: Prompt, kind: str) -> bool:
+    """A prompt's text mode: its own, else the official default of the kind's method."""
+    if prompt.non_streaming_mode is not None:
+        return prompt.non_streaming_mode
+    return kind != "base"
 
 
 def _display_path(path: Path) -> str:

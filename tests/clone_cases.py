@@ -9,6 +9,7 @@ from tts_cli.request import Request, VoiceReference
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TINY_BASE = FIXTURES / "tiny-1.7b-base"
+TINY_BASE_06 = FIXTURES / "tiny-0.6b-base"
 TINY_VOICE_DESIGN = FIXTURES / "tiny-1.7b-voicedesign"
 TEXTS = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
          "It's easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",

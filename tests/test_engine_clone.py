@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from clone_cases import (CUT_KEEPS_A_SAMPLE, FIXTURES, SHORT_REFERENCE, TINY_BASE, TINY_VOICE_DESIGN,
+from clone_cases import (CUT_KEEPS_A_SAMPLE, FIXTURES, SHORT_REFERENCE, TINY_BASE, TINY_BASE_06, TINY_VOICE_DESIGN,
                          clone_requests, design_requests)
 from tts_cli import bench, cli
 from tts_cli.bench_clone import bench_reference, model_kind, synthetic_voice, transcript
@@ -42,10 +42,13 @@ def _assert_engine_equals_plain(plain: Synthesizer, requests, greedy: bool, fram
     return through_engine, fast
 
 
-@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
-def test_cloned_rows_through_the_engine_equal_the_plain_path(base, greedy):
+@pytest.mark.parametrize("size, greedy", [("1.7b", True), ("1.7b", False), ("0.6b", False)],
+                         ids=["1.7b-greedy", "1.7b-sampled", "0.6b-sampled"])
+def test_cloned_rows_through_the_engine_equal_the_plain_path(base, size, greedy):
     """ICL and x-vector rows in both text modes through 4 slots (6 rows: slots refilled, a primed
-    codec state copied into a slot that held another row)."""
+    codec state copied into a slot that held another row), 1.7B- and 0.6B-shaped Base models."""
+    if size == "0.6b":
+        base = Synthesizer.from_pretrained(TINY_BASE_06)
     requests = clone_requests(base.cfg, LONG_REFERENCE)
     assert max(len(base.prompt(r)) for r in requests) > 3 * 32
     assert {len(base.prompt(r).trailing_text_ids) > 0 for r in requests} == {True, False}

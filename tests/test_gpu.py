@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from clone_cases import TINY_BASE, TINY_VOICE_DESIGN, clone_requests, design_requests, random_reference
+from tts_cli.engine import DEFAULT_ENGINE_ROWS
 from tts_cli.engine.random_model import build_random
 from tts_cli.engine.runner import Engine, EngineRequest, use_fused_kernels
 from tts_cli.model.codec import CodecState
@@ -17,7 +19,6 @@ from tts_cli.model.transformer import use_kernels
 from tts_cli.request import Request
 from tts_cli.synthesizer import (Synthesizer, code_predictor_settings, engine_audio, icl_codes, icl_cut,
                                   talker_settings)
-from clone_cases import TINY_BASE, TINY_VOICE_DESIGN, clone_requests, design_requests, random_reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TINY = Path(__file__).resolve().parents[1] / "tts_cli" / "assets" / "tiny-1.7b-customvoice"
@@ -249,10 +250,11 @@ def test_fused_rms_norm_equals_torch_in_bf16():
         assert differ < 0.001
 
 
-def _assert_graphed_engine_like_the_plain_model(checkpoint: Path, requests: list[Request], frames: int = 16):
-    """The synthesizer on CUDA (graphed engine, fused kernels, fp32 weights and vocoder) against its
-    plain path: the same codes, waveforms within 1e-5."""
-    synth = Synthesizer.from_pretrained(checkpoint, device="cuda", dtype=torch.float32, engine_rows=4)
+def _assert_graphed_engine_like_the_plain_model(checkpoint: Path, requests: list[Request], frames: int = 16,
+                                                rows: int = DEFAULT_ENGINE_ROWS):
+    """The synthesizer on CUDA (graphed engine of `rows` slots, fused kernels, fp32 weights and
+    vocoder) against its plain path: the same codes, waveforms within 1e-5."""
+    synth = Synthesizer.from_pretrained(checkpoint, device="cuda", dtype=torch.float32, engine_rows=rows)
     assert synth.uses_engine
     synth.codec_precision = "fp32"   # exact: the fp16 vocoder is held to an SNR in its own test
     fast = synth.synthesize(requests, max_frames=frames, min_new_tokens=frames + 1)
@@ -274,8 +276,8 @@ def test_synthesizer_on_cuda_clones_and_designs_voices_like_the_plain_model(exac
     """Base rows (ICL and x-vector only, both text modes: trailing text per slot in the graphed
     step, codec states primed with the references, the ICL cut) and VoiceDesign rows."""
     cfg = Synthesizer.from_pretrained(TINY_BASE).cfg
-    _assert_graphed_engine_like_the_plain_model(TINY_BASE, clone_requests(cfg, long_frames=70), frames=11)
-    _assert_graphed_engine_like_the_plain_model(TINY_VOICE_DESIGN, design_requests())
+    _assert_graphed_engine_like_the_plain_model(TINY_BASE, clone_requests(cfg, long_frames=70), frames=11, rows=4)
+    _assert_graphed_engine_like_the_plain_model(TINY_VOICE_DESIGN, design_requests(), rows=4)
 
 
 def test_clone_icl_engine_audio_follows_full_fp32_decode_at_real_shapes():

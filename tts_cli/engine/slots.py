@@ -84,8 +84,8 @@ class SlotState:
         """Start requests in `slots` [n] (their prompts' keys and values are already written); every
         argument has one row per slot, on the device; trailing_text [n, N, H] (N <= context) and
         trailing_lengths [n]: their trailing text vectors, right-padded (None: none). Vectorized:
-        a few kernels for any n. Their
-        codec state is the runner's to reset (on the codec's stream, where it has one).
+        a few kernels for any n. Their codec state is the runner's to reset or prime (on the
+        codec's stream, where it has one).
 
         Constants go in as fill kernels (index_fill_, fill_), never as Python values assigned
         through an index (`t[slots] = 0`): torch sends those to the GPU as a blocking copy, which

@@ -199,7 +199,8 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         rows.append(bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker, reference),
                               codec_window, depth, codec_precision, None if codec_stream else False))
     return {
-        "model": spec, **workload_info, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
+        "model": spec, "device": device, "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
+        **workload_info,
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "torch": torch.__version__, "load_s": round(load_s, 2),
         # the bundled list by name: its absolute path only says where tts was installed

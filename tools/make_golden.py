@@ -72,7 +72,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's tts_cli, run as a script
 from tts_cli.quality.reference import (  # noqa: E402
-    FORCED_FRAMES, QWEN_SPECIAL_TOKENS, import_official, record, reference_voice, stub_missing_audio_modules,
+    FORCED_FRAMES, FORCED_FRAMES_VOICES, QWEN_SPECIAL_TOKENS, import_official, record, reference_voice, stub_missing_audio_modules,
     write_golden, write_json)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -485,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=[t[0] for t in TARGETS], help="build/record one target only")
     ap.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="tokenizer training text")
-    ap.add_argument("--frames", type=int, default=FORCED_FRAMES, help="forced frames per prompt")
+    ap.add_argument("--frames", type=int, help=f"forced frames per prompt (default {FORCED_FRAMES}, "
+                    f"Base and VoiceDesign {FORCED_FRAMES_VOICES})")
     ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"], help="talker attention")
     ap.add_argument("--build", metavar="VARIANT", choices=sorted(VARIANTS),
                     help="only write a random checkpoint of this variant (e.g. 1.7b-real) into --ckpt, no records "

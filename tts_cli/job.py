@@ -167,8 +167,7 @@ def segment_requests(request: Request, segment_chars: int) -> list[Request]:
     texts = split_text(request.text, segment_chars)
     if len(texts) == 1:
         return [request]
-    return [Request(id=f"{request.id}#{k + 1}", text=text, speaker=request.speaker, language=request.language,
-                    instruct=request.instruct, seed=request.seed + k * SEGMENT_SEED_STRIDE)
+    return [replace(request, id=f"{request.id}#{k + 1}", text=text, seed=request.seed + k * SEGMENT_SEED_STRIDE)
             for k, text in enumerate(texts)]
 
 

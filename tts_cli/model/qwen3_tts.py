@@ -73,8 +73,7 @@ class Qwen3TTS(nn.Module):
         expected = self.state_dict()
         local: dict[str, torch.Tensor] = {}
         base = self.cfg.model_type == BASE
-        speaker_encoder_keys = [key for key in tensors if key.startswith(SPEAKER_ENCODER_PREFIX)]
-        if base and not speaker_encoder_keys:
+        if base and not any(key.startswith(SPEAKER_ENCODER_PREFIX) for key in tensors):
             raise CheckpointError(f"{source}: a Base checkpoint without {SPEAKER_ENCODER_PREFIX}* tensors "
                                   "(the speaker encoder, which voice cloning needs)")
         for key, tensor in tensors.items():

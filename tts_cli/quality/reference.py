@@ -68,6 +68,10 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[2]  # of a checkout; paths outside it are shown whole
 SAMPLES_PER_FRAME = 1920
 FORCED_FRAMES = 20
+# Base and VoiceDesign records: fewer forced frames and a shorter unforced run (their tests run
+# more kinds of prompt); still past the end of the tiny prompts' trailing text, and the tiny Base
+# checkpoints' rows end by EOS within 40 frames (tools/make_golden.py BASE_EOS_LOGIT_GAIN).
+FORCED_FRAMES_VOICES = 12
 CODEC_FRAMES = 90
 CODEC_CODES_SEED = 2048
 
@@ -230,8 +234,8 @@ class Prompt:
 
 
 # What the Base records clone: REFERENCE_VOICE_SECONDS of reference_voice(), which the 12 Hz
-# encoder turns into 31 frames; with the 20 forced frames the official ICL cut lands one sample
-# before the reference's end (31 of 51 frames), which the records keep.
+# encoder turns into 31 frames; with the 12 forced frames the official ICL cut lands one sample
+# before the reference's end (31 of 43 frames), which the records keep.
 REFERENCE_TEXT = "The box was thrown beside the parked truck."
 REFERENCE_VOICE_SECONDS = 2.45
 REFERENCE_VOICE_SEED = 245
@@ -239,21 +243,22 @@ REFERENCE_SAMPLE_RATE = 24000
 
 # Base: ICL and x-vector only, each in both text modes; the streaming ICL prompts cover both of
 # the official branches (a text track longer than the codec track continues as trailing text; a
-# shorter one is padded with tts_pad). VoiceDesign: an instruct in both modes, and none.
-LONG_TEXT = ("The stale smell of old beer lingers. It takes heat to bring out the odor. A cold dip "
-             "restores health and zest.")
+# shorter one is padded with tts_pad). VoiceDesign: an instruct in both modes, and none. Every
+# streaming prompt's trailing text ends within the forced frames (8, 9 and 9 steps), so that the
+# teacher-forced logits cover the steps after it too.
+LONG_TEXT = "The birch canoe slid on the smooth planks. The grass curled around the fence post."
 CLONE_PROMPTS = (
     Prompt("Rice is often served in round bowls.", None, "english", clone="icl"),
     Prompt(LONG_TEXT, None, "auto", clone="icl"),
     Prompt("The juice of lemons makes fine punch.", None, "english", clone="icl", non_streaming_mode=True),
-    Prompt("今天天气很好，我们去公园散步吧。", None, "chinese", clone="x_vector"),
-    Prompt("Four hours of steady work faced us.", None, "auto", clone="x_vector", non_streaming_mode=True),
+    Prompt("Two blue fish swam in the tank.", None, "english", clone="x_vector"),
+    Prompt("今天天气很好，我们去公园散步吧。", None, "chinese", clone="x_vector", non_streaming_mode=True),
 )
 PROMPTS_BY_KIND = {
     "base": {"1b7": CLONE_PROMPTS, "0b6": CLONE_PROMPTS[1:]},
     "voice_design": {"1b7": (
         Prompt("The birch canoe slid on the smooth planks.", None, "english", "A deep, calm male voice."),
-        Prompt("Glue the sheet to the dark blue background.", None, "auto", "Read this with a cheerful, energetic "
+        Prompt("The salt breeze came across from the sea.", None, "auto", "Read this with a cheerful, energetic "
                "voice.", non_streaming_mode=False),
         Prompt("北京的秋天是一年中最美的季节。", None, "chinese", ""),
     )},
@@ -457,12 +462,10 @@ def _versions() -> dict[str, str]:
 CP_LOGIT_FRAMES = 4
 # The unforced run may go this far, so that a row that draws EOS shows where the official rule stops it.
 NATURAL_MAX_NEW_TOKENS = 161
-# Base and VoiceDesign records: shorter (their tests run five kinds of prompt; the tiny Base
-# checkpoints' rows end by EOS within 80 frames, tools/make_golden.py BASE_EOS_LOGIT_GAIN).
-NATURAL_MAX_NEW_TOKENS_VOICES = 81
+NATURAL_MAX_NEW_TOKENS_VOICES = 41   # Base and VoiceDesign (FORCED_FRAMES_VOICES)
 
 
-def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, frames: int = FORCED_FRAMES,
+def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, frames: int | None = None,
            attn_implementation: str = "eager",
            weights_note: str = "as stored in the checkpoint", device: str = "cpu",
            natural_max_new_tokens: int | None = None,
@@ -471,8 +474,10 @@ def record(ckpt_dir: str | Path, prompts: tuple[Prompt, ...] | None = None, fram
     module docstring. prompts default to those of the checkpoint's kind and size (PROMPTS,
     PROMPTS_BY_KIND), their first prompt_count when given. device: "cpu" (the fixtures), or a CUDA
     device for checkpoints at real sizes (fp32 with TF32 off; the flags are restored afterwards).
-    natural_max_new_tokens caps the unforced run (frames + 1: no longer than the forced one;
-    default NATURAL_MAX_NEW_TOKENS, for Base and VoiceDesign NATURAL_MAX_NEW_TOKENS_VOICES)."""
+    frames: forced frames per prompt (default FORCED_FRAMES, for Base and VoiceDesign
+    FORCED_FRAMES_VOICES). natural_max_new_tokens caps the unforced run (frames + 1: no longer
+    than the forced one; default NATURAL_MAX_NEW_TOKENS, for Base and VoiceDesign
+    NATURAL_MAX_NEW_TOKENS_VOICES)."""
     ckpt_dir = Path(ckpt_dir)
     threads = torch.get_num_threads()
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -557,8 +562,10 @@ def _record(ckpt_dir: Path, prompts, frames: int, attn: str, weights_note: str, 
     model, cfg = tts.model, tts.model.config
     talker_cfg = cfg.talker_config
     kind = cfg.tts_model_type
-    if natural_max_new_tokens is None:
-        natural_max_new_tokens = NATURAL_MAX_NEW_TOKENS if kind == "custom_voice" else NATURAL_MAX_NEW_TOKENS_VOICES
+    custom_voice = kind == "custom_voice"
+    frames = frames or (FORCED_FRAMES if custom_voice else FORCED_FRAMES_VOICES)
+    natural_max_new_tokens = natural_max_new_tokens or (NATURAL_MAX_NEW_TOKENS if custom_voice
+                                                        else NATURAL_MAX_NEW_TOKENS_VOICES)
     defaults = PROMPTS_BY_KIND[kind][cfg.tts_model_size] if kind in PROMPTS_BY_KIND else PROMPTS[cfg.tts_model_size]
     prompts = tuple(prompts or defaults)[:prompt_count]
     tokenizer = tts.processor.tokenizer

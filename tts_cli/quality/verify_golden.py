@@ -80,8 +80,9 @@ def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32
 def record_golden(model_dir: Path, out_dir: Path, device: str = "cpu", frames: int | None = None,
                   prompts: int | None = None) -> dict:
     """Run the official implementation on model_dir (fp32; on `device`, TF32 off) and write its
-    records into out_dir. frames: forced frames per prompt (default reference.FORCED_FRAMES; the
-    unforced run then stops at the same length); prompts: the first N prompts only."""
+    records into out_dir. frames: forced frames per prompt (default reference.FORCED_FRAMES, for
+    Base and VoiceDesign FORCED_FRAMES_VOICES; the unforced run then stops at the same length);
+    prompts: the first N prompts only."""
     from . import reference
     try:
         reference.import_official()

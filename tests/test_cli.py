@@ -275,7 +275,7 @@ def test_bench_warmup_admits_groups_of_every_kind_the_run_has(monkeypatch, concu
     groups = []
     prefill = Engine._prefill
     monkeypatch.setattr(Engine, "_prefill", lambda self, admitted: (groups.append(len(admitted)),
-                                                                     prefill(self, admitted)))
+                                                                     prefill(self, admitted))[1])
     synth = bench.load_synthesizer(str(cli.BUNDLED_MODEL_DIR), "cpu", torch.float32)
     requests = bench.make_requests(synth, bench.read_sentences(bench.SENTENCES)[:2], 2, 5, "vivian")
     bench.warm_engine(synth, concurrency, requests, codec_window=2)

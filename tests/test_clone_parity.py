@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from tts_cli import cli
 from tts_cli.checkpoint import open_checkpoint
-from tts_cli.errors import CheckpointError, RequestError, UnsupportedModelError
+from tts_cli.errors import CheckpointError, RequestError
 from tts_cli.model.prompt import REFERENCE_FRAME, SPEAKER_EMBEDDING
 from tts_cli.quality import reference
 from tts_cli.quality.golden import compare, load_records, prompt_requests
@@ -224,14 +224,6 @@ def test_rows_a_checkpoint_cannot_synthesize_fail_with_the_reason(base06, record
             synth.validate(request)
     base06.validate(Request(id="ok", text="Hi.", reference=replace(voice, codes=None, text=None)))   # x-vector only
     design.validate(Request(id="ok", text="Hi."))   # no instruct: allowed, as the official
-
-
-def test_the_engine_refuses_what_it_does_not_run_yet(base06):
-    with pytest.raises(UnsupportedModelError, match="the GPU engine does not run Base checkpoints yet"):
-        Synthesizer(base06.ckpt, base06.model, base06.tokenizer, base06.codec, engine=True)
-    custom = Synthesizer.from_pretrained(CUSTOM_VOICE, engine=True)
-    with pytest.raises(RequestError, match="s1: the GPU engine does not run the streaming text mode"):
-        custom.synthesize([Request(id="s1", text="Hi.", speaker="vivian", non_streaming_mode=False)], max_frames=2)
 
 
 def test_base_checkpoint_loading(tmp_path, base06):

@@ -7,14 +7,18 @@ import numpy as np
 import pytest
 import torch
 
+from clone_cases import TINY_BASE, TINY_VOICE_DESIGN, clone_requests, design_requests, random_reference
+from tts_cli.engine import DEFAULT_ENGINE_ROWS
 from tts_cli.engine.random_model import build_random
 from tts_cli.engine.runner import Engine, EngineRequest, use_fused_kernels
 from tts_cli.model.codec import CodecState
 from tts_cli.model.generate import RowInput, generate
-from tts_cli.model.prompt import prompt_embeddings
+from tts_cli.model.prompt import (assistant_text, build_prompt, prompt_embeddings, reference_text,
+                                  trailing_text_embeddings)
 from tts_cli.model.transformer import use_kernels
 from tts_cli.request import Request
-from tts_cli.synthesizer import Synthesizer, code_predictor_settings, talker_settings
+from tts_cli.synthesizer import (Synthesizer, code_predictor_settings, engine_audio, icl_codes, icl_cut,
+                                  talker_settings)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TINY = Path(__file__).resolve().parents[1] / "tts_cli" / "assets" / "tiny-1.7b-customvoice"
@@ -58,31 +62,53 @@ def test_graphed_engine_equals_the_plain_model_in_fp32(greedy, exact_fp32):
         assert np.array_equal(r.codes, plain.codes.numpy()), f"row {i}"
 
 
+def _real_shape_prompt(kind: str, synth: Synthesizer, cfg):
+    """A prompt for the random 1.7B model (cfg): CustomVoice's, or a Base one cloning a random
+    reference (clone_icl: 5 s of reference frames, the streaming text mode's default; clone_icl_long:
+    20 s, non-streaming text, some 300 positions; clone_xvector: streaming text, its trailing text)."""
+    if kind == "customvoice":
+        return synth.prompt(Request(id="0", text=TEXTS[0], speaker="vivian"))
+    frames = {"clone_icl": 62, "clone_icl_long": 250, "clone_xvector": None}[kind]
+    reference = random_reference(cfg, frames, seed=5)
+    icl = reference.codes is not None
+    return build_prompt(cfg, synth.tokenize(assistant_text(" ".join(TEXTS[:2]))), None, "auto",
+                        non_streaming_mode=kind == "clone_icl_long", speaker_embedding=reference.speaker_embedding,
+                        reference_ids=synth.tokenize(reference_text(reference.text)) if icl else None,
+                        reference_codes=reference.codes)
+
+
+def _real_shape_row(model, prompt, frames: int, teacher_codes=None) -> RowInput:
+    return RowInput(prompt_embeddings(model.talker, prompt, model.code_predictor), 0, frames,
+                    teacher_codes=teacher_codes, trailing_text=trailing_text_embeddings(model.talker, prompt))
+
+
+@pytest.mark.parametrize("prompt_kind", ["customvoice", "clone_icl", "clone_icl_long", "clone_xvector"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(dtype, exact_fp32):
+def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(dtype, prompt_kind, exact_fp32):
     """The engine's numbers (16-bit weights, fp32 activations, the fused kernels on static caches)
     against the plain fp32 model on the same random 1.7B-shaped weights, both fed the fp32 model's
     own greedy codes: talker and code-predictor logits by cosine similarity (the engine issue's
     thresholds). The weights are bf16 values in both (in fp16: converted), as in the real checkpoint
-    (stored in bf16): what is measured is the activations' rounding, not the weights'."""
+    (stored in bf16): what is measured is the activations' rounding, not the weights'. Cloned
+    voices: a random reference's frames and x-vector in the prompt, trailing text in the steps."""
     model16, _ = build_random("1.7b", "cuda", dtype)
     model32 = copy.deepcopy(model16).float()
     use_kernels(model16, True)
     synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
     assert synth.cfg.im_start_id == model32.cfg.im_start_id
-    prompt = synth.prompt(Request(id="0", text=TEXTS[0], speaker="vivian"))
+    prompt = _real_shape_prompt(prompt_kind, synth, model32.cfg)
     greedy = synth.ckpt.sampling.greedy()
     frames = 16
-    ref = generate(model32, [RowInput(prompt_embeddings(model32.talker, prompt), 0, frames)],
+    ref = generate(model32, [_real_shape_row(model32, prompt, frames)],
                    talker_settings(greedy), code_predictor_settings(greedy), min_new_tokens=frames + 1, trace=True)[0]
-    fast = generate(model16, [RowInput(prompt_embeddings(model16.talker, prompt), 0, frames,
-                                       teacher_codes=ref.codes.cuda())],
+    fast = generate(model16, [_real_shape_row(model16, prompt, frames, teacher_codes=ref.codes.cuda())],
                     talker_settings(greedy), code_predictor_settings(greedy), min_new_tokens=frames + 1, trace=True,
                     static_caches=True)[0]
     talker = min(_cosine(a, b) for a, b in zip(fast.talker_logits, ref.talker_logits))
     depth = min(_cosine(a, b) for a, b in zip(fast.cp_logits, ref.cp_logits))
     agree = np.mean([int(a.argmax() == b.argmax()) for a, b in zip(fast.talker_logits, ref.talker_logits)])
-    print(f"engine ({dtype} weights, kernels) vs fp32 teacher-forced: talker logits cosine min {talker:.7f}, "
+    print(f"engine ({dtype} weights, kernels, {prompt_kind}, {len(prompt)} prompt positions, "
+          f"{len(prompt.trailing_text_ids)} trailing) vs fp32 teacher-forced: talker logits cosine min {talker:.7f}, "
           f"code predictor {depth:.6f}, talker argmax agreement {agree:.3f}")
     assert talker >= 0.9999 and depth >= 0.9995
 
@@ -224,18 +250,77 @@ def test_fused_rms_norm_equals_torch_in_bf16():
         assert differ < 0.001
 
 
-def test_synthesizer_on_cuda_runs_the_graphed_engine_like_the_plain_model(exact_fp32):
-    synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=torch.float32)
+def _assert_graphed_engine_like_the_plain_model(checkpoint: Path, requests: list[Request], frames: int = 16,
+                                                rows: int = DEFAULT_ENGINE_ROWS):
+    """The synthesizer on CUDA (graphed engine of `rows` slots, fused kernels, fp32 weights and
+    vocoder) against its plain path: the same codes, waveforms within 1e-5."""
+    synth = Synthesizer.from_pretrained(checkpoint, device="cuda", dtype=torch.float32, engine_rows=rows)
     assert synth.uses_engine
     synth.codec_precision = "fp32"   # exact: the fp16 vocoder is held to an SNR in its own test
-    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(TEXTS[:4])]
-    fast = synth.synthesize(requests, max_frames=16, min_new_tokens=17)
+    fast = synth.synthesize(requests, max_frames=frames, min_new_tokens=frames + 1)
+    assert synth._engine_now.step.graphs
     use_fused_kernels(synth.model, synth.codec, torch.device("cuda"), False)
     synth.uses_engine = False
-    plain = synth.synthesize(requests, max_frames=16, min_new_tokens=17)
+    plain = synth.synthesize(requests, max_frames=frames, min_new_tokens=frames + 1)
     for a, b in zip(fast, plain):
-        assert torch.equal(a.codes, b.codes)
-        assert np.linalg.norm(a.audio - b.audio) / np.linalg.norm(b.audio) < 1e-5
+        assert torch.equal(a.codes, b.codes), a.id
+        assert a.audio.shape == b.audio.shape and np.linalg.norm(a.audio - b.audio) / np.linalg.norm(b.audio) < 1e-5
+
+
+def test_synthesizer_on_cuda_runs_the_graphed_engine_like_the_plain_model(exact_fp32):
+    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(TEXTS[:4])]
+    _assert_graphed_engine_like_the_plain_model(TINY, requests)
+
+
+def test_synthesizer_on_cuda_clones_and_designs_voices_like_the_plain_model(exact_fp32):
+    """Base rows (ICL and x-vector only, both text modes: trailing text per slot in the graphed
+    step, codec states primed with the references, the ICL cut) and VoiceDesign rows."""
+    cfg = Synthesizer.from_pretrained(TINY_BASE).cfg
+    _assert_graphed_engine_like_the_plain_model(TINY_BASE, clone_requests(cfg, long_frames=70), frames=11, rows=4)
+    _assert_graphed_engine_like_the_plain_model(TINY_VOICE_DESIGN, design_requests(), rows=4)
+
+
+def test_clone_icl_engine_audio_follows_full_fp32_decode_at_real_shapes():
+    """ICL rows through the engine at the real 1.7B shapes (random fp16 weights, its default fp16
+    vocoder on the codec's stream, 5 s references primed into the codec state): each row's audio
+    against the exact fp32 full decode of its reference + its codes, cut as the official code
+    cuts: the engine issue's SNR >= 35 dB for the streamed codec."""
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
+    sampling = synth.ckpt.sampling
+    references = [random_reference(model.cfg, 62 + i, seed=i) for i in range(2)]
+    prompts = [build_prompt(model.cfg, synth.tokenize(assistant_text(t)), None, "auto",
+                            non_streaming_mode=i % 3 == 0, speaker_embedding=references[i % 2].speaker_embedding,
+                            reference_ids=synth.tokenize(reference_text(references[i % 2].text)),
+                            reference_codes=references[i % 2].codes) for i, t in enumerate(TEXTS)]
+    frames = [20 + 3 * i for i in range(len(prompts))]
+    requests = [EngineRequest(key=i, prompt_embeds=prompt_embeddings(model.talker, p, model.code_predictor), seed=i,
+                              max_frames=f, min_new_tokens=f + 1,
+                              trailing_text=trailing_text_embeddings(model.talker, p), codec_prime=p.reference_codes)
+                for i, (p, f) in enumerate(zip(prompts, frames))]
+    engine = Engine(model, codec, rows=4, context=256, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling), trailing_text=True)
+    assert engine.codec_stream is not None and engine.step.graphs
+    results = engine.run(requests)
+    use_kernels(codec, False)
+    codec.decoder.half = False
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        for request, result in zip(requests, results):
+            assert result.codes.shape[0] == request.max_frames
+            prime = request.codec_prime.cpu()
+            full = codec.decode(torch.cat((prime, torch.from_numpy(result.codes))).cuda()[None])[0].cpu().numpy()
+            spf = codec.samples_per_frame
+            ours = engine_audio(result, prime, spf)
+            expected = full[icl_cut(prime.shape[0], prime.shape[0] + request.max_frames, full.shape[0]):]
+            assert ours.shape == expected.shape
+            snr = 10 * np.log10((expected ** 2).sum() / ((ours - expected) ** 2).sum())
+            print(f"ICL row {request.key} ({prime.shape[0]} reference frames): streamed engine audio vs full fp32 "
+                  f"decode: SNR {snr:.1f} dB")
+            assert snr >= 35
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _real_decoder_pair(cfg, layers: int, dtype: torch.dtype):
@@ -413,21 +498,22 @@ def test_graphed_codec_window_gives_the_audio_of_window_1(codec_window, exact_fp
         assert np.linalg.norm(w.pcm - f.pcm) / np.linalg.norm(f.pcm) < 1e-5, f"request {i}"
 
 
-def test_seeded_row_is_bit_identical_whatever_its_batch_mates_and_slot():
-    """The engine's defaults (fp16 weights, CUDA graphs, fused kernels): the same seeded request among
-    other requests, in another slot and another prefill tile, gives the same codes and the same PCM,
-    bit for bit."""
-    synth = Synthesizer.from_pretrained(TINY, device="cuda")
+def _assert_row_bit_identical_whatever_its_batch_mates_and_slot(checkpoint: Path, requests: list[Request]):
+    """The engine's defaults (fp16 weights, CUDA graphs, fused kernels): the seeded requests[0]
+    among the others, in another slot and another prefill tile, gives the same codes and the same
+    PCM, bit for bit."""
+    synth = Synthesizer.from_pretrained(checkpoint, device="cuda")
     sampling = synth.ckpt.sampling
-    embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
-              for i, t in enumerate(TEXTS)]
+    rows = [synth.row_input(r, 24) for r in requests]
 
     def run(order):
-        engine = Engine(synth.model, synth.codec, rows=16, context=128, talker_defaults=talker_settings(sampling),
-                        cp_defaults=code_predictor_settings(sampling))
-        requests = [EngineRequest(key=i, prompt_embeds=embeds[i], seed=100 + i, max_frames=24, min_new_tokens=25)
-                    for i in order]
-        return {r.key: r for r in engine.run(requests)}
+        engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling),
+                        trailing_text=any(row.trailing_text is not None for row in rows))
+        queue = [EngineRequest(key=i, prompt_embeds=rows[i].prompt_embeds, seed=100 + i, max_frames=24,
+                               min_new_tokens=25, trailing_text=rows[i].trailing_text,
+                               codec_prime=icl_codes(requests[i].reference)) for i in order]
+        return {r.key: r for r in engine.run(queue)}
 
     alone = run([0])
     first = run([0, 1, 2, 3])
@@ -435,6 +521,18 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_and_slot():
     for other in (first, later):
         assert np.array_equal(other[0].codes, alone[0].codes)
         assert np.array_equal(other[0].pcm, alone[0].pcm)
+
+
+def test_seeded_row_is_bit_identical_whatever_its_batch_mates_and_slot():
+    _assert_row_bit_identical_whatever_its_batch_mates_and_slot(
+        TINY, [Request(id=str(i), text=t, speaker="vivian") for i, t in enumerate(TEXTS)])
+
+
+def test_seeded_clone_row_is_bit_identical_whatever_its_batch_mates_and_slot():
+    """An ICL row of the streaming text mode (trailing text, primed codec state) among other Base rows."""
+    requests = clone_requests(Synthesizer.from_pretrained(TINY_BASE).cfg, long_frames=70)
+    assert requests[0].reference.codes is not None and requests[0].non_streaming_mode is None
+    _assert_row_bit_identical_whatever_its_batch_mates_and_slot(TINY_BASE, requests)
 
 
 def test_codec_on_its_own_stream_gives_the_audio_of_the_codec_in_line():
@@ -558,9 +656,13 @@ def test_engine_refuses_audio_from_an_fp16_code_predictor_overflow():
         synth.synthesize(requests, max_frames=8, min_new_tokens=9)
 
 
-def test_same_requests_twice_give_bit_identical_audio():
-    synth = Synthesizer.from_pretrained(TINY, device="cuda")
-    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i) for i, t in enumerate(TEXTS)]
+@pytest.mark.parametrize("kind", ["customvoice", "clone", "design"])
+def test_same_requests_twice_give_bit_identical_audio(kind):
+    checkpoint = {"customvoice": TINY, "clone": TINY_BASE, "design": TINY_VOICE_DESIGN}[kind]
+    synth = Synthesizer.from_pretrained(checkpoint, device="cuda")
+    requests = {"customvoice": lambda: [Request(id=str(i), text=t, speaker="vivian", seed=i)
+                                        for i, t in enumerate(TEXTS)],
+                "clone": lambda: clone_requests(synth.cfg, long_frames=70), "design": design_requests}[kind]()
     first = synth.synthesize(requests, max_frames=20, min_new_tokens=21)
     second = synth.synthesize(requests, max_frames=20, min_new_tokens=21)
     for a, b in zip(first, second):

@@ -472,6 +472,13 @@ emit_frame(state, emit_next, residual, results[1][0], tables, code0_embed, pad_e
 assert torch.equal(results[0][0], results[1][0]) and torch.equal(expected.window_codes, state.window_codes)
 assert torch.equal(state.window_codes[:, 2], results[0][0]) and (results[0][0][:, 0] == 0).any()
 torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-6, atol=1e-6)   # sums in torch's order or not
+# each slot's own text vector (the streaming text mode's trailing text)
+with_pad = results[1][1].clone()
+text_rows = torch.randn(rows, width, generator=g).to(device)
+emit_frame_slots(expected, emit_next, residual, results[0][0], cp, code0_embed, text_rows, results[0][1])
+emit_frame(state, emit_next, residual, results[1][0], tables, code0_embed, text_rows, results[1][1])
+torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-6, atol=1e-6)
+torch.testing.assert_close(results[1][1] - with_pad, text_rows - pad_embed, rtol=1e-5, atol=1e-5)
 print("advance ok")
 """
 

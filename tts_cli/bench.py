@@ -21,6 +21,7 @@ Reported per concurrency:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -31,15 +32,15 @@ from typing import Callable
 
 import torch
 
-from tts_cli.checkpoint import Checkpoint, SamplingConfig
+from tts_cli.bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, bench_reference, model_kind
+from tts_cli.checkpoint import CUSTOM_VOICE, Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
 from tts_cli.engine import (CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                             DEFAULT_TALKER_PRECISION)
 from tts_cli.engine.runner import Engine, EngineRequest
-from tts_cli.model.prompt import prompt_embeddings
-from tts_cli.request import Request
-from tts_cli.synthesizer import (Synthesizer, allow_tf32, code_predictor_settings, load_tokenizer, numerics,
-                                 talker_settings, weights_dtype)
+from tts_cli.request import Request, VoiceReference
+from tts_cli.synthesizer import (Synthesizer, allow_tf32, code_predictor_settings, icl_codes, load_tokenizer,
+                                 numerics, talker_settings, weights_dtype)
 
 SENTENCES = Path(__file__).resolve().parent / "assets" / "harvard-sentences.txt"
 CHARS_PER_SECOND = 14.0
@@ -72,13 +73,14 @@ class BenchRow:
     bound_by: str | None  # the stage with the largest share of a step (bounding_stage); None: stages not timed
 
 
-def load_synthesizer(spec: str, device: str, dtype: torch.dtype) -> Synthesizer:
-    """A checkpoint directory, or random:1.7b / random:0.6b built on the device."""
+def load_synthesizer(spec: str, device: str, dtype: torch.dtype, kind: str = CUSTOM_VOICE) -> Synthesizer:
+    """A checkpoint directory, or random:1.7b / random:0.6b built on the device (of `kind`: CustomVoice
+    or Base)."""
     size = parse_spec(spec)
     if size is None:
         return Synthesizer.from_pretrained(spec, device=device, dtype=dtype)
-    model, codec = build_random(size, device, dtype)
-    ckpt = Checkpoint(root=Path(spec), config=random_config(size), sampling=SamplingConfig())
+    model, codec = build_random(size, device, dtype, kind=kind)
+    ckpt = Checkpoint(root=Path(spec), config=random_config(size, kind), sampling=SamplingConfig())
     return Synthesizer(ckpt, model, load_tokenizer(TINY), codec)
 
 
@@ -92,14 +94,17 @@ def auto_frames(text: str) -> int:
 
 
 def make_requests(synth: Synthesizer, sentences: list[str], count: int, frames: int | None,
-                  speaker: str) -> list[EngineRequest]:
+                  speaker: str, reference: VoiceReference | None = None) -> list[EngineRequest]:
+    """Requests in the speaker's voice, or cloning `reference` (Base: tts_cli.bench_clone)."""
     requests = []
     for key in range(count):
         text = sentences[key % len(sentences)]
         n = frames or auto_frames(text)
-        prompt = synth.prompt(Request(id=str(key), text=text, speaker=speaker))
-        requests.append(EngineRequest(key=key, prompt_embeds=prompt_embeddings(synth.model.talker, prompt),
-                                      seed=key, max_frames=n, min_new_tokens=n + 1))
+        request = Request(id=str(key), text=text, speaker=None if reference else speaker, reference=reference)
+        row = synth.row_input(request, n)
+        requests.append(EngineRequest(key=key, prompt_embeds=row.prompt_embeds, seed=key, max_frames=n,
+                                      min_new_tokens=n + 1, trailing_text=row.trailing_text,
+                                      codec_prime=icl_codes(reference)))
     return requests
 
 
@@ -128,8 +133,8 @@ def warmup_requests(requests: list[EngineRequest], concurrency: int) -> list[Eng
     time) on a machine whose kernel cache is cold."""
     count = concurrency + 4
     frames = [WARMUP_FRAMES if i == 0 or i >= concurrency else 2 * WARMUP_FRAMES for i in range(count)]
-    return [EngineRequest(key=i, prompt_embeds=requests[i % len(requests)].prompt_embeds, seed=i, max_frames=f,
-                          min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    return [dataclasses.replace(requests[i % len(requests)], key=i, seed=i, max_frames=f, min_new_tokens=f + 1)
+            for i, f in enumerate(frames)]
 
 
 @torch.no_grad()
@@ -140,7 +145,7 @@ def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineReque
     context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
-                    **engine_options)
+                    trailing_text=any(r.trailing_text is not None for r in requests), **engine_options)
     engine.run(warmup_requests(requests, concurrency))
     if engine.device.type == "cuda":
         engine.collect_stage_times()
@@ -198,23 +203,27 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
               frames: int | None, device: str, speaker: str = "vivian", codec_window: int | None = None,
               depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
               talker_precision: str = DEFAULT_TALKER_PRECISION, codec_stream: bool = True,
-              device_choice: str = "--device", on_row: Callable[[dict], None] | None = None) -> dict:
+              device_choice: str = "--device", on_row: Callable[[dict], None] | None = None,
+              workload: str = DEFAULT_WORKLOAD, ref_seconds: float = DEFAULT_REF_SECONDS) -> dict:
     """codec_stream: the engine's choice (its own stream on CUDA up to 64 rows, tts_cli.engine.
     codec_stream_for), else in line; the CPU always runs it in line. device_choice: why this device
     (tts_cli.cli.DeviceChoice.reason), recorded. on_row: called with the result so far after each
-    concurrency (the CLI writes it, so that a failure at a later one keeps the earlier ones)."""
+    concurrency (the CLI writes it, so that a failure at a later one keeps the earlier ones).
+    workload, ref_seconds: tts_cli.bench_clone."""
     dtype = weights_dtype(device, talker_precision)
     cuda = device.startswith("cuda")
     if cuda:
         allow_tf32()
     t0 = time.perf_counter()
-    synth = load_synthesizer(spec, device, dtype)
+    synth = load_synthesizer(spec, device, dtype, model_kind(workload))
     load_s = time.perf_counter() - t0
     sentences = read_sentences(sentences_path)
+    reference, workload_info = bench_reference(synth, workload, parse_spec(spec), ref_seconds, sentences)
     result = {
         "model": f"bundled {TINY.name}" if Path(spec).resolve() == TINY else spec, "device": device,
         "device_choice": device_choice, "cpu_figures": not cuda, **({} if cuda else {"note": CPU_NOTE}),
         "dtype": str(dtype).replace("torch.", ""), "numerics": numerics(device, codec_precision, dtype),
+        **workload_info,
         "gpu": torch.cuda.get_device_name() if cuda else None,
         "torch": torch.__version__, "load_s": round(load_s, 2),
         # the bundled list by name: its absolute path only says where tts was installed
@@ -230,8 +239,8 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     }
     for c in concurrencies:
         count = requests or default_requests(c, cuda)
-        row = bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker), codec_window, depth,
-                        codec_precision, None if codec_stream else False)
+        row = bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker, reference), codec_window,
+                        depth, codec_precision, None if codec_stream else False)
         result["rows"].append(asdict(row))
         if on_row is not None:
             on_row(result)

@@ -16,6 +16,7 @@ from . import __version__
 from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES,
                      TALKER_PRECISIONS)
 from .bench_plot import STEP_STAGES
+from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, WORKLOADS
 from .errors import TTSError
 from .logs import log_to_stderr
 from .processes import RunStopped, stop_on_signals
@@ -629,6 +630,14 @@ def bench(
         None, "--plot", metavar="FILE.png", show_default=False,
         help="Also draw the results as a PNG: audio-s/s per concurrency, and each step's time split by stage "
              "(extra [plot]: matplotlib). `tts plot` draws several result files on one chart."),
+    workload: str = typer.Option(
+        DEFAULT_WORKLOAD, "--workload", metavar="|".join(WORKLOADS),
+        help="What the requests ask for: a named speaker (customvoice), or one cloned voice (a Base model: "
+             "random:... builds one) from ICL (clone-icl: the reference's x-vector, transcript and codes) or "
+             "its x-vector only (clone-xvector), in the streaming text mode (voice cloning's official "
+             "default). The reference is encoded once, before the timed runs: tts_cli/bench_clone.py."),
+    ref_seconds: float = typer.Option(DEFAULT_REF_SECONDS, "--ref-seconds", min=1.0, metavar="S",
+                                      help="Length of the cloned voice's reference (a synthetic voiced signal)."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
     of the engine, per concurrency, and the stage that bounds each. Definitions: see tts_cli/bench.py
@@ -658,7 +667,8 @@ def bench(
                            sentences or SENTENCES, requests, forced, device_choice.device,
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision,
                            talker_precision=talker_precision, codec_stream=codec_stream,
-                           device_choice=device_choice.reason, on_row=lambda so_far: write_json(so_far, json_out))
+                           device_choice=device_choice.reason, on_row=lambda so_far: write_json(so_far, json_out),
+                           workload=workload, ref_seconds=ref_seconds)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
@@ -666,6 +676,10 @@ def bench(
     Console(width=max(Console().width, BENCH_TABLE_WIDTH)).print(bench_table(result))
     for line in bench_notes(result, depth):
         typer.echo(line)
+    if result.get("ref_seconds"):
+        cloned_from = f"{result['ref_frames']} frames, ICL" if result["ref_frames"] else "x-vector only"
+        typer.echo(f"workload {workload}: one voice cloned from a {result['ref_seconds']:g} s reference "
+                   f"({cloned_from}), encoded in {result['ref_encode_s']:.2f} s by {result['ref_encoders']} encoders")
     typer.echo(f"results: {json_out}")
     if plot is not None:
         from .bench_plot import plot_runs, runs_from

@@ -5,22 +5,25 @@ Each checkpoint kind takes the rows its official generate method takes: CustomVo
 (and an instruct on 1.7B), Base a reference voice (`Request.reference`: x-vector only, or ICL with
 the reference's codes and transcript), VoiceDesign an instruct. An ICL row's codes are decoded
 after the reference's codes (the codec primed with the reference) and its waveform starts where
-the reference's ends. The GPU engine runs CustomVoice rows of the non-streaming text mode only."""
+the reference's ends. The GPU engine runs every kind and both text modes, mixed in one call: the
+streaming text mode's trailing text per slot, an ICL row's codec state primed with its reference
+(tts_cli/engine/runner.py), its waveform cut here as on the plain path."""
 from __future__ import annotations
 
 import logging
 import math
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from tts_cli.checkpoint import BASE, CUSTOM_VOICE, Checkpoint, ModelConfig, SamplingConfig, open_checkpoint
 from tts_cli.engine import (AUTO_ROWS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION,
                             TALKER_PRECISIONS)
 from tts_cli.engine.prefill import COLUMNS
-from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.engine.runner import Engine, EngineRequest, EngineResult
 from tts_cli.engine.slots import talker_kv_bytes
-from tts_cli.errors import CheckpointError, RequestError, TTSError, UnsupportedModelError
+from tts_cli.errors import CheckpointError, RequestError, TTSError
 from tts_cli.model.codec import load_codec
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import (Prompt, assistant_text, build_prompt, check_speaker, instruct_text,
@@ -147,6 +150,22 @@ def icl_cut(reference_frames: int, total_frames: int, samples: int) -> int:
     return int(reference_frames / max(total_frames, 1) * samples)
 
 
+def icl_codes(reference: VoiceReference | None) -> torch.Tensor | None:
+    """The codes an ICL row's decode starts with (its reference's), or None (no reference codes)."""
+    return None if reference is None or reference.x_vector_only else reference.codes.long().cpu()
+
+
+def engine_audio(result: EngineResult, prime: torch.Tensor | None, samples_per_frame: int) -> np.ndarray:
+    """An engine result's waveform; for an ICL row (prime: its reference's codes) the official cut
+    of decode(reference + codes) (icl_cut), whose start may keep the reference's last sample."""
+    if prime is None:
+        return result.pcm
+    frames, total = prime.shape[0], prime.shape[0] + result.codes.shape[0]
+    kept = frames * samples_per_frame - icl_cut(frames, total, total * samples_per_frame)   # 0 or 1
+    tail = result.reference_tail[result.reference_tail.shape[0] - kept:]
+    return np.concatenate((tail, result.pcm)).astype(np.float32)
+
+
 def longest_first(requests: list[EngineRequest]) -> list[EngineRequest]:
     """The engine's queue with the longest prompts (so the longest texts, which speak longest)
     first, ties in their given order: the slots that free up last then hold short requests, and
@@ -177,10 +196,6 @@ class Synthesizer:
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self._engine_now: Engine | None = None
         self.notes: list[str] = []   # what `--rows auto` chose, once per distinct choice
-        if self.uses_engine and self.cfg.model_type != CUSTOM_VOICE:
-            raise UnsupportedModelError(
-                f"{ckpt.root}: the GPU engine does not run {self.cfg.kind_name} checkpoints yet (voice cloning "
-                "and voice design run on the plain model: --device cpu)")
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -276,13 +291,11 @@ class Synthesizer:
         RequestError for an invalid request."""
         for r in requests:
             self.validate(r)
-            if self.uses_engine and not self.non_streaming_mode(r):
-                raise RequestError(f"{r.id}: the GPU engine does not run the streaming text mode "
-                                   "(non_streaming_mode false) yet: --device cpu runs it on the plain model")
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
         rows = [self.row_input(r, max_frames) for r in requests]
         if self.uses_engine:
-            slots = self._slots(len(rows), max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows))
+            slots = self._slots(len(rows), max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows),
+                                any(row.trailing_text is not None for row in rows))
             return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens,
                                                 min(slots, max_rows or slots))
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
@@ -294,24 +307,29 @@ class Synthesizer:
     def _synthesize_with_engine(self, requests: list[Request], rows: list[RowInput], sampling: SamplingConfig,
                                 min_new_tokens: int, slots: int) -> list[Result]:
         talker, cp = talker_settings(sampling), code_predictor_settings(sampling)
+        primes = [icl_codes(r.reference) for r in requests]
         engine_requests = [EngineRequest(key=i, prompt_embeds=row.prompt_embeds, seed=row.seed,
                                          max_frames=row.max_frames, min_new_tokens=min_new_tokens,
-                                         talker=talker, cp=cp) for i, row in enumerate(rows)]
+                                         talker=talker, cp=cp, trailing_text=row.trailing_text, codec_prime=prime)
+                           for i, (row, prime) in enumerate(zip(rows, primes))]
         needs = [row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows]
-        engine = self._engine(slots, max(needs))
+        engine = self._engine(slots, max(needs), any(row.trailing_text is not None for row in rows))
         for request, need in zip(requests, needs):
             if need > engine.context:
                 raise RequestError(f"{request.id}: its prompt and frame cap need {need} talker positions; within the "
                                    f"GPU memory budget {slots} slots hold {engine.context} each (fewer --rows, "
                                    f"a lower --max-frames or --segment-chars make room)")
         by_key = {res.key: res for res in engine.run(longest_first(engine_requests))}
-        return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=res.pcm, hit_cap=res.hit_cap)
-                for r, res in zip(requests, (by_key[i] for i in range(len(requests))))]
+        results = (by_key[i] for i in range(len(requests)))
+        spf = self.codec.samples_per_frame
+        return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=engine_audio(res, prime, spf),
+                       hit_cap=res.hit_cap) for r, res, prime in zip(requests, results, primes)]
 
-    def _slots(self, segments: int, need: int) -> int:
+    def _slots(self, segments: int, need: int, trailing_text: bool = False) -> int:
         """The engine's slots for a call of `segments` segments needing up to `need` talker positions:
         engine_rows, or with `--rows auto` the first of AUTO_ROWS that the call fills (at most one
-        64-row tile left empty) and whose KV cache the memory budget holds for `need` positions."""
+        64-row tile left empty) and whose KV cache (and trailing text) the memory budget holds for
+        `need` positions."""
         if self.engine_rows is not None:
             return self.engine_rows
         engine, tile = self._engine_now, AUTO_ROWS[-1]
@@ -319,43 +337,46 @@ class Synthesizer:
         if engine is not None and engine.rows <= fill and engine.context >= need:
             return engine.rows   # keeping the engine built for an earlier call costs nothing
         self._engine_now = None   # its memory counts as free for the choice
-        rows = next((r for r in AUTO_ROWS if r <= fill and self._holds(r, need)), tile)
+        rows = next((r for r in AUTO_ROWS if r <= fill and self._holds(r, need, trailing_text)), tile)
         note = f"--rows auto: {rows} engine slots for calls of {segments} segments (up to {need} talker positions)"
         if note not in self.notes:
             self.notes.append(note)
             log.info("%s", note)
         return rows
 
-    def _holds(self, rows: int, need: int) -> bool:
+    def _holds(self, rows: int, need: int, trailing_text: bool) -> bool:
         try:
-            most = self._most_context(rows)
+            most = self._most_context(rows, trailing_text)
         except TTSError:   # not even one prefill tile's positions
             return False
         return most is None or most >= need
 
-    def _engine(self, rows: int, context: int) -> Engine:
+    def _engine(self, rows: int, context: int, trailing_text: bool = False) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released
-        first, for another slot count, a longer context or another codec precision. Its context: the call's rounded up, at
-        most what the KV budget holds (requests needing more are refused, each with its reason)."""
+        first, for another slot count, a longer context, another codec precision or trailing text
+        where it has none. Its context: the call's rounded up, at most what the KV budget holds
+        (requests needing more are refused, each with its reason)."""
         engine = self._engine_now
         if (engine is not None and engine.rows == rows and engine.context >= context
-                and engine.codec_precision == self.codec_precision):
+                and engine.codec_precision == self.codec_precision
+                and (engine.state.trailing_text is not None or not trailing_text)):
             return engine
         self._engine_now = engine = None
         context = ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP)
-        most = self._most_context(rows)
+        most = self._most_context(rows, trailing_text)
         if most is not None:
             context = min(context, most)
         s = self.ckpt.sampling
         self._engine_now = Engine(self.model, self.codec, rows=rows, context=context,
                                   talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
                                   top_p=s.top_p < 1 or s.subtalker_top_p < 1, depth=self.depth,
-                                  codec_precision=self.codec_precision)
+                                  codec_precision=self.codec_precision, trailing_text=trailing_text)
         return self._engine_now
 
-    def _most_context(self, rows: int) -> int | None:
+    def _most_context(self, rows: int, trailing_text: bool = False) -> int | None:
         """The talker positions per slot that the KV budget holds for `rows` slots (a multiple of
-        the prefill's tile width), or None without a budget (CPU, unless kv_budget_bytes is set)."""
+        the prefill's tile width), with their trailing text vectors where asked, or None without a
+        budget (CPU, unless kv_budget_bytes is set)."""
         weight = self.model.talker.codec_embedding.weight
         budget = self.kv_budget_bytes
         if budget is None and weight.device.type == "cuda":
@@ -363,7 +384,7 @@ class Synthesizer:
             budget = int(torch.cuda.mem_get_info(weight.device)[0] * KV_MEMORY_FRACTION)
         if budget is None:
             return None
-        most = budget // talker_kv_bytes(self.cfg, rows, 1, weight.dtype) // COLUMNS * COLUMNS
+        most = budget // talker_kv_bytes(self.cfg, rows, 1, weight.dtype, trailing_text) // COLUMNS * COLUMNS
         if most < COLUMNS:
             raise TTSError(f"the GPU memory budget for keys and values ({budget / 2**30:.2f} GiB) holds fewer than "
                            f"{COLUMNS} talker positions for {rows} slots: use fewer --rows")
@@ -373,8 +394,7 @@ class Synthesizer:
         """Codes of several rows -> float32 numpy waveforms, one padded causal decode: padding
         at the end cannot change earlier samples of a causal decoder. A row with an ICL reference
         is decoded after the reference's codes and cut where they end (icl_cut)."""
-        references = references or [None] * len(codes)
-        primes = [ref.codes.long().cpu() if ref is not None and not ref.x_vector_only else None for ref in references]
+        primes = [icl_codes(ref) for ref in references or [None] * len(codes)]
         full = [c if prime is None else torch.cat((prime, c.cpu())) for c, prime in zip(codes, primes)]
         longest = max(c.shape[0] for c in full)
         if longest == 0:

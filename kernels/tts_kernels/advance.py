@@ -3,7 +3,8 @@ small torch ones (each a launch in the step's graph):
 - `start_frame`: which slots emit at this step, and the embedding of each slot's codebook-0 code
   (tts_cli.engine.step.start_frame_slots, the reference: eight torch kernels);
 - `emit_frame`: the end of the depth stage: the frame's codes into the codec window, and the
-  talker's next input (the sum of the frame's 16 codebook embeddings and tts_pad's text vector)
+  talker's next input (the sum of the frame's 16 codebook embeddings and a text vector: tts_pad's,
+  or each slot's trailing text in the streaming text mode)
   (emit_frame_slots: some twelve);
 - `advance`: the end of the talker stage: each slot that emitted a frame takes its new codebook-0
   draw and talker state, marks the draw as seen (repetition penalty), moves its position and frame
@@ -48,8 +49,8 @@ def start_frame(state, table: torch.Tensor, emit: torch.Tensor, code0_embed: tor
 
 @triton.jit
 def _emit_frame(emit_ptr, g0_ptr, residual_ptr, residual_stride, codes_ptr, window_ptr, column_ptr, columns,
-                tables_ptr, vocab, code0_ptr, pad_ptr, talker_input_ptr, groups, width, GROUPS: tl.constexpr,
-                BLOCK: tl.constexpr, PDL: tl.constexpr):
+                tables_ptr, vocab, code0_ptr, text_ptr, text_stride, talker_input_ptr, groups, width,
+                GROUPS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0)
     group = tl.arange(0, GROUPS)
     let_dependents_launch(PDL)
@@ -69,22 +70,25 @@ def _emit_frame(emit_ptr, g0_ptr, residual_ptr, residual_stride, codes_ptr, wind
             code = tl.load(residual_ptr + row * residual_stride + j - 1)
             embedding = tl.load(tables_ptr + ((j - 1) * vocab + code) * width + cols, mask=valid, other=0.0)
             total += embedding.to(tl.float32)
-        tl.store(talker_input_ptr + row * width + cols, total + tl.load(pad_ptr + cols, mask=valid, other=0.0),
-                 mask=valid)
+        text = tl.load(text_ptr + row * text_stride + cols, mask=valid, other=0.0)
+        tl.store(talker_input_ptr + row * width + cols, total + text, mask=valid)
 
 
 def emit_frame(state, emit: torch.Tensor, residual: torch.Tensor, codes: torch.Tensor, tables: torch.Tensor,
-               code0_embed: torch.Tensor, pad_embed: torch.Tensor, talker_input: torch.Tensor) -> None:
+               code0_embed: torch.Tensor, text_embed: torch.Tensor, talker_input: torch.Tensor) -> None:
     """codes [B, G] <- the frame's codes (emit [B]: codebook 0 from the state's g0 where the slot
     emits, else 0; residual [B, G - 1] int64, rows may be strided), also into the state's codec
     window at its column; talker_input [B, H] fp32 <- code0_embed + the embeddings of the residual
-    codes (tables [(G - 1) V, H]: codebook j's at rows j V ...) + pad_embed [H]."""
+    codes (tables [(G - 1) V, H]: codebook j's at rows j V ...) + the text vector: text_embed [1, H]
+    (tts_pad's, every row) or [B, H] (each row's)."""
     rows, groups = codes.shape
     width = talker_input.shape[1]
     assert residual.stride(1) == 1 and tables.is_contiguous() and code0_embed.is_contiguous()
+    assert text_embed.dim() == 2 and text_embed.stride(1) == 1 and text_embed.shape[0] in (1, rows)
     _emit_frame[(rows,)](emit.view(torch.int8), state.g0, residual, residual.stride(0), codes, state.window_codes,
                          state.window_column, state.window_codes.shape[1], tables, tables.shape[0] // (groups - 1),
-                         code0_embed, pad_embed.reshape(-1), talker_input, groups, width,
+                         code0_embed, text_embed, text_embed.stride(0) if text_embed.shape[0] > 1 else 0,
+                         talker_input, groups, width,
                          GROUPS=triton.next_power_of_2(groups), BLOCK=min(1024, triton.next_power_of_2(width)),
                          **programmatic(talker_input))
 

@@ -20,13 +20,21 @@ buffer (the next steps overwrite the window), admission resets a slot's codec st
 (after the window it ends, before the one it starts), and the host reads a window's PCM once that
 stream's event says it is there. Without it everything runs in order on one stream. Either way the
 same kernels see the same inputs: the audio is the same, bit for bit.
+
+Voice cloning (Base checkpoints) adds two things per request. Its trailing text (the streaming text
+mode) goes to its slot at admission (slots.py). An ICL request's codec state starts primed with
+its reference's frames, decoded in windows of K as the engine decodes its own (once per distinct
+reference, kept for later admissions), so its audio continues the reference as the plain path's
+decode of reference + generated codes does; the reference's audio is not part of the output, only
+its last frame is kept beside it (EngineResult.reference_tail) for the official cut, which may keep
+one sample of it (tts_cli.synthesizer.icl_cut).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +46,7 @@ from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import NonFiniteError, RequestError
+from tts_cli.model.codec import CodecState
 from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import use_kernels
 
@@ -53,6 +62,8 @@ class EngineRequest:
     min_new_tokens: int = 2
     talker: SamplerSettings | None = None   # None: the engine's defaults
     cp: SamplerSettings | None = None
+    trailing_text: torch.Tensor | None = None   # [N, H] fp32 on the device: streaming text mode, frame f adds row f
+    codec_prime: torch.Tensor | None = None     # [R, 16] int64: an ICL reference's codes, decoded before its own
 
 
 @dataclass
@@ -65,6 +76,7 @@ class EngineResult:
     first_audio_at: float | None
     finished_at: float
     error: str | None = None
+    reference_tail: np.ndarray | None = None   # ICL: the last frame (1920 samples) of the primed reference's PCM
 
 
 @dataclass
@@ -78,6 +90,7 @@ class _Running:
     all_codes: bool = False         # stopped, and the launch that said so is drained: every frame's codes are in
     ended: bool = False             # its result is out
     first_audio_at: float | None = None
+    reference_tail: np.ndarray | None = None
 
 
 @dataclass
@@ -153,7 +166,7 @@ class Engine:
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
                  time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int | None = None,
                  depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
-                 codec_stream: bool | None = None):
+                 codec_stream: bool | None = None, trailing_text: bool = False):
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -177,7 +190,8 @@ class Engine:
         self.codec_window = codec_window
         self.talker_defaults, self.cp_defaults = talker_defaults, cp_defaults
         self.state = SlotState(model.cfg, rows, context, codec, device, dtype, talker_defaults, cp_defaults,
-                               codec_window)
+                               codec_window, trailing_text=trailing_text)
+        self._primed: OrderedDict[bytes, tuple[CodecState, np.ndarray]] = OrderedDict()   # _primed_codec
         if codec_stream is None:
             codec_stream = codec_stream_for(rows, device.type == "cuda")
         elif codec_stream and device.type != "cuda":
@@ -223,6 +237,9 @@ class Engine:
             if settings is not None and settings.do_sample and settings.top_p < 1 and not self.step.top_p:
                 raise RequestError(f"the request samples with top_p {settings.top_p}, but this engine was "
                                    f"built without top-p (Engine(top_p=True) applies it)")
+        if request.trailing_text is not None and self.state.trailing_text is None:
+            raise RequestError("the request has trailing text (the streaming text mode), but this engine was built "
+                               "without (Engine(trailing_text=True) holds it)")
         need = request.prompt_embeds.shape[0] + request.max_frames + 1
         if need > self.context:
             raise RequestError(f"prompt ({request.prompt_embeds.shape[0]} positions) plus frame cap "
@@ -230,21 +247,29 @@ class Engine:
                                f"hold {self.context}")
 
     @torch.no_grad()
-    def _prefill(self, admitted: list[tuple[int, EngineRequest]]) -> None:
+    def _prefill(self, admitted: list[tuple[int, EngineRequest]]) -> list[np.ndarray | None]:
         """The prefill (prefill.py) of every newly admitted request: keys and values to the slots'
-        static caches, the first codebook-0 draw to the slot state, the slots' codec state reset."""
+        static caches, the first codebook-0 draw and the trailing text to the slot state, the
+        slots' codec state reset, or primed with an ICL reference. Returns each request's
+        reference tail (EngineResult), None where it has no reference codes."""
         requests = [r for _, r in admitted]
+        primes = [self._primed_codec(r.codec_prime) if r.codec_prime is not None else None for r in requests]
         # Everything the host knows goes over in one pinned, non-blocking copy: a plain
         # torch.tensor(..., device=cuda) would wait for the step that is still running.
-        host = torch.tensor([[slot, r.prompt_embeds.shape[0], r.max_frames, r.min_new_tokens, r.seed]
-                             for slot, r in admitted], dtype=torch.int64)
+        host = torch.tensor([[slot, r.prompt_embeds.shape[0], r.max_frames, r.min_new_tokens, r.seed,
+                              self._trailing_length(r)] for slot, r in admitted]
+                            + [[slot, 0, 0, 0, 0, 0] for (slot, _), p in zip(admitted, primes) if p is not None],
+                            dtype=torch.int64)
         if self.device.type == "cuda":
             host = host.pin_memory()
         on_device = host.to(self.device, non_blocking=True)
-        slots, lengths, caps, min_new_tokens, seeds = on_device.unbind(1)
+        slots, lengths, caps, min_new_tokens, seeds, trailing_lengths = on_device[:len(admitted)].unbind(1)
+        primed_slots = on_device[len(admitted):, 0]
         with self._on_codec_stream():
             # after the window just launched (the slots' previous requests), before the next one
             self.state.codec.reset(slots)
+            if primed_slots.shape[0]:
+                self._copy_codec_rows(primed_slots, [p[0] for p in primes if p is not None])
         if self.codec_stream is not None:
             on_device.record_stream(self.codec_stream)
         last_hidden, last_logits = self.prefill([r.prompt_embeds for r in requests], slots, lengths)
@@ -252,8 +277,50 @@ class Engine:
         cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
         seen = torch.zeros(len(requests), self.model.cfg.codec_vocab_size, dtype=torch.bool, device=self.device)
         g0 = self.step.draw_g0(last_logits, talker, seen, min_new_tokens, seeds, 0)
+        trailing = None
+        if any(r.trailing_text is not None for r in requests):
+            width = self.model.cfg.talker.hidden_size
+            trailing = torch.nn.utils.rnn.pad_sequence(
+                [r.trailing_text[:self.context] if r.trailing_text is not None
+                 else torch.zeros(0, width, device=self.device) for r in requests], batch_first=True)
         self.state.admit(slots, g0=g0, hidden=last_hidden, prompt_lengths=lengths, caps=caps,
-                         min_new_tokens=min_new_tokens, seeds=seeds, talker=talker, cp=cp)
+                         min_new_tokens=min_new_tokens, seeds=seeds, talker=talker, cp=cp,
+                         trailing_text=trailing, trailing_lengths=trailing_lengths)
+        return [None if p is None else p[1] for p in primes]
+
+    def _trailing_length(self, request: EngineRequest) -> int:
+        """The trailing text vectors its slot takes: no more than a slot has positions (a request
+        never has more frames, so the rest would never be read)."""
+        return 0 if request.trailing_text is None else min(request.trailing_text.shape[0], self.context)
+
+    # Primed codec states kept for later admissions (a few MB each at the real codec's shapes).
+    PRIMED_KEPT = 32
+
+    def _primed_codec(self, codes: torch.Tensor) -> tuple[CodecState, np.ndarray]:
+        """A one-row codec state after decoding an ICL reference's codes [R, 16], in windows of K
+        frames as the engine decodes its own, and the last frame of PCM that gave (to the host:
+        one wait per distinct reference). Kept by the codes' content."""
+        key = codes.cpu().numpy().astype(np.int64).tobytes()
+        if key in self._primed:
+            self._primed.move_to_end(key)
+            return self._primed[key]
+        with self._on_codec_stream():   # allocated there too: evicted, its memory is that stream's to reuse
+            codes = codes.to(self.device, torch.int64)[None]
+            state = self.codec.new_state(1)
+            for start in range(0, codes.shape[1], self.codec_window):
+                pcm = self.codec.decode_step(codes[:, start:start + self.codec_window], state)
+            tail = pcm[0, -self.codec.samples_per_frame:].float().cpu().numpy()
+        self._primed[key] = (state, tail)
+        if len(self._primed) > self.PRIMED_KEPT:
+            self._primed.popitem(last=False)
+        return state, tail
+
+    def _copy_codec_rows(self, slots: torch.Tensor, sources: list[CodecState]) -> None:
+        """The slots' codec state <- the one-row states `sources` (in order). On the codec stream."""
+        codec = self.state.codec
+        for name, buffer in codec.history.items():
+            buffer.index_copy_(0, slots, torch.cat([source.history[name] for source in sources]))
+        codec.position.index_copy_(0, slots, torch.cat([source.position for source in sources]))
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -315,10 +382,10 @@ class Engine:
             return
         admitted = [(slot, queue.popleft()) for slot in free[:len(queue)]]
         t0 = self._event()
-        self._prefill(admitted)
+        tails = self._prefill(admitted)
         now = time.perf_counter()
-        for slot, r in admitted:
-            running[slot] = _Running(r, now)
+        for (slot, r), tail in zip(admitted, tails):
+            running[slot] = _Running(r, now, reference_tail=tail)
         self._add_time("prefill", t0)
 
     def _launch_step(self, buffers):
@@ -472,7 +539,7 @@ class Engine:
                                                                      dtype=np.int64),
             pcm=np.concatenate(owner.pcm) if owner.pcm else np.zeros(0, dtype=np.float32),
             hit_cap=frames >= owner.request.max_frames, admitted_at=owner.admitted_at,
-            first_audio_at=owner.first_audio_at, finished_at=now)
+            first_audio_at=owner.first_audio_at, finished_at=now, reference_tail=owner.reference_tail)
         owner.ended = True
         run.results[owner.request.key] = result
         if run.running[slot] is owner:   # not reused by a request admitted at a window boundary since

@@ -11,6 +11,13 @@ The codec decodes every `codec_window` (K) steps over the last K frames of every
 writes its frame into `window_codes` at column `window_column` (step mod K, kept on the device so
 that one captured graph serves every column). Requests are admitted at window boundaries only, so
 a slot's frames in a window always start at column 0 and belong to one request.
+
+In the streaming text mode a request's text goes on past its prompt, one text vector added to each
+decode step's input (the trailing text). An engine built for it holds every slot's trailing
+vectors in `trailing_text` [rows, context, H], written at admission; frame f of a slot adds row f of
+its vectors while f < `trailing_length`, tts_pad's after (and always, for a request without any).
+Indexing by the slot's frame count keeps the step free of host work and its shapes fixed; a
+request never has more frames than its slot has positions, so `context` vectors always suffice.
 """
 from __future__ import annotations
 
@@ -21,16 +28,19 @@ from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import StaticKV
 
 
-def talker_kv_bytes(cfg: ModelConfig, rows: int, context: int, dtype: torch.dtype) -> int:
-    """Bytes of the talker's static keys and values for `rows` slots of `context` positions: the
-    memory that grows with the workload (the code predictor's caches hold 16 positions)."""
+def talker_kv_bytes(cfg: ModelConfig, rows: int, context: int, dtype: torch.dtype, trailing_text: bool = False) -> int:
+    """Bytes of the talker's static keys and values for `rows` slots of `context` positions, plus
+    with `trailing_text` the slots' trailing text vectors (fp32): the memory that grows with the
+    workload (the code predictor's caches hold 16 positions)."""
     t = cfg.talker
-    return 2 * t.num_layers * rows * t.num_kv_heads * context * t.head_dim * dtype.itemsize
+    kv = 2 * t.num_layers * rows * t.num_kv_heads * context * t.head_dim * dtype.itemsize
+    return kv + (rows * context * t.hidden_size * 4 if trailing_text else 0)
 
 
 class SlotState:
     def __init__(self, cfg: ModelConfig, rows: int, context: int, codec, device, kv_dtype,
-                 talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1):
+                 talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1,
+                 trailing_text: bool = False):
         t, cp = cfg.talker, cfg.code_predictor
 
         def longs():
@@ -53,6 +63,8 @@ class SlotState:
         self.cp_kv = [StaticKV(rows, cp.num_kv_heads, cfg.num_code_groups, cp.head_dim, device, kv_dtype)
                       for _ in range(cp.num_layers)]
         self.key_positions = torch.arange(context, device=device)
+        self.trailing_text = torch.zeros(rows, context, t.hidden_size, device=device) if trailing_text else None
+        self.trailing_length = longs()
         self.codec = codec.new_state(rows)
         self.window_codes = torch.zeros(rows, codec_window, cfg.num_code_groups, dtype=torch.int64, device=device)
         self.window_column = torch.zeros(1, dtype=torch.int64, device=device)
@@ -67,10 +79,13 @@ class SlotState:
 
     def admit(self, slots: torch.Tensor, *, g0: torch.Tensor, hidden: torch.Tensor, prompt_lengths: torch.Tensor,
               caps: torch.Tensor, min_new_tokens: torch.Tensor, seeds: torch.Tensor, talker: RowSampling,
-              cp: RowSampling) -> None:
+              cp: RowSampling, trailing_text: torch.Tensor | None = None,
+              trailing_lengths: torch.Tensor | None = None) -> None:
         """Start requests in `slots` [n] (their prompts' keys and values are already written); every
-        argument has one row per slot, on the device. Vectorized: a few kernels for any n. Their
-        codec state is the runner's to reset (on the codec's stream, where it has one).
+        argument has one row per slot, on the device; trailing_text [n, N, H] (N <= context) and
+        trailing_lengths [n]: their trailing text vectors, right-padded (None: none). Vectorized:
+        a few kernels for any n. Their codec state is the runner's to reset or prime (on the
+        codec's stream, where it has one).
 
         Constants go in as fill kernels (index_fill_, fill_), never as Python values assigned
         through an index (`t[slots] = 0`): torch sends those to the GPU as a blocking copy, which
@@ -88,6 +103,11 @@ class SlotState:
         self.seen[slots, g0] = torch.ones_like(g0, dtype=torch.bool)
         self.talker_sampling.assign(slots, talker)
         self.cp_sampling.assign(slots, cp)
+        if trailing_text is None:
+            self.trailing_length.index_fill_(0, slots, 0)
+        else:
+            self.trailing_text[slots, :trailing_text.shape[1]] = trailing_text
+            self.trailing_length[slots] = trailing_lengths
 
     def release(self, slot: int) -> None:
         self.active.narrow(0, slot, 1).fill_(False)   # not `active[slot] = False`: see admit

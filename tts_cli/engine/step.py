@@ -6,7 +6,8 @@
           decoder, per-slot state, so decoding K frames at once is the same as one at a time),
           from a copy of the window's codes (the runner's, at the window's end), so that it may
           run on a stream of its own beside the next window's steps (runner)
-  talker: the next talker position (frame embedding sum + tts_pad) and the next codebook-0 draw
+  talker: the next talker position (frame embedding sum + the slot's text vector: its trailing
+          text in the streaming text mode while it lasts, else tts_pad) and the next codebook-0 draw
 
 No host synchronisation inside a step: what the host needs (codes, PCM, which slots emitted)
 lands in output buffers that the runner copies to pinned memory and reads one step later.
@@ -61,17 +62,25 @@ def start_frame_slots(st: SlotState, talker, emit: torch.Tensor, code0_embed: to
     code0_embed.copy_(talker.codec_track(st.g0))
 
 
+def text_vectors_slots(st: SlotState, pad_embed: torch.Tensor, slot_index: torch.Tensor, out: torch.Tensor) -> None:
+    """Each slot's text vector for the frame it emits now (out [B, H]): row `frame` of its trailing
+    text while there is one (slots.py), else tts_pad's (pad_embed [1, H]). slot_index: arange(B)."""
+    vectors = st.trailing_text[slot_index, st.frame.clamp(max=st.trailing_text.shape[1] - 1)]
+    out.copy_(torch.where((st.frame < st.trailing_length)[:, None], vectors, pad_embed))
+
+
 def emit_frame_slots(st: SlotState, emit: torch.Tensor, residual: torch.Tensor, codes: torch.Tensor, cp,
-                     code0_embed: torch.Tensor, pad_embed: torch.Tensor, talker_input: torch.Tensor) -> None:
+                     code0_embed: torch.Tensor, text_embed: torch.Tensor, talker_input: torch.Tensor) -> None:
     """The end of the depth stage: the frame's codes (codes [B, G]: codebook 0 from g0 where the
     slot emits, else 0; residual [B, G - 1] from the code predictor) into the codec window at its
     column, and the talker's next input (talker_input [B, H]: the frame's codebook embeddings
-    summed, plus tts_pad's text vector). The reference of tts_kernels.advance's emit_frame."""
+    summed, plus the text vector: text_embed [1, H], tts_pad's for every slot, or [B, H], each
+    slot's). The reference of tts_kernels.advance's emit_frame."""
     # A slot that stopped holds EOS as g0, which is no codec code: it decodes code 0 instead.
     codes[:, 0] = torch.where(emit, st.g0, 0)
     codes[:, 1:] = residual
     st.window_codes.index_copy_(1, st.window_column, codes[:, None])
-    talker_input.copy_(cp.frame_embedding(code0_embed, codes[:, 1:]) + pad_embed)
+    talker_input.copy_(cp.frame_embedding(code0_embed, codes[:, 1:]) + text_embed)
 
 
 def advance_slots(st: SlotState, emit: torch.Tensor, g0: torch.Tensor, hidden: torch.Tensor, codes: torch.Tensor,
@@ -113,6 +122,12 @@ class DecodeStep:
         self.code0_embed = torch.zeros_like(state.hidden)
         self.codes = torch.zeros_like(state.out_codes)
         self.talker_input = torch.zeros_like(state.hidden)
+        # the slots' text vectors of the frame they emit: tts_pad's for all, or each slot's own
+        # where the engine holds trailing text
+        self.text_embed = self.pad_embed
+        if state.trailing_text is not None:
+            self.text_embed = torch.zeros_like(state.hidden)
+            self.slot_index = torch.arange(state.rows, device=device)
         self.depth_frame = self._depth_frame(depth, state.g0.shape[0])
         self.stage_fns = {"depth": self._depth, "codec": self._codec, "talker": self._talker}
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -168,12 +183,14 @@ class DecodeStep:
 
     def _emit_frame(self, residual: torch.Tensor) -> None:
         st, cp = self.st, self.model.code_predictor
+        if st.trailing_text is not None:
+            text_vectors_slots(st, self.pad_embed, self.slot_index, self.text_embed)
         if self.kernels:
             from tts_kernels.advance import emit_frame
-            emit_frame(st, self.emit, residual, self.codes, cp.fused_tables[1], self.code0_embed, self.pad_embed,
+            emit_frame(st, self.emit, residual, self.codes, cp.fused_tables[1], self.code0_embed, self.text_embed,
                        self.talker_input)
         else:
-            emit_frame_slots(st, self.emit, residual, self.codes, cp, self.code0_embed, self.pad_embed,
+            emit_frame_slots(st, self.emit, residual, self.codes, cp, self.code0_embed, self.text_embed,
                              self.talker_input)
         st.window_column.add_(1).remainder_(st.window_codes.shape[1])
 

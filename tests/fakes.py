@@ -23,6 +23,7 @@ class FakeSynthesizer:
     def __init__(self):
         self.batches = []
         self.max_rows = []   # the engine-slot cap of each call
+        self.notes = []      # what the synthesizer chose on its own (Synthesizer.notes)
 
     def validate(self, request):
         if request.speaker not in self.speakers:

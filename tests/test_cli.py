@@ -175,6 +175,11 @@ def test_rows_auto_is_the_default_and_a_bad_rows_value_is_one_red_line(fake, tmp
     assert result.exit_code == 0, result.output
     assert fake.loaded_with["engine_rows"] is None   # the synthesizer chooses per call
     assert fake.max_rows == [16 * 512]               # calls sized for the most slots auto may choose
+    assert "rows: auto (the most slots of 512, 256, 128, 64" in result.stderr
+    fake.notes.append("--rows auto: 64 engine slots for calls of 1 segments (up to 60 talker positions)")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out1", "--model", tmp_path / "model", "--device", "cuda")
+    notes = json.loads((tmp_path / "out1" / "report.json").read_text())["notes"]
+    assert notes.count(fake.notes[0]) == 1 and result.stderr.count(fake.notes[0]) == 1   # the choice, once
     result = _invoke("synth", manifest, "--out", tmp_path / "out2", "--model", tmp_path / "model", "--rows", "0",
                      "--device", "cpu")
     _assert_one_red_line(result, "--rows 0: auto or a whole number of slots (1 or more)")
@@ -546,8 +551,8 @@ def test_shared_options_take_their_defaults_from_one_settings_object():
 
 def test_bench_keeps_the_finished_levels_when_a_later_one_fails(monkeypatch, tmp_path):
     from tts_cli import bench
-    monkeypatch.setattr(bench, "load_synthesizer", lambda spec, device, dtype: None)
-    monkeypatch.setattr(bench, "make_requests", lambda synth, sentences, count, frames, speaker: [None] * count)
+    monkeypatch.setattr(bench, "load_synthesizer", lambda spec, device, dtype, kind: None)
+    monkeypatch.setattr(bench, "make_requests", lambda synth, sentences, count, frames, speaker, reference: [None] * count)
 
     def bench_one(synth, concurrency, requests, *args):
         if concurrency > 1:

@@ -2,6 +2,7 @@
 import importlib.util
 import io
 import json
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -100,6 +101,7 @@ def test_ray_data_path_in_local_mode(tmp_path):
     manifest = tmp_path / "m.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c", "a"], "text": ["Hello there.", "Second row.", "", "Again."],
                              "seed": [1, None, None, None]}), manifest)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}   # ray.init replaces them
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
     try:
@@ -107,6 +109,8 @@ def test_ray_data_path_in_local_mode(tmp_path):
                             max_frames=3, greedy=True)
     finally:
         ray.shutdown()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     table = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "out").glob("*.parquet"))])
     rows = {row["id"] + ("*" if row["text"] == "Again." else ""): row for row in table.to_pylist()}
     assert sorted(rows) == ["a", "a*", "b", "c"]

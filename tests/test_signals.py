@@ -262,6 +262,7 @@ def test_a_full_disk_stops_the_run_with_exit_2_and_a_rerun_after_freeing_space_f
 
 def test_a_stop_cuts_short_only_the_waits_marked_for_it():
     # signal.raise_signal runs the Python handler before it returns
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with stop_on_signals() as stop:
         signal.raise_signal(signal.SIGTERM)     # outside stops_here: only noted
         assert stop.signum == signal.SIGTERM
@@ -277,7 +278,7 @@ def test_a_stop_cuts_short_only_the_waits_marked_for_it():
         assert stopped.value.exit_status == 130
         signal.raise_signal(signal.SIGTERM)          # a second signal: the stop is under way already
         assert stop.signum == signal.SIGINT
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # the handlers were put back
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before   # the handlers were put back
 
 
 def test_an_asr_worker_that_dies_is_named_and_leaves_synthesis_alone(tmp_path):

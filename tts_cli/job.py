@@ -254,7 +254,6 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
                 stopped = e
             finally:
                 if executor is not None:
-                    notes.extend(getattr(executor, "notes", []))
                     executor.close(now=not completed)
         wall_seconds = perf_counter() - start
         records = [_record(row, ledger.latest.get(row.request.id)) for row in rows]

@@ -1,11 +1,6 @@
 """Resume: the ledger, atomic outputs, skipping done rows, changed rows, and a run killed for real."""
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,9 +12,9 @@ from tts_cli.errors import TTSError
 from tts_cli.output.ledger import LEDGER_NAME, Ledger
 
 from fakes import use_fake_synthesizer
+from killed_runs import synth_command, synth_killed_after
 
 runner = CliRunner()
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -155,22 +150,8 @@ def test_sigkill_mid_run_then_rerun_gives_each_row_one_whole_output(tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("".join(f"row-{i:02d}\tSentence number {i} of the kill test.\n" for i in range(rows)))
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "tts_cli", "synth", str(manifest), "--out", str(out),
-               "--max-frames", "3", "--batch-size", "2", "--greedy", "--no-wer"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    env.pop("TTS_MODEL", None)
-
-    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and first.poll() is None:
-        ledger = out / LEDGER_NAME
-        if ledger.is_file() and ledger.read_text().count("\n") >= 4:
-            break
-        time.sleep(0.02)
-    assert first.poll() is None, f"the run ended before it could be killed: {first.stderr.read().decode()}"
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    first.stderr.close()
+    arguments = [str(manifest), "--max-frames", "3", "--batch-size", "2", "--greedy", "--no-wer"]
+    synth_killed_after(arguments, out, rows=4, timeout=60)
     done_before = {e["id"] for e in _ledger(out)}
     assert 4 <= len(done_before) < rows
     # What a kill can also leave: a half-written file and a torn ledger line.
@@ -178,6 +159,7 @@ def test_sigkill_mid_run_then_rerun_gives_each_row_one_whole_output(tmp_path):
     with open(out / LEDGER_NAME, "a") as ledger:
         ledger.write('{"id": "row-2')
 
+    command, env = synth_command(arguments, out)
     second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert second.returncode == 0, second.stderr
     assert f"{rows} rows ok ({len(done_before)} from an earlier run)" in second.stdout

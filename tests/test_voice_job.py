@@ -2,11 +2,6 @@
 run and kept in OUT/.references, the encoded voice reaching the synthesizer, resume after SIGKILL
 without encoding again, and bad reference rows failing alone."""
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +15,7 @@ from tts_cli import cli
 from tts_cli.output.ledger import LEDGER_NAME
 from tts_cli.voice.cache import CACHE_DIR_NAME
 
+from killed_runs import synth_killed_after
 from test_voice_manifest import BAD_ROWS, GOOD_CLONE_ROWS, write_fuzz_manifest
 
 runner = CliRunner()
@@ -113,20 +109,7 @@ def test_sigkill_mid_run_then_rerun_does_each_row_once_and_encodes_no_reference_
     """Acceptance: the 200-row manifest, SIGKILLed mid-run, then the same command again."""
     manifest = write_clone_manifest(tmp_path)
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "tts_cli", "synth", str(manifest), "--out", str(out), "--batch-size", "25",
-               *OPTIONS]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and first.poll() is None:
-        ledger = out / LEDGER_NAME
-        if ledger.is_file() and ledger.read_text().count("\n") >= 25:
-            break
-        time.sleep(0.02)
-    assert first.poll() is None, f"the run ended before it could be killed: {first.stderr.read().decode()}"
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    first.stderr.close()
+    synth_killed_after([str(manifest), "--batch-size", "25", *OPTIONS], out, rows=25)
     done_before = {e["id"] for e in _ledger(out)}
     assert 25 <= len(done_before) < ROWS
     cached = _cache_files(out)
@@ -220,8 +203,8 @@ def test_voice_design_and_base_rows_take_no_default_speaker(tmp_path, monkeypatc
 def test_help_shows_how_to_clone_a_voice_for_a_whole_corpus():
     result = runner.invoke(cli.app, ["synth", "--help"], env={"COLUMNS": "200"})
     help_text = " ".join(result.output.split())
-    assert ("Clone a voice for a whole corpus (a Base checkpoint, on cpu so far): tts synth corpus.txt --out DIR "
-            "--model BASE_DIR --device cpu --ref-audio voice.wav --ref-text \"what voice.wav says\"") in help_text
+    assert ("Clone a voice for a whole corpus (a Base checkpoint): tts synth corpus.txt --out DIR "
+            "--model BASE_DIR --ref-audio voice.wav --ref-text \"what voice.wav says\"") in help_text
 
 
 def test_a_reference_edited_after_the_manifest_was_read_fails_its_rows_alone(tmp_path, monkeypatch):

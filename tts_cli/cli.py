@@ -317,8 +317,8 @@ def synth(
     with the reason and the others go on.
     Blank lines of a .txt manifest are skipped and counted.
 
-    Clone a voice for a whole corpus (a Base checkpoint, on cpu so far): tts synth corpus.txt --out DIR
-    --model BASE_DIR --device cpu --ref-audio voice.wav --ref-text "what voice.wav says". Each distinct
+    Clone a voice for a whole corpus (a Base checkpoint): tts synth corpus.txt --out DIR
+    --model BASE_DIR --ref-audio voice.wav --ref-text "what voice.wav says". Each distinct
     reference is encoded once and kept in DIR/.references/; the report counts them.
 
     Resumable: every finished row is recorded in DIR/ledger.jsonl after its file is on disk; a rerun

@@ -43,6 +43,7 @@ from torch import nn
 
 from tts_cli.config_file import ConfigFields, read_json
 from tts_cli.errors import CheckpointError
+from tts_cli.model.codec import LayerScale
 
 CHECKPOINT_PREFIX = "encoder."
 CLUSTER_USAGE_MIN = 1e-5  # the codebook vectors are embed_sum / max(cluster_usage, this)
@@ -240,15 +241,6 @@ class SEANetEncoder(nn.Module):
 
 # ---------------------------------------------------------------------------------------------
 # Transformer (25 Hz)
-
-
-class LayerScale(nn.Module):
-    def __init__(self, dim: int):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale * x
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -228,8 +228,8 @@ def test_rows_a_checkpoint_cannot_synthesize_fail_with_the_reason(base06, record
 
 def test_base_checkpoint_loading(tmp_path, base06):
     tensors = base06.ckpt.speaker_encoder_tensors()
-    assert "fc.weight" in tensors and tensors["fc.weight"].shape[0] == base06.cfg.speaker_encoder.embedding_dim == 16
-    assert base06.cfg.speaker_encoder.channels == (16, 16, 16, 16, 48)
+    assert "fc.weight" in tensors and tensors["fc.weight"].shape[0] == base06.cfg.speaker_encoder.enc_dim == 16
+    assert base06.cfg.speaker_encoder.enc_channels == (16, 16, 16, 16, 48)
     with pytest.raises(CheckpointError, match="a CustomVoice checkpoint has no speaker encoder"):
         open_checkpoint(CUSTOM_VOICE).speaker_encoder_tensors()
     ckpt = Path(shutil.copytree(BASE_06, tmp_path / "ckpt"))

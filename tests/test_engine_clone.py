@@ -183,7 +183,7 @@ def test_random_base_model_has_the_released_base_shapes():
     configs); a second of the synthetic voice encodes to an x-vector of the talker's width and 13
     frames of codes spread over the codebooks."""
     cfg = random_config("0.6b", BASE)
-    assert cfg.model_type == BASE and cfg.speakers == [] and cfg.speaker_encoder.embedding_dim == 1024
+    assert cfg.model_type == BASE and cfg.speakers == [] and cfg.speaker_encoder.enc_dim == 1024
     speaker, codec = random_encoders("0.6b", "cpu")
     released = json.loads((FIXTURES / "golden" / "encoders" / "encoders.json").read_text())
     assert {k: list(v.shape) for k, v in speaker.state_dict().items()} == \

@@ -19,6 +19,7 @@ import torch
 
 from tts_cli.config_file import ConfigFields, read_json
 from tts_cli.errors import CheckpointError, UnsupportedModelError
+from tts_cli.model.speaker_encoder import SpeakerEncoderConfig
 
 
 @dataclass(frozen=True)
@@ -64,40 +65,6 @@ class DecoderConfig:
 CUSTOM_VOICE, BASE, VOICE_DESIGN = "custom_voice", "base", "voice_design"
 MODEL_KINDS = {CUSTOM_VOICE: "CustomVoice", BASE: "Base", VOICE_DESIGN: "VoiceDesign"}
 SPEAKER_ENCODER_PREFIX = "speaker_encoder."
-
-
-@dataclass(frozen=True)
-class SpeakerEncoderConfig:
-    """config.json `speaker_encoder_config` of a Base checkpoint (ECAPA-TDNN over a 128-bin log-mel
-    of 24 kHz audio); defaults as the official Qwen3TTSSpeakerEncoderConfig."""
-    embedding_dim: int                      # enc_dim: the x-vector width, equal to the talker's
-    channels: tuple[int, ...] = (512, 512, 512, 512, 1536)
-    kernel_sizes: tuple[int, ...] = (5, 3, 3, 3, 1)
-    dilations: tuple[int, ...] = (1, 2, 3, 4, 1)
-    attention_channels: int = 128
-    res2net_scale: int = 8
-    se_channels: int = 128
-    mel_dim: int = 128
-    sample_rate: int = 24000
-
-    @classmethod
-    def parse(cls, f: ConfigFields) -> "SpeakerEncoderConfig":
-        base = cls(embedding_dim=0)
-        lists = {name: f.int_list(key) if key in f.data else getattr(base, name)
-                 for name, key in (("channels", "enc_channels"), ("kernel_sizes", "enc_kernel_sizes"),
-                                   ("dilations", "enc_dilations"))}
-        if not len(lists["channels"]) == len(lists["kernel_sizes"]) == len(lists["dilations"]):
-            raise CheckpointError(f"{f.where}: enc_channels, enc_kernel_sizes and enc_dilations differ in length")
-        return cls(
-            # the official default is 1024; Base checkpoints state it (1024 for 0.6B, 2048 for 1.7B)
-            embedding_dim=f.get("enc_dim", int, 1024, minimum=1),
-            **lists,
-            attention_channels=f.get("enc_attention_channels", int, base.attention_channels, minimum=1),
-            res2net_scale=f.get("enc_res2net_scale", int, base.res2net_scale, minimum=1),
-            se_channels=f.get("enc_se_channels", int, base.se_channels, minimum=1),
-            mel_dim=f.get("mel_dim", int, base.mel_dim, minimum=1),
-            sample_rate=f.get("sample_rate", int, base.sample_rate, minimum=1),
-        )
 
 
 @dataclass(frozen=True)
@@ -188,11 +155,11 @@ class ModelConfig:
                                       "which is not in codec_language_id")
         speaker_encoder = None
         if kind == BASE:   # the official model builds a speaker encoder for Base checkpoints only
-            speaker_encoder = SpeakerEncoderConfig.parse(
+            speaker_encoder = SpeakerEncoderConfig.from_fields(
                 top.sub("speaker_encoder_config") if "speaker_encoder_config" in top.data
                 else ConfigFields({}, f"{path} -> speaker_encoder_config"))
-            if speaker_encoder.embedding_dim != talker_cfg.hidden_size:
-                raise CheckpointError(f"{path}: speaker_encoder_config enc_dim {speaker_encoder.embedding_dim} differs "
+            if speaker_encoder.enc_dim != talker_cfg.hidden_size:
+                raise CheckpointError(f"{path}: speaker_encoder_config enc_dim {speaker_encoder.enc_dim} differs "
                                       f"from the talker's hidden_size {talker_cfg.hidden_size} (the x-vector is a "
                                       "talker input)")
         return cls(
@@ -262,6 +229,16 @@ class SamplingConfig:
         """The official do_sample=False, subtalker_dosample=False: argmax in both samplers."""
         from dataclasses import replace
         return replace(self, do_sample=False, subtalker_do_sample=False)
+
+
+def check_tensors(model: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """Every tensor of `model` is in `state` with its shape: else CheckpointError naming it."""
+    for name, expected in model.state_dict().items():
+        if name not in state:
+            raise CheckpointError(f"{what}: tensor {name} is missing")
+        if tuple(state[name].shape) != tuple(expected.shape):
+            raise CheckpointError(f"{what}: tensor {name} has shape {list(state[name].shape)}, "
+                                  f"expected {list(expected.shape)}")
 
 
 def load_safetensors(model_dir: Path, name: str = "model.safetensors", prefix: str = "") -> dict[str, torch.Tensor]:

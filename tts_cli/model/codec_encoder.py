@@ -42,6 +42,7 @@ from safetensors import safe_open
 from torch import nn
 
 from tts_cli.config_file import ConfigFields, read_json
+from tts_cli.checkpoint import check_tensors
 from tts_cli.errors import CheckpointError
 from tts_cli.model.codec import LayerScale
 
@@ -430,12 +431,7 @@ class CodecEncoder(nn.Module):
         Eval mode, no gradients."""
         with torch.device("meta"):
             model = cls(config)
-        for name, expected in model.state_dict().items():
-            if name not in state:
-                raise CheckpointError(f"codec encoder: tensor {name} is missing")
-            if tuple(state[name].shape) != tuple(expected.shape):
-                raise CheckpointError(f"codec encoder: tensor {name} has shape {list(state[name].shape)}, "
-                                      f"expected {list(expected.shape)}")
+        check_tensors(model, state, "codec encoder")
         model.load_state_dict({k: state[k].to(device=device, dtype=dtype) for k in model.state_dict()}, assign=True)
         return model.eval().requires_grad_(False)
 

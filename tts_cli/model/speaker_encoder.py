@@ -136,7 +136,11 @@ class SpeakerEncoderConfig:
     @classmethod
     def parse(cls, config: dict, path: Path | str) -> SpeakerEncoderConfig:
         """From the parsed main config.json; CheckpointError names a missing or bad field."""
-        fields = ConfigFields(config, str(path)).sub("speaker_encoder_config")
+        return cls.from_fields(ConfigFields(config, str(path)).sub("speaker_encoder_config"))
+
+    @classmethod
+    def from_fields(cls, fields: ConfigFields) -> SpeakerEncoderConfig:
+        """From the `speaker_encoder_config` object (its missing fields take the official defaults)."""
         default = cls()
 
         def ints(key: str) -> tuple[int, ...]:
@@ -322,7 +326,8 @@ class SpeakerEncoder(nn.Module):
         names a missing or misshapen tensor. Eval mode, no gradients."""
         with torch.device("meta"):
             model = cls(config)
-        _check_state(model, state, "speaker encoder")
+        from tts_cli.checkpoint import check_tensors   # checkpoint.py parses this module's config
+        check_tensors(model, state, "speaker encoder")
         model.load_state_dict({k: state[k].to(device=device, dtype=dtype) for k in model.state_dict()}, assign=True)
         return model.eval().requires_grad_(False)
 
@@ -337,12 +342,3 @@ def load_speaker_encoder(config: dict, tensors: dict[str, torch.Tensor], config_
     parsed = SpeakerEncoderConfig.parse(config, config_path)
     state = {k[len(CHECKPOINT_PREFIX):]: v for k, v in tensors.items() if k.startswith(CHECKPOINT_PREFIX)}
     return SpeakerEncoder.from_state_dict(parsed, state, device=device, dtype=dtype)
-
-
-def _check_state(model: nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
-    for name, expected in model.state_dict().items():
-        if name not in state:
-            raise CheckpointError(f"{what}: tensor {name} is missing")
-        if tuple(state[name].shape) != tuple(expected.shape):
-            raise CheckpointError(f"{what}: tensor {name} has shape {list(state[name].shape)}, "
-                                  f"expected {list(expected.shape)}")

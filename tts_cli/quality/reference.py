@@ -79,7 +79,8 @@ CODEC_CODES_SEED = 2048
 # 1. Importing the official package on a machine without its audio dependencies
 # ---------------------------------------------------------------------------------------------
 
-# Imported at module level by qwen_tts but never called on the CustomVoice synthesis path.
+# Imported at module level by qwen_tts but never called on the CustomVoice synthesis path (Base's
+# speaker encoder calls librosa.filters.mel: stubbed with ours, below).
 AUDIO_MODULES = ("librosa", "librosa.filters", "soundfile", "sox", "torchaudio",
                  "torchaudio.compliance", "torchaudio.compliance.kaldi", "onnxruntime")
 
@@ -126,7 +127,17 @@ def stub_missing_audio_modules(names: tuple[str, ...] = AUDIO_MODULES) -> list[s
         if parent in sys.modules:
             setattr(sys.modules[parent], child, sys.modules[name])
         stubbed.append(name)
+    if "librosa.filters" in stubbed:
+        # The speaker encoder's front end (Base checkpoints) needs librosa's mel filterbank: ours,
+        # equal to librosa's to 1e-9 (tests/test_encoders.py against a librosa recording).
+        sys.modules["librosa.filters"].mel = _slaney_mel
     return stubbed
+
+
+def _slaney_mel(sr: int, n_fft: int, n_mels: int = 128, fmin: float = 0.0, fmax: float | None = None):
+    """librosa.filters.mel with its defaults (Slaney scale and area), as a float32 numpy array."""
+    from tts_cli.model.speaker_encoder import slaney_mel_filterbank
+    return slaney_mel_filterbank(sr, n_fft, n_mels, fmin, sr / 2 if fmax is None else fmax).numpy()
 
 
 class _RopeThetaView:

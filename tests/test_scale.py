@@ -119,3 +119,16 @@ def test_ray_data_path_in_local_mode(tmp_path):
         assert rate == 24000 and len(audio) == rows[row_id]["frames"] * 1920 > 0 and rows[row_id]["error"] is None
     assert rows["c"]["error"] == "empty text" and rows["c"]["audio"] is None
     assert rows["a*"]["error"] == "duplicate id 'a' (first used by row 1)"
+
+
+def test_the_ray_path_fails_clone_rows_with_the_reason(tmp_path):
+    from tts_cli.manifest import RowDefaults, rows_from_table
+    from tts_cli.scale.ray_data import refuse_clone_rows
+
+    table = pa.table({"id": ["plain", "cloned"], "text": ["Hello there.", "In a cloned voice."],
+                      "ref_audio": [None, str(tmp_path / "voice.wav")], "x_vector_only": [None, True]})
+    rows = rows_from_table(table, RowDefaults("vivian", "auto", 0), "ray batch")
+    refuse_clone_rows(rows)
+    assert rows[0].problem is None
+    assert rows[1].problem == ("voice cloning (ref_audio) is not supported on the Ray path yet: use tts synth "
+                               "(with --gpus or --shard to scale out)")

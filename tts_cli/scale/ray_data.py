@@ -74,6 +74,7 @@ class SynthesizerActor:
             if seed is None:
                 row.request.seed = self.defaults.base_seed + stable_id_number(row.request.id) % 2**31
         mark_duplicate_ids(rows)
+        refuse_clone_rows(rows)
         plans = [plan_row(row, f"{sanitize_id(row.request.id)}.flac", self.settings) for row in rows if not row.problem]
         outcomes = {id(plan.row): (plan, audio) for finished in synthesize_plans(plans, self.executor, self.settings)
                     for plan, audio in finished}
@@ -91,3 +92,12 @@ class SynthesizerActor:
             })
         schema = shard_schema(rate).append(pa.field("frames", pa.int64())).append(pa.field("error", pa.string()))
         return pa.Table.from_pylist(table, schema=schema)
+
+
+def refuse_clone_rows(rows) -> None:
+    """Rows that clone a voice fail with the reason: the Ray path does not encode references (each
+    actor would need every reference file locally, and would encode it again)."""
+    for row in rows:
+        if row.problem is None and row.request.clones_voice:
+            row.problem = ("voice cloning (ref_audio) is not supported on the Ray path yet: use tts synth "
+                           "(with --gpus or --shard to scale out)")

@@ -175,7 +175,7 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
 def decode_block_k(rows: int, tokens_per_row: int, capacity: int) -> int:
     """Keys per step of the online softmax. One token per row against a long cache (the talker's
     decode step) takes wider steps: fewer of the chain's dependent loads. On the H200 at the 1.7B
-    shapes (tools/attention_bench.py, docs/bench.md, twenty-seventh session) 128 was fastest at 1 row
+    shapes (tools/attention_bench.py, docs/bench.md at 0bca9b7, 2026-12-02) 128 was fastest at 1 row
     and 64 at 64 rows; rows in between are not measured. Short caches (the code predictor's 16
     positions) and several tokens per row (the prefill) keep 32, where the wider steps did not win."""
     if tokens_per_row > 1 or capacity <= 32:

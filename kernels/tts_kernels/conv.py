@@ -139,8 +139,8 @@ def _causal_conv_to_one(src_ptr, weight_ptr, bias_ptr, out_ptr, rows, frames, s_
 
 def tiles(c_in: int, n_out: int, taps: int, half: bool) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of a convolution. Chosen on the H200 from sweeps
-    over every kind of the fp16 vocoder's convolutions at 64 rows x 4 frames (docs/bench.md, ninth
-    and seventeenth sessions): 64 x 64 tiles, 8 warps, 3 stages serve most (the 1x1 convolutions
+    over every kind of the fp16 vocoder's convolutions at 64 rows x 4 frames (docs/bench.md at 0bca9b7,
+    2026-11-30 and 2026-12-01): 64 x 64 tiles, 8 warps, 3 stages serve most (the 1x1 convolutions
     with the residual 1.5-1.6x faster than 128 x 64); 96 output channels take N blocks of 32 (none
     idle: 2.0-2.3x for the 1x1s), the dilated ones in M blocks of 128; the dilated 7-tap
     convolutions of 384 to 1024 channels take 128 x 128 (1.2-1.4x). K blocks of 64 where the
@@ -178,7 +178,7 @@ def takes_tma(src: torch.Tensor, weight: torch.Tensor, frames: int) -> bool:
 def to_one_tiles(c_in: int) -> tuple[int, int]:
     """(BLOCK_M, warps) of a convolution to one channel: 128 values of the padded input per thread
     (H200, 64 rows x 4 frames, 96 channels: 114.6 us at 128 x 4 warps, 113.4 at 512 x 16, 123.1 at
-    256 x 8; 424-677 at 256 per thread, which spill; docs/bench.md, seventeenth session)."""
+    256 x 8; 424-677 at 256 per thread, which spill; docs/bench.md at 0bca9b7, 2026-12-01)."""
     return 128, 4
 
 

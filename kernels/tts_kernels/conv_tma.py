@@ -4,11 +4,11 @@ asynchronous wgmma while the next ones are in flight; the epilogue is conv.py's 
 stored output, SnakeBeta for the next convolution).
 
 Why: in Triton 3.6 the 7-tap convolutions of 96 to 384 channels run at 186-360 TFLOP/s (the
-loads are pointer gathers through the registers), and no other tile is faster (docs/bench.md,
-twenty-eighth session). Here a chunk costs one TMA request per operand. At the tiles measured
+loads are pointer gathers through the registers), and no other tile is faster (docs/bench.md at 0bca9b7,
+2026-12-02). Here a chunk costs one TMA request per operand. At the tiles measured
 for each width (TILES) it takes 8-23% off the 384- and 192-channel convolutions and the
 transposed ones, 2-8% off the 96-channel ones; the 768-channel 7-tap ones stay in conv.py's
-kernel (docs/bench.md, twenty-ninth session).
+kernel (docs/bench.md at 0bca9b7, 2026-12-02).
 
 The sums: over the taps in order, each tap's channels in chunks of BLOCK_K, each chunk one wgmma
 (k16 steps in order), fp32 accumulation: the order of conv.py's kernel, whatever the two BLOCK_K
@@ -113,8 +113,8 @@ def shared_layout(block: list[int]) -> gl.NVMMASharedLayout:
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by input channels, the fastest of seven tiles on the
-# H200 for the 1.7B vocoder's convolutions of 64 rows x 4 frames (docs/bench.md, twenty-ninth
-# session). Not listed: the 7-tap convolutions of 768 channels and more, faster in conv.py's kernel.
+# H200 for the 1.7B vocoder's convolutions of 64 rows x 4 frames (docs/bench.md at 0bca9b7,
+# 2026-12-02). Not listed: the 7-tap convolutions of 768 channels and more, faster in conv.py's kernel.
 TILES = {96: (128, 128, 32, 8, 4), 192: (128, 64, 32, 4, 4), 384: (64, 128, 64, 4, 3)}
 TWO_TAP_TILES = {768: (64, 128, 32, 4, 4)}
 

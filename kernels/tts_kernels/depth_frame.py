@@ -418,8 +418,8 @@ class DepthFrame:
         to override (tools/depth_bench.py tries tilings). num_warps: by default 8 over fp16
         weights, 4 over bf16 ones (H200, 64 rows, ms per frame: fp16 3.29 with 8, 4.38 with 4;
         bf16 4.63 with 4, 5.01 with 8; docs/bench.md), and 4 in the 16-row tile over fp16 ones
-        (`tts bench`, sixteenth session: depth 2.366 against 2.39 ms per step at c1, 2.41 against
-        2.43 at c8). num_stages: Triton's software pipelining
+        (`tts bench`, docs/bench.md at 0bca9b7, 2026-12-01: depth 2.366 against 2.39 ms per step at
+        c1, 2.41 against 2.43 at c8). num_stages: Triton's software pipelining
         of the K loops, by default 4 over fp16 weights (H200, 8 warps, ms per frame at 64 / 16
         rows: 2.77 / 2.40 with 4 stages, 2.86 / 2.46 with Triton's 3, 2.80 / 2.43 with 5, 3.34 at
         64 rows with 2), Triton's default over bf16 ones."""

@@ -54,8 +54,8 @@ GROUPS = 15      # codebooks drawn per frame (1..15)
 
 # The row tiles (BLOCK_M) a launch computes: at least 16 (what a tensor-core dot needs). No 32-row
 # tile: at 32 rows the 64-row tile measured faster (H200, fp16, us per frame: 2675 against 3043 for
-# a 32-row tile and 2857 for the loop; docs/bench.md, sixteenth session). A 128-row tile lost to the
-# loop (3869 against 3648 us at 128 rows), so 64 rows is the most one launch takes.
+# a 32-row tile and 2857 for the loop; docs/bench.md at 0bca9b7, 2026-12-01). A 128-row tile lost to
+# the loop (3869 against 3648 us at 128 rows), so 64 rows is the most one launch takes.
 ROW_TILES = (16, 64)
 
 
@@ -80,7 +80,7 @@ class Shapes:
     vocab: int
     layers: int
     rows: int            # BLOCK_M: the rows of one launch (a power of two >= 16)
-    # q/k/v, o, head. H200, fp16 weights, swept in the twenty-fourth session (docs/bench.md): 128-wide
+    # q/k/v, o, head. H200, fp16 weights, swept on 2026-12-01 (docs/bench.md at 0bca9b7): 128-wide
     # chunks, 64-wide q/k/v tiles in two partial sums and 64-wide head tiles in four took the 64-row
     # frame from 2.77 to 2.66 ms (32 rows: 2.66 -> 2.59, 16: 2.38 -> 2.32)
     block_k: int = 128

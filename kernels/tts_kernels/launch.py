@@ -2,7 +2,7 @@
 
 It pays at one row in flight, where a talker step is ~270 short kernels in a row (GEMVs, norms,
 attention, SiLU), and the GPU idled between them while each launched and ramped up (0.22 ms per
-step on the H200, docs/bench.md, fifteenth session); at 2-64 rows the projections are Triton's
+step on the H200, docs/bench.md at 0bca9b7, 2026-11-30); at 2-64 rows the projections are Triton's
 too (tts_kernels.linear.gemm_rows), elsewhere cuBLAS sits between the kernels and PDL changes
 nothing (H200, c64: 628.1 audio-s/s with it at `85bb595`, 628.4 without at `c2a92bc`, alternated,
 2026-12-01).

@@ -143,7 +143,7 @@ def _gemv(x_ptr, w_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.conste
 # gemv's tiles: rows of the weight per program, lanes (the K chunk), warps. One tile for all was
 # chosen end to end, with the kernels launched as programmatic dependents (tts_kernels.launch), by
 # `tts bench --concurrency 1` on the H200 (audio-s/s): 4 x 1024 x 4 23.4-23.6, 2 x 1024 x 4 23.6,
-# 4 x 2048 x 4 23.7, 8 x 2048 x 8 22.8, 8 x 512 x 8 20.8-21.0 (docs/bench.md, eighteenth session).
+# 4 x 2048 x 4 23.7, 8 x 2048 x 8 22.8, 8 x 512 x 8 20.8-21.0 (docs/bench.md at 0bca9b7, 2026-12-01).
 # Per stage in that sweep the talker was fastest at 2 x 1024 x 4 (1.141 against 1.163 ms per step)
 # and the code predictor's loop at 4 x 2048 x 4 (1.886 against 1.926): gemv_tile gives each its own.
 GEMV_TILE_WIDE, GEMV_TILE_NARROW = (2, 1024, 4), (4, 2048, 4)
@@ -159,7 +159,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [1, K] @ weight [N, K].T -> [1, N] fp32, both 16-bit and contiguous. H200, one row over 28
     distinct weights in a CUDA graph, us per call, cuBLAS (torch.mm to fp32) against this kernel's
     best tiles of a sweep: 4096 x 2048 7.35 / 6.08, 2048 x 2048 6.22 / 4.31, 12288 x 2048 15.2 /
-    14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md, fifteenth session). The tile: gemv_tile."""
+    14.6, 2048 x 6144 10.8 / 9.6 (docs/bench.md at 0bca9b7, 2026-11-30). The tile: gemv_tile."""
     n, k = weight.shape
     block_n, lanes, warps = gemv_tile(n, k)
     block_k = min(lanes, triton.next_power_of_2(k))
@@ -203,7 +203,7 @@ def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl
     else:
         acc = tl.zeros((BLOCK_M, w_rows.shape[0]), tl.float32)
     # Under 64 rows the dependents launch only once the sums are done, which measured faster (H200,
-    # docs/bench.md, twenty-third session: talker ms per step 1.678 -> 1.453 at 32 rows); at 64 rows
+    # docs/bench.md at 0bca9b7, 2026-12-01: talker ms per step 1.678 -> 1.453 at 32 rows); at 64 rows
     # it lost (1.508 -> 1.523). Why is not known: early dependents' CTAs and their first weight reads
     # may compete with this kernel's.
     if BLOCK_M >= 64:
@@ -237,9 +237,9 @@ def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICE
 
 # gemm_rows: the fewest and the most rows `project` gives it (else cuBLAS), its K chunk, and the
 # programs it aims for (one per SM of the H200, about). H200, talker ms per step against cuBLAS
-# (docs/bench.md, nineteenth and twentieth sessions), before partial sums were swapped: 8 rows
+# (docs/bench.md at 0bca9b7, 2026-12-01), before partial sums were swapped: 8 rows
 # 1.764 / 1.640, 32 rows 2.124 / 1.749, 64 rows 1.759 / 1.869. Swapped, with the dependents
-# launched after the sums: 8 rows 1.368 / 1.579, 32 rows 1.453 / 1.678 (twenty-third session).
+# launched after the sums: 8 rows 1.368 / 1.579, 32 rows 1.453 / 1.678 (2026-12-01).
 GEMM_ROWS_MIN, GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K, GEMM_ROWS_PROGRAMS = 2, 64, 128, 128
 
 
@@ -270,7 +270,7 @@ def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
     """The tile of a weight [n, k]. Every program reads all of x, so wide blocks of weight rows:
     where the caller takes partial sums, 64 rows per program over as many K slices as keep
     ~GEMM_ROWS_PROGRAMS programs, swapped (wgmma under 64 rows; at 64 the same code). H200, the
-    talker's projections in gemm_bench's chain (docs/bench.md, twenty-first session): q/k/v 8.0 us on
+    talker's projections in gemm_bench's chain (docs/bench.md at 0bca9b7, 2026-12-01): q/k/v 8.0 us on
     two slices against 9.1 on whole 32-row blocks at 64 rows; at 32 rows q/k/v 7.2, o 4.7 and down
     10.0 us swapped, against 7.7, 6.8 and 12.6 on cuBLAS. Else 64 or 32 rows, whichever still gives
     GEMM_ROWS_PROGRAMS programs, else 16."""

@@ -90,7 +90,7 @@ def _gemm_rows_silu(x_ptr, w_ptr, out_ptr, M, I: tl.constexpr, K: tl.constexpr, 
 
 # gemm_rows_silu's tile: narrower and shallower than rows_tile's (twice the programs, half the K
 # chunk, one more stage). H200, the talker's gate/up [12288, 2048] at 64 rows in a CUDA-graph chain
-# (tools/gemm_bench.py, docs/bench.md, twenty-first session): 17.0 us against 20.6 on rows_tile's
+# (tools/gemm_bench.py, docs/bench.md at 0bca9b7, 2026-12-01): 17.0 us against 20.6 on rows_tile's
 # RowsTile(64) and 19.5 on cuBLAS then silu_mul.
 SILU_TILE = RowsTile(32, block_k=64, stages=5)
 

@@ -2,13 +2,13 @@
 defaults here without loading the engine."""
 
 # The codec runs every K decode steps over the last K frames (the engine's codec window). Measured on
-# the H200 (random 1.7B, docs/bench.md): bf16, K = 4 gave c64 362.8 audio-s/s against 247.7 at K = 1
-# and 376.1 at K = 8, for 3 more steps of first-audio latency (K = 8: 7 more); fp16, fifteenth
-# session, K = 4 / 8: c64 624.2, 624.5 / 627.3, 627.5 (first audio 38 / 69 ms), c8 119.1 / 117.9.
+# the H200 (random 1.7B, docs/bench.md at 0bca9b7): bf16, 2026-11-29, K = 4 gave c64 362.8 audio-s/s
+# against 247.7 at K = 1 and 376.1 at K = 8, for 3 more steps of first-audio latency (K = 8: 7 more);
+# fp16, 2026-11-30, K = 4 / 8: c64 624.2, 624.5 / 627.3, 627.5 (first audio 38 / 69 ms), c8 119.1 / 117.9.
 DEFAULT_CODEC_WINDOW = 4
 # At one row the window closes as soon as the row stops (no other slot keeps it open), so a larger K
 # costs no idle steps, only first-audio latency: c1 K = 4 / 8 / 16: 18.0 / 18.7 / 19.0 audio-s/s,
-# first audio 17 / 33 / 64 ms (fifteenth session).
+# first audio 17 / 33 / 64 ms (docs/bench.md at 0bca9b7, 2026-11-30).
 ONE_ROW_CODEC_WINDOW = 16
 CODEC_WINDOW_RULE = f"{ONE_ROW_CODEC_WINDOW} at one row, else {DEFAULT_CODEC_WINDOW}"   # codec_window_for, said
 
@@ -50,11 +50,11 @@ AUTO_ROWS_RULE = (f"the most slots of {', '.join(map(str, AUTO_ROWS))} that a ca
 # it can run: else the loop, with the reason logged), `auto` (the kernel where it can run and was
 # measured faster: over fp16 weights, at 2-64 rows; at one row the loop, whose kernels launch as
 # programmatic dependents there: tts_kernels.launch). The kernel runs up to 64 rows, in a tile of
-# 16 or 64 rows (tts_kernels.depth_schedule.ROW_TILES). On the H200 over fp16 weights (docs/bench.md), `tts bench`
-# audio-s/s kernel against loop, each pair from one loan: c1 17.2 / 14.0, c8 114.9 / 103.6 (twelfth
-# session); c64 570.4 and 581.3 / 534.4 and 539.4, alternated (thirteenth); c32 in the 64-row tile
-# 376.6 and 376.7 / 351.1 and 351.3, alternated (sixteenth). Over bf16 weights it was slower (4.6
-# against 3.3 ms per 64-row frame, tenth session).
+# 16 or 64 rows (tts_kernels.depth_schedule.ROW_TILES). On the H200 over fp16 weights (docs/bench.md at 0bca9b7),
+# `tts bench` audio-s/s kernel against loop, each pair from one loan: c1 17.2 / 14.0, c8 114.9 / 103.6
+# (2026-11-30); c64 570.4 and 581.3 / 534.4 and 539.4, alternated (2026-11-30); c32 in the 64-row tile
+# 376.6 and 376.7 / 351.1 and 351.3, alternated (2026-12-01). Over bf16 weights it was slower (4.6
+# against 3.3 ms per 64-row frame, 2026-11-30).
 DEPTH_CHOICES = ("auto", "kernel", "loop")
 DEFAULT_DEPTH = "auto"
 # The vocoder's convolution inputs on the fused path (tts_kernels.conv): fp16 (and its residual

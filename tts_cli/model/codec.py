@@ -558,7 +558,7 @@ class SlidingWindowAttention(StatefulModule):
             cache[:, 1].scatter_(2, arriving, v[:, :, v.shape[2] - stay:])
         # Written out rather than scaled_dot_product_attention: with a mask and fp32, SDPA's CUDA
         # kernel took 80.6 us per layer for 64 rows x 4 frames on the H200, these two matmuls
-        # 36.5 + 20.7 us (tools/step_profile.py; docs/bench.md, ninth session).
+        # 36.5 + 20.7 us (tools/step_profile.py; docs/bench.md at 0bca9b7, 2026-11-30).
         if self.num_kv_heads != self.num_heads:   # grouped-query: each kv head serves consecutive query heads
             groups = self.num_heads // self.num_kv_heads
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

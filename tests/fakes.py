@@ -31,7 +31,7 @@ class FakeSynthesizer:
         if request.language not in self.languages:
             raise RequestError(f"unknown language {request.language!r}; valid: {', '.join(self.languages)}")
 
-    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None):
+    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None, on_result=None, cancel=None):
         self.batches.append([r.id for r in requests])
         self.max_rows.append(max_rows)
         if any("oom-always" in r.text for r in requests) or (

@@ -94,9 +94,9 @@ def test_max_frames_and_greedy_reach_the_synthesizer_and_the_report(fake, tmp_pa
     seen = {}
     synthesize = fake.synthesize
 
-    def spy(requests, greedy=False, max_frames=None, max_rows=None):
+    def spy(requests, greedy=False, max_frames=None, max_rows=None, **streaming):
         seen.update(greedy=greedy, max_frames=max_frames, seeds=[r.seed for r in requests])
-        return synthesize(requests, greedy=greedy, max_frames=max_frames, max_rows=max_rows)
+        return synthesize(requests, greedy=greedy, max_frames=max_frames, max_rows=max_rows, **streaming)
 
     monkeypatch.setattr(fake, "synthesize", spy)
     manifest = tmp_path / "m.txt"

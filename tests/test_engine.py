@@ -253,7 +253,7 @@ def test_synthesizer_queues_the_longest_texts_first(synth):
     through_engine.synthesize(requests[:1], max_frames=2)   # builds the engine
     queued = []
     run = through_engine._engine_now.run
-    through_engine._engine_now.run = lambda queue: (queued.extend(r.key for r in queue), run(queue))[1]
+    through_engine._engine_now.run = lambda queue, **kw: (queued.extend(r.key for r in queue), run(queue, **kw))[1]
     results = through_engine.synthesize(requests, max_frames=4, min_new_tokens=5)
     assert queued == [1, 3, 2, 0]
     assert [r.id for r in results] == ["0", "1", "2", "3"] and all(len(r.codes) == 4 for r in results)

@@ -39,7 +39,7 @@ def _needs_espeak_and_asr():
 class EspeakSynthesizer(FakeSynthesizer):
     """Real speech: espeak-ng (en-us, 140 words/min), resampled to 24 kHz; "boom" still fails its row."""
 
-    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None):
+    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None, on_result=None, cancel=None):
         super().synthesize(requests, greedy, max_frames, max_rows)   # the fake's failures
         results = []
         for r in requests:

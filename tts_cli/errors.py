@@ -35,3 +35,7 @@ class OutputError(TTSError):
         super().__init__(f"cannot write {path}: {error.strerror or error}; the run stopped (rows already "
                          "recorded are kept): free space or fix the folder, then rerun the same command to resume")
         self.errno = error.errno
+
+
+class SynthesisCancelled(Exception):
+    """A stopped run's synthesis, ended early on purpose (not a TTSError: no row is at fault)."""

@@ -19,6 +19,8 @@ left, write each finished row and record it, then rebuild the report from the le
 """
 from __future__ import annotations
 
+import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +31,7 @@ import numpy as np
 import torch
 
 from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
-from .errors import RequestError, TTSError
+from .errors import RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
 from .output.formats import make_sink, output_exists
 from .output.ledger import Ledger, changed_params, params_key, row_params
@@ -82,17 +84,22 @@ Outcome = Segment | TTSError
 OutputCallback = Callable[["RowRecord", np.ndarray | None, int | None], None]
 
 
+# What an executor yields: (batch index, (position in the batch, outcome) pairs, seconds since the
+# batch started). A batch's outcomes may come over several yields, each position once.
+Outcomes = tuple[int, list[tuple[int, Outcome]], float]
+
+
 class Executor(Protocol):
-    """Runs batches of requests somewhere (this process, worker processes) and yields, for each
-    batch as it finishes, (batch index, one outcome per request, wall seconds)."""
+    """Runs batches of requests somewhere (this process, worker processes) and yields their
+    outcomes (Outcomes) as they are known."""
     sample_rate: int
     numerics: str     # what the loaded model computes in (Synthesizer.numerics), for the report
 
     def prepare(self, request: Request) -> Request:
-        """The request as it is synthesized (a clone row with its encoded reference: prepare_request),
+        """The row's request as it is synthesized (a clone row with its encoded reference: prepare_request),
         or RequestError for a row it cannot synthesize."""
 
-    def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list[Outcome], float]]: ...
+    def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]: ...
 
     def close(self, now: bool = False) -> None:
         """now: the run stopped or failed, so no batch still running is wanted."""
@@ -116,21 +123,59 @@ def prepare_request(request: Request, voices, validate: Callable[[Request], None
 
 
 class LocalExecutor:
-    """Batches in this process, on an already loaded synthesizer. voices: see prepare_request."""
+    """Batches in this process, on an already loaded synthesizer. voices: see prepare_request.
+
+    Synthesis runs in a thread of its own, and each segment comes out as its row ends in the engine,
+    so that the rows finished so far are written while the GPU makes the rest: with the writing
+    after each call, a 4096-row run at 512 slots spent ~30% of its wall with the GPU idle
+    (docs/bench.md)."""
 
     def __init__(self, synth, settings: JobSettings, voices=None):
         self.synth, self.settings, self.voices = synth, settings, voices
         self.sample_rate, self.numerics = synth.sample_rate, synth.numerics
         self.limit = RowLimit(settings.batch_size)
+        self._cancel = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def prepare(self, request: Request) -> Request:
         return prepare_request(request, self.voices, self.synth.validate)
 
-    def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list[Outcome], float]]:
-        for index, batch in enumerate(batches):
-            start = perf_counter()
-            outcomes = synthesize_batch(self.synth, batch, self.settings.greedy, self.settings.max_frames, self.limit)
-            yield index, outcomes, perf_counter() - start
+    def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]:
+        found: queue.SimpleQueue = queue.SimpleQueue()   # (index, position, outcome, seconds); an exception; _END
+
+        def synthesize_all() -> None:
+            try:
+                for index, batch in enumerate(batches):
+                    start = perf_counter()
+                    synthesize_batch(self.synth, batch, self.settings.greedy, self.settings.max_frames, self.limit,
+                                     on_outcome=lambda position, outcome: found.put(
+                                         (index, position, outcome, perf_counter() - start)),
+                                     cancel=self._cancel)
+                    if self._cancel.is_set():
+                        break
+            except SynthesisCancelled:
+                pass
+            except BaseException as e:   # raised again in the caller's thread
+                found.put(e)
+            finally:
+                found.put(_END)
+
+        self._thread = threading.Thread(target=synthesize_all, name="tts-synthesis", daemon=True)
+        self._thread.start()
+        while True:
+            items = [_next_item(found)]
+            while not found.empty() and items[-1] is not _END and not isinstance(items[-1], BaseException):
+                items.append(found.get())
+            by_batch: dict[int, list] = {}
+            for item in items:
+                if isinstance(item, tuple):
+                    by_batch.setdefault(item[0], []).append(item[1:])
+            for index, done in by_batch.items():
+                yield index, [(position, outcome) for position, outcome, _ in done], max(s for *_, s in done)
+            if isinstance(items[-1], BaseException):
+                raise items[-1]
+            if items[-1] is _END:
+                return
 
     @property
     def notes(self) -> list[str]:
@@ -138,31 +183,68 @@ class LocalExecutor:
         return self.synth.notes
 
     def close(self, now: bool = False) -> None:
-        pass
+        """now: the synthesis thread stops at its next window boundary (or batch, on the plain path)."""
+        if now:
+            self._cancel.set()
+        if self._thread is not None:
+            self._thread.join(CANCEL_WAIT_SECONDS if now else None)
 
 
-def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None,
-                     limit: RowLimit) -> list[Outcome]:
-    """One outcome per request, surviving CUDA out-of-memory by synthesizing fewer rows at a time."""
-    outcomes: list[Outcome] = []
-    pending, tries_alone = list(requests), 0
+_END = object()
+CANCEL_WAIT_SECONDS = 60   # a stopped run waits this long for the synthesis thread's current step or batch
+
+
+def _next_item(found: queue.SimpleQueue):
+    """The next item, waiting in short slices: a stop (stops_here in the caller) cuts the wait."""
+    while True:
+        try:
+            return found.get(timeout=0.25)
+        except queue.Empty:
+            continue
+
+
+def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None, limit: RowLimit,
+                     on_outcome: Callable[[int, Outcome], None] | None = None,
+                     cancel: threading.Event | None = None) -> list[Outcome]:
+    """One outcome per request, surviving CUDA out-of-memory by synthesizing fewer rows at a time.
+    on_outcome(position, outcome) sees each as soon as it is known (through the engine: as its row
+    ends), once per request; after an out-of-memory only the requests without one are run again.
+    cancel: once set, SynthesisCancelled is raised at the engine's next window boundary."""
+    outcomes = _Delivery(on_outcome)
+    pending, tries_alone = list(range(len(requests))), 0
     while pending:
+        if cancel is not None and cancel.is_set():
+            raise SynthesisCancelled()
         chunk = pending[:limit.rows]
         try:
-            chunk_outcomes = _isolating_request_errors(synth, chunk, greedy, max_frames, limit.rows)
+            _isolating_request_errors(synth, requests, chunk, greedy, max_frames, limit.rows, outcomes, cancel)
         except torch.cuda.OutOfMemoryError as e:
             release_cached_memory()
             if len(chunk) > 1:
                 limit.rows, limit.shrinks = max(1, len(chunk) // 2), limit.shrinks + 1
+                pending = [p for p in pending if p not in outcomes]
                 continue
             tries_alone += 1
             if tries_alone < OOM_TRIES_ALONE:
                 continue
-            chunk_outcomes = [TTSError(f"out of GPU memory even alone ({tries_alone} tries): {e}")]
+            outcomes(chunk[0], TTSError(f"out of GPU memory even alone ({tries_alone} tries): {e}"))
         tries_alone = 0
-        outcomes += chunk_outcomes
-        pending = pending[len(chunk):]
-    return outcomes
+        pending = [p for p in pending if p not in outcomes]
+    return [outcomes[p] for p in range(len(requests))]
+
+
+class _Delivery(dict):
+    """position -> outcome; calling it records one (the first per position) and passes it on."""
+
+    def __init__(self, on_outcome: Callable[[int, Outcome], None] | None):
+        super().__init__()
+        self.on_outcome = on_outcome
+
+    def __call__(self, position: int, outcome: Outcome) -> None:
+        if position not in self:
+            self[position] = outcome
+            if self.on_outcome is not None:
+                self.on_outcome(position, outcome)
 
 
 def release_cached_memory() -> None:
@@ -170,20 +252,30 @@ def release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def _isolating_request_errors(synth, requests: list[Request], greedy: bool, max_frames: int | None,
-                              max_rows: int) -> list[Outcome]:
-    """When a batch fails with a TTSError, its rows are retried one by one so that only the row at
+def _isolating_request_errors(synth, requests: list[Request], positions: list[int], greedy: bool,
+                              max_frames: int | None, max_rows: int, deliver: _Delivery,
+                              cancel: threading.Event | None) -> None:
+    """Synthesizes requests[p] for p in positions, delivering each outcome. When the call fails
+    with a TTSError, the rows without an outcome are retried one by one so that only the row at
     fault fails. Out-of-memory passes through to synthesize_batch."""
+    def segment(result) -> Segment:
+        return Segment(np.asarray(result.audio, dtype=np.float32), result.frames, bool(result.hit_cap))
+
     try:
-        results = synth.synthesize(requests, greedy=greedy, max_frames=max_frames, max_rows=max_rows)
+        results = synth.synthesize([requests[p] for p in positions], greedy=greedy, max_frames=max_frames,
+                                   max_rows=max_rows, cancel=cancel,
+                                   on_result=lambda i, result: deliver(positions[i], segment(result)))
     except TTSError as e:
-        if len(requests) == 1:
-            return [e]
-        return [outcome for request in requests
-                for outcome in _isolating_request_errors(synth, [request], greedy, max_frames, max_rows)]
-    if len(results) != len(requests):
-        raise RuntimeError(f"synthesize returned {len(results)} results for {len(requests)} requests")
-    return [Segment(np.asarray(r.audio, dtype=np.float32), r.frames, bool(r.hit_cap)) for r in results]
+        if len(positions) == 1:
+            deliver(positions[0], e)
+            return
+        for p in [p for p in positions if p not in deliver]:
+            _isolating_request_errors(synth, requests, [p], greedy, max_frames, max_rows, deliver, cancel)
+        return
+    if len(results) != len(positions):
+        raise RuntimeError(f"synthesize returned {len(results)} results for {len(positions)} requests")
+    for p, result in zip(positions, results):   # those on_result did not see (the plain path's)
+        deliver(p, segment(result))
 
 
 def segment_requests(request: Request, segment_chars: int) -> list[Request]:
@@ -203,7 +295,11 @@ class RowPlan:
     key: str
     segments: list[Request] = field(default_factory=list)
     outcomes: list[Outcome | None] = field(default_factory=list)
-    wall_seconds: float = 0.0
+    batch_seconds: dict[int, float] = field(default_factory=dict)   # batch index -> its seconds to this row's end
+
+    @property
+    def wall_seconds(self) -> float:
+        return sum(self.batch_seconds.values())
 
 
 @dataclass
@@ -352,14 +448,16 @@ def synthesize_plans(plans: list[RowPlan], executor: Executor,
         yield refused
     batches = [items[i:i + settings.batch_size] for i in range(0, len(items), settings.batch_size)]
     for index, outcomes, seconds in executor.run([[plan.segments[k] for plan, k in batch] for batch in batches]):
-        for (plan, k), outcome in zip(batches[index], outcomes):
+        touched = {}
+        for position, outcome in outcomes:
+            plan, k = batches[index][position]
             plan.outcomes[k] = outcome
-        finished = []
-        for plan in {id(plan): plan for plan, _ in batches[index]}.values():   # each row once, in order
-            plan.wall_seconds += seconds
-            if all(outcome is not None for outcome in plan.outcomes):
-                finished.append((plan, _joined_audio(plan, fade)))
-        yield finished
+            plan.batch_seconds[index] = seconds
+            touched[id(plan)] = plan
+        finished = [(plan, _joined_audio(plan, fade)) for plan in sorted(touched.values(), key=lambda p: p.row.index)
+                    if all(outcome is not None for outcome in plan.outcomes)]
+        if finished:
+            yield finished
 
 
 def _joined_audio(plan: RowPlan, fade_samples: int) -> np.ndarray | str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -285,10 +286,13 @@ class Synthesizer:
 
     @torch.no_grad()
     def synthesize(self, requests: list[Request], greedy: bool = False, max_frames: int | None = None,
-                   min_new_tokens: int = 2, max_rows: int | None = None) -> list[Result]:
+                   min_new_tokens: int = 2, max_rows: int | None = None,
+                   on_result: Callable[[int, Result], None] | None = None, cancel=None) -> list[Result]:
         """All requests of one call: on the plain path as one lockstep batch; through the engine,
         queued into its engine_rows slots (at most max_rows: the out-of-memory fallback). Raises
-        RequestError for an invalid request."""
+        RequestError for an invalid request. on_result(index, result) sees each engine row as it
+        ends; cancel (a threading.Event): once set, the engine raises SynthesisCancelled at its next
+        window boundary."""
         for r in requests:
             self.validate(r)
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
@@ -297,7 +301,7 @@ class Synthesizer:
             slots = self._slots(len(rows), max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows),
                                 any(row.trailing_text is not None for row in rows))
             return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens,
-                                                min(slots, max_rows or slots))
+                                                min(slots, max_rows or slots), on_result, cancel)
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
                         min_new_tokens=min_new_tokens)
         audio = self.decode([o.codes for o in outs], [r.reference for r in requests])
@@ -305,7 +309,7 @@ class Synthesizer:
                 for r, o, a in zip(requests, outs, audio)]
 
     def _synthesize_with_engine(self, requests: list[Request], rows: list[RowInput], sampling: SamplingConfig,
-                                min_new_tokens: int, slots: int) -> list[Result]:
+                                min_new_tokens: int, slots: int, on_result=None, cancel=None) -> list[Result]:
         talker, cp = talker_settings(sampling), code_predictor_settings(sampling)
         primes = [icl_codes(r.reference) for r in requests]
         engine_requests = [EngineRequest(key=i, prompt_embeds=row.prompt_embeds, seed=row.seed,
@@ -319,11 +323,21 @@ class Synthesizer:
                 raise RequestError(f"{request.id}: its prompt and frame cap need {need} talker positions; within the "
                                    f"GPU memory budget {slots} slots hold {engine.context} each (fewer --rows, "
                                    f"a lower --max-frames or --segment-chars make room)")
-        by_key = {res.key: res for res in engine.run(longest_first(engine_requests))}
-        results = (by_key[i] for i in range(len(requests)))
         spf = self.codec.samples_per_frame
-        return [Result(id=r.id, codes=torch.from_numpy(res.codes), audio=engine_audio(res, prime, spf),
-                       hit_cap=res.hit_cap) for r, res, prime in zip(requests, results, primes)]
+
+        def result(res: EngineResult) -> Result:
+            return Result(id=requests[res.key].id, codes=torch.from_numpy(res.codes),
+                          audio=engine_audio(res, primes[res.key], spf), hit_cap=res.hit_cap)
+
+        results: dict[int, Result] = {}
+
+        def ended(res: EngineResult) -> None:
+            results[res.key] = result(res)
+            if on_result is not None:
+                on_result(res.key, results[res.key])
+
+        engine.run(longest_first(engine_requests), on_result=ended, cancel=cancel)
+        return [results[i] for i in range(len(requests))]
 
     def _slots(self, segments: int, need: int, trailing_text: bool = False) -> int:
         """The engine's slots for a call of `segments` segments needing up to `need` talker positions:

@@ -45,7 +45,7 @@ from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_D
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
-from tts_cli.errors import NonFiniteError, RequestError
+from tts_cli.errors import NonFiniteError, RequestError, SynthesisCancelled
 from tts_cli.model.codec import CodecState
 from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import use_kernels
@@ -324,17 +324,19 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, requests: list[EngineRequest], on_result=None) -> list[EngineResult]:
-        """Synthesizes every request; results in request order (on_result sees each as it ends)."""
+    def run(self, requests: list[EngineRequest], on_result=None, cancel=None) -> list[EngineResult]:
+        """Synthesizes every request; results in request order (on_result sees each as it ends).
+        cancel (a threading.Event): once set, SynthesisCancelled is raised at the next window
+        boundary, and the engine is ready for another run."""
         for r in requests:
             self.check(r)
         if self._vocoder_overflow() is not None:
             self._vocoder_overflow().zero_()
         self.state.nonfinite.zero_()
         with self._on_step_stream():
-            return self._run(requests, on_result)
+            return self._run(requests, on_result, cancel)
 
-    def _run(self, requests: list[EngineRequest], on_result) -> list[EngineResult]:
+    def _run(self, requests: list[EngineRequest], on_result, cancel) -> list[EngineResult]:
         queue = deque(requests)
         run = _Run(running=[None] * self.rows, results={}, on_result=on_result)
         previous = None   # the launch whose outputs are unread
@@ -343,6 +345,8 @@ class Engine:
         start = time.perf_counter()
         while True:
             if column == 0:
+                if cancel is not None and cancel.is_set():
+                    self._cancel(run)
                 if previous is not None:
                     self._mark_stops(previous)
                 self._admit(queue, run.running)
@@ -371,6 +375,15 @@ class Engine:
                 break
         self.stats.wall_s += time.perf_counter() - start
         return [run.results[r.key] for r in requests]
+
+    def _cancel(self, run: _Run) -> None:
+        """Ends a run at a window boundary: the slots are freed for the next run, nothing is kept."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for slot, owner in enumerate(run.running):
+            if owner is not None:
+                self.state.release(slot)
+        raise SynthesisCancelled()
 
     def _admit(self, queue: deque, running: list) -> None:
         """Fills free slots (empty, or holding a request that stopped) from the queue. Call at a

@@ -24,12 +24,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from time import perf_counter
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ..errors import TTSError
 from ..logs import log_to_stderr, verbose
 from ..processes import end_with_parent
 from ..request import Request
+
+if TYPE_CHECKING:
+    from ..job import Outcomes
 
 BATCHES_IN_FLIGHT_PER_WORKER = 2   # one running, one waiting: no idle gap between batches
 STOP_SECONDS = 10                  # a worker told to stop that is still there after this is killed
@@ -118,7 +121,7 @@ class WorkerPool:
             raise TTSError(f"worker on {message[1]} could not load the model: {message[2]}")
         return message[2]
 
-    def run(self, batches: list[list[Request]]) -> Iterator[tuple[int, list, float]]:
+    def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]:
         unsent, answered = deque(range(len(batches))), 0
         while answered < len(batches):
             if not self.workers:
@@ -137,11 +140,11 @@ class WorkerPool:
             except EOFError:
                 for index, outcomes in self._lost(worker, batches):
                     answered += 1
-                    yield index, outcomes, 0.0
+                    yield index, list(enumerate(outcomes)), 0.0
                 continue
             worker.held.remove(index)
             answered += 1
-            yield index, outcomes, seconds
+            yield index, list(enumerate(outcomes)), seconds
 
     def _lost(self, worker: Worker, batches: list[list[Request]]) -> list[tuple[int, list]]:
         """A worker that died: its batches' rows fail with one line that says so."""

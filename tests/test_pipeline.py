@@ -1,0 +1,77 @@
+"""Synthesis beside writing: `tts synth` writes each row as the engine ends it, while the rest is
+still being synthesized (tts_cli/job.py LocalExecutor), and a stopped run ends the engine at a
+window boundary, leaving it ready for another run."""
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tts_cli.errors import SynthesisCancelled
+from tts_cli.job import JobSettings, LocalExecutor, run_job
+from tts_cli.manifest import RowDefaults, read_manifest
+from tts_cli.request import Request
+from tts_cli.synthesizer import Synthesizer
+
+from fakes import FakeSynthesizer
+
+TINY = Path(__file__).resolve().parents[1] / "tts_cli" / "assets" / "tiny-1.7b-customvoice"
+
+
+class StreamingFake(FakeSynthesizer):
+    """Ends the first row of a call, then waits until that row's file is written before it ends the
+    others: a job that writes only after the call returns never lets it go on."""
+
+    def __init__(self, written: threading.Event):
+        super().__init__()
+        self.written, self.waited = written, []
+
+    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None, on_result=None, cancel=None):
+        results = super().synthesize(requests, greedy, max_frames, max_rows)
+        on_result(0, results[0])
+        self.waited.append(self.written.wait(timeout=20))
+        for i, result in enumerate(results[1:], 1):
+            on_result(i, result)
+        return results
+
+
+def test_a_finished_row_is_written_while_its_call_still_synthesizes(tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree.\n")
+    rows = read_manifest(manifest, RowDefaults(speaker="vivian", language="english", base_seed=0)).rows
+    (tmp_path / "out").mkdir()
+    written = threading.Event()
+    fake = StreamingFake(written)
+
+    def on_output(record, audio, sample_rate):
+        if record.request.id == "a":
+            assert (tmp_path / "out" / "a.wav").is_file()
+            written.set()
+
+    result = run_job(rows, {row.index: f"{row.request.id}.wav" for row in rows}, tmp_path / "out",
+                     JobSettings(batch_size=8), lambda: LocalExecutor(fake, JobSettings(batch_size=8)),
+                     on_output=on_output)
+    assert fake.waited == [True]
+    assert fake.batches == [["a", "b", "c"]]
+    assert [r.error for r in result.records] == [None, None, None]
+    assert all((tmp_path / "out" / f"{name}.wav").is_file() for name in "abc")
+
+
+def test_a_cancelled_engine_run_stops_at_a_window_and_the_engine_runs_again_the_same():
+    synth = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
+    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i)
+                for i, t in enumerate(["Hi.", "The birch canoe slid on the smooth planks.", "Glue the sheet."])]
+    fresh = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2).synthesize(requests, max_frames=9,
+                                                                                      min_new_tokens=10)
+    cancel, ended = threading.Event(), []
+
+    def on_result(index, result):
+        ended.append(index)
+        cancel.set()
+
+    with pytest.raises(SynthesisCancelled):
+        synth.synthesize(requests, max_frames=9, min_new_tokens=10, on_result=on_result, cancel=cancel)
+    assert len(ended) < len(requests)   # the third request was never admitted
+    again = synth.synthesize(requests, max_frames=9, min_new_tokens=10)
+    for a, b in zip(fresh, again):
+        assert np.array_equal(a.codes.numpy(), b.codes.numpy()) and np.array_equal(a.audio, b.audio)

@@ -52,7 +52,6 @@ def _tf32(on: bool) -> Iterator[None]:
 def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32") -> list[Check]:
     import torch
 
-    from ..checkpoint import CUSTOM_VOICE, open_checkpoint
     from ..synthesizer import Synthesizer
     from .golden import NUMERICS, compare, load_records
 
@@ -60,10 +59,9 @@ def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32
     if missing:
         raise TTSError(f"golden records not found: {golden_dir} lacks {', '.join(missing)}")
     tensors, meta = load_records(golden_dir)
-    # The engine runs CustomVoice checkpoints only so far: Base and VoiceDesign run the plain model (on cuda too).
-    plain_only = open_checkpoint(model_dir).config.model_type != CUSTOM_VOICE
-    synth = Synthesizer.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype),
-                                        engine=False if plain_only else None)
+    # Every kind goes through the engine on cuda, as `tts synth` runs it: the plain model's
+    # projections take fp32 weights only (16-bit weights are the engine's fused kernels').
+    synth = Synthesizer.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype))
     cuda = device.startswith("cuda")
     if dtype != "float32" and cuda:
         from ..engine.runner import use_fused_kernels

@@ -621,7 +621,7 @@ def bench(
     codec_stream: bool = typer.Option(
         True, "--codec-stream/--codec-in-line",
         help=f"Run the codec on a CUDA stream of its own beside the next window's steps where the engine "
-             f"chooses to ({CODEC_STREAM_RULE}; `tts synth` runs 64 rows: its own stream), or always in line "
+             f"chooses to ({CODEC_STREAM_RULE}, in `tts synth` too), or always in line "
              "after them, to compare. The audio is the same either way; on CPU it runs in line."),
     codec_precision: str = CODEC_PRECISION_OPTION,
     talker_precision: str = TALKER_PRECISION_OPTION,

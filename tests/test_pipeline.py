@@ -75,3 +75,29 @@ def test_a_cancelled_engine_run_stops_at_a_window_and_the_engine_runs_again_the_
     again = synth.synthesize(requests, max_frames=9, min_new_tokens=10)
     for a, b in zip(fresh, again):
         assert np.array_equal(a.codes.numpy(), b.codes.numpy()) and np.array_equal(a.audio, b.audio)
+
+
+def test_the_report_says_where_the_engine_spent_its_time(tmp_path):
+    from tts_cli.output.report import RunInfo, build_report, render_markdown
+
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tThe birch canoe slid on the smooth planks.\nc\tGlue the sheet.\n")
+    rows = read_manifest(manifest, RowDefaults(speaker="vivian", language="english", base_seed=0)).rows
+    (tmp_path / "out").mkdir()
+    synth = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
+    settings = JobSettings(batch_size=8, max_frames=6)
+    result = run_job(rows, {row.index: f"{row.request.id}.wav" for row in rows}, tmp_path / "out", settings,
+                     lambda: LocalExecutor(synth, settings))
+    timing = result.synthesis
+    frames = sum(record.frames for record in result.records)
+    assert timing["calls"] == 1 and timing["steps"] >= 6
+    assert timing["slots_busy"] == round(frames / (timing["steps"] * 2), 3)
+    assert timing["engine_seconds"] > 0 and timing["engine_build_seconds"] > 0 and timing["prompt_seconds"] > 0
+    assert timing["gpu_ms_per_step"] == {}   # CUDA events only on a GPU
+    info = RunInfo(manifest="m.txt", model_dir="tiny", model_source="--model", bundled_random_model=True,
+                   device="cpu", dtype="float32", greedy=False, base_seed=0, max_frames=6, batch_size=8,
+                   skipped_empty=0, load_seconds=0.0, wall_seconds=result.wall_seconds, tts_version="test",
+                   synthesis=timing)
+    report = build_report(info, result.records)
+    assert report["synthesis"] == timing and "synthesis" in report["definitions"]
+    assert f"Engine: {timing['steps']} steps in" in render_markdown(report)

@@ -515,7 +515,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
         segment_chars=segment_chars, max_text_chars=max_text_chars, shard=shard and f"{shard_index}/{shard_count}",
         devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
-        references=voices.summary() if voices else None,
+        references=voices.summary() if voices else None, synthesis=result.synthesis,
     ), result.records, wer_section)
     _, md_path = write_reports(out, report, wer_rows)
     if wer_rows is None:
@@ -527,6 +527,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
                f"{totals['skipped_empty']} empty skipped; {totals['audio_seconds_this_run']:.2f} s audio made in "
                f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
+    if report.get("synthesis"):
+        from .output.report import synthesis_line
+        typer.echo(f"engine: {synthesis_line(report['synthesis'])}")
     if voices:
         typer.echo(f"references: {references_line(report['references'])}")
     if wer_section is not None:

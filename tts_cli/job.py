@@ -182,6 +182,12 @@ class LocalExecutor:
         """What the synthesizer chose on its own (`--rows auto`), for the report."""
         return self.synth.notes
 
+    @property
+    def timing(self) -> dict | None:
+        """The engine's time (tts_cli/synthesizer.py SynthesisTiming), when it ran."""
+        timing = getattr(self.synth, "timing", None)
+        return timing.as_dict() if timing is not None and timing.calls else None
+
     def close(self, now: bool = False) -> None:
         """now: the synthesis thread stops at its next window boundary (or batch, on the plain path)."""
         if now:
@@ -311,6 +317,7 @@ class JobResult:
     audio_seconds: float         # made in this run
     notes: list[str]
     stopped: RunStopped | None = None   # the signal that stopped the run before every row was done
+    synthesis: dict | None = None       # the executor's timing (LocalExecutor.timing), when it has one
 
 
 def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, settings: JobSettings,
@@ -337,7 +344,7 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
                 if id(plan) not in redone:
                     on_output(_record(plan.row, ledger.latest[plan.row.request.id]), None, None)
         start = perf_counter()
-        stopped = None
+        stopped, synthesis = None, None
         if todo:
             executor, completed = None, False
             try:
@@ -351,13 +358,14 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
             finally:
                 if executor is not None:
                     executor.close(now=not completed)
+                    synthesis = getattr(executor, "timing", None)
         wall_seconds = perf_counter() - start
         records = [_record(row, ledger.latest.get(row.request.id)) for row in rows]
     if stopped is not None:
         left = sum(plan.row.request.id not in ledger.latest for plan in todo)
         notes.append(f"{stopped}: {left} rows were not synthesized; rerun the same command to resume")
     audio_seconds = sum((ledger.latest.get(plan.row.request.id) or {}).get("audio_seconds") or 0.0 for plan in todo)
-    return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes, stopped)
+    return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes, stopped, synthesis)
 
 
 def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:

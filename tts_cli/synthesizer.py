@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from dataclasses import dataclass, field
 from typing import Callable
 from pathlib import Path
 
@@ -45,6 +47,28 @@ ENGINE_CONTEXT_STEP = 256
 # The talker KV cache may take this share of the GPU memory free when an engine is built; the rest
 # is for CUDA graphs, activations and the codec's state.
 KV_MEMORY_FRACTION = 0.5
+
+
+@dataclass
+class SynthesisTiming:
+    """Where the engine path's calls spent their time, summed over the calls, for the report."""
+    calls: int = 0
+    prompt_seconds: float = 0.0         # the requests' prompt embeddings (row_input)
+    engine_build_seconds: float = 0.0   # engines built and their CUDA graphs captured
+    engine_seconds: float = 0.0         # Engine.run, its waits for the GPU included
+    steps: int = 0
+    slot_steps: int = 0                 # steps x the engine's slots
+    frames: int = 0
+    stage_ms: dict = field(default_factory=dict)   # GPU ms per stage (CUDA events), prefill included
+
+    def as_dict(self) -> dict:
+        steps = max(self.steps, 1)
+        return {"calls": self.calls, "prompt_seconds": round(self.prompt_seconds, 3),
+                "engine_build_seconds": round(self.engine_build_seconds, 3),
+                "engine_seconds": round(self.engine_seconds, 3), "steps": self.steps,
+                "slots_busy": round(self.frames / self.slot_steps, 3) if self.slot_steps else None,
+                "ms_per_step": round(self.engine_seconds * 1000 / steps, 3),
+                "gpu_ms_per_step": {name: round(ms / steps, 3) for name, ms in self.stage_ms.items()}}
 
 
 def load_tokenizer(root: Path):
@@ -197,6 +221,7 @@ class Synthesizer:
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self._engine_now: Engine | None = None
         self.notes: list[str] = []   # what `--rows auto` chose, once per distinct choice
+        self.timing = SynthesisTiming()
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -296,8 +321,10 @@ class Synthesizer:
         for r in requests:
             self.validate(r)
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
+        start = time.perf_counter()
         rows = [self.row_input(r, max_frames) for r in requests]
         if self.uses_engine:
+            self.timing.prompt_seconds += time.perf_counter() - start
             slots = self._slots(len(rows), max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows),
                                 any(row.trailing_text is not None for row in rows))
             return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens,
@@ -317,7 +344,9 @@ class Synthesizer:
                                          talker=talker, cp=cp, trailing_text=row.trailing_text, codec_prime=prime)
                            for i, (row, prime) in enumerate(zip(rows, primes))]
         needs = [row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows]
+        start = time.perf_counter()
         engine = self._engine(slots, max(needs), any(row.trailing_text is not None for row in rows))
+        self.timing.engine_build_seconds += time.perf_counter() - start
         for request, need in zip(requests, needs):
             if need > engine.context:
                 raise RequestError(f"{request.id}: its prompt and frame cap need {need} talker positions; within the "
@@ -336,8 +365,25 @@ class Synthesizer:
             if on_result is not None:
                 on_result(res.key, results[res.key])
 
-        engine.run(longest_first(engine_requests), on_result=ended, cancel=cancel)
+        engine.reset_stats()
+        try:
+            engine.run(longest_first(engine_requests), on_result=ended, cancel=cancel)
+        finally:
+            self._add_timing(engine)
         return [results[i] for i in range(len(requests))]
+
+    def _add_timing(self, engine: Engine) -> None:
+        if engine.time_stages:
+            engine.collect_stage_times()
+        stats, timing = engine.stats, self.timing
+        timing.calls += 1
+        timing.engine_seconds += stats.wall_s
+        timing.steps += stats.steps
+        timing.slot_steps += stats.steps * engine.rows
+        timing.frames += stats.frames
+        if engine.time_stages:
+            for name, ms in [*stats.stage_ms.items(), ("prefill", stats.prefill_ms)]:
+                timing.stage_ms[name] = timing.stage_ms.get(name, 0.0) + ms
 
     def _slots(self, segments: int, need: int, trailing_text: bool = False) -> int:
         """The engine's slots for a call of `segments` segments needing up to `need` talker positions:
@@ -384,7 +430,8 @@ class Synthesizer:
         self._engine_now = Engine(self.model, self.codec, rows=rows, context=context,
                                   talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
                                   top_p=s.top_p < 1 or s.subtalker_top_p < 1, depth=self.depth,
-                                  codec_precision=self.codec_precision, trailing_text=trailing_text)
+                                  codec_precision=self.codec_precision, trailing_text=trailing_text,
+                                  time_stages=True)
         return self._engine_now
 
     def _most_context(self, rows: int, trailing_text: bool = False) -> int | None:

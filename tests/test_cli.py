@@ -1,6 +1,8 @@
 """`tts` end to end: with a fake synthesizer for the CLI's own logic, and with the bundled tiny model."""
 import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -306,6 +308,30 @@ def test_bench_codec_stream_switch_reaches_the_engine(monkeypatch, tmp_path, fla
     assert asked and all(a is engine_gets for a in asked)
     report = json.loads(out.read_text())
     assert report["codec_stream_setting"] == setting and report["rows"][0]["codec_stream"] is False
+
+
+def test_bench_order_longest_queues_the_longest_requests_first(tmp_path):
+    """--order longest: the slot model (tools/slot_occupancy.py, held to the engine) takes as many
+    steps as the engine did for the requests' lengths sorted longest first; given: in their order."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from slot_occupancy import bench_lengths, simulate
+    steps = {}
+    for order in ("given", "longest"):
+        out = tmp_path / f"{order}.json"
+        result = _invoke("bench", "--device", "cpu", "--model", cli.BUNDLED_MODEL_DIR, "--concurrency", "3",
+                         "--requests", "10", "--codec-window", "4", "--order", order, "--json", out)
+        assert result.exit_code == 0, result.output
+        report = json.loads(out.read_text())
+        assert report["order"] == order
+        steps[order] = report["rows"][0]["steps"]
+        assert ("--order longest: each level's requests were queued longest first" in result.stdout) == (
+            order == "longest")
+    lengths = bench_lengths(10)
+    assert steps["given"] == simulate(lengths, 3)["steps"]
+    assert steps["longest"] == simulate(sorted(lengths, reverse=True), 3)["steps"]
+    assert steps["given"] != steps["longest"]
+    result = _invoke("bench", "--device", "cpu", "--order", "shortest")
+    assert result.exit_code == 2 and "order must be one of ('given', 'longest'), got 'shortest'" in result.stderr
 
 
 def test_bench_rejects_bad_options():

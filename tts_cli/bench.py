@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from tts_cli.bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, bench_reference, model_kind
+from tts_cli.bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, ORDERS, bench_reference, model_kind
 from tts_cli.checkpoint import CUSTOM_VOICE, Checkpoint, SamplingConfig
 from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_config
 from tts_cli.engine import (CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
@@ -204,12 +204,17 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
               depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
               talker_precision: str = DEFAULT_TALKER_PRECISION, codec_stream: bool = True,
               device_choice: str = "--device", on_row: Callable[[dict], None] | None = None,
-              workload: str = DEFAULT_WORKLOAD, ref_seconds: float = DEFAULT_REF_SECONDS) -> dict:
+              workload: str = DEFAULT_WORKLOAD, ref_seconds: float = DEFAULT_REF_SECONDS,
+              order: str = "given") -> dict:
     """codec_stream: the engine's choice (its own stream on CUDA up to 64 rows, tts_cli.engine.
     codec_stream_for), else in line; the CPU always runs it in line. device_choice: why this device
     (tts_cli.cli.DeviceChoice.reason), recorded. on_row: called with the result so far after each
     concurrency (the CLI writes it, so that a failure at a later one keeps the earlier ones).
-    workload, ref_seconds: tts_cli.bench_clone."""
+    workload, ref_seconds: tts_cli.bench_clone. order: the queue as the sentences come ("given", the
+    runtimes' protocol) or the longest requests first ("longest", as `tts synth` queues a call:
+    fewer idle slots at the ragged end, tools/slot_occupancy.py)."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     dtype = weights_dtype(device, talker_precision)
     cuda = device.startswith("cuda")
     if cuda:
@@ -235,11 +240,15 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "codec_stream_setting": f"own stream {CODEC_STREAM_RULE}" if codec_stream else "in line",
         "codec_precision": codec_precision,
         "talker_precision": talker_precision,
+        "order": order,
         "rows": [],
     }
     for c in concurrencies:
         count = requests or default_requests(c, cuda)
-        row = bench_one(synth, c, make_requests(synth, sentences, count, frames, speaker, reference), codec_window,
+        queue = make_requests(synth, sentences, count, frames, speaker, reference)
+        if order == "longest":   # the forced lengths are known here; tts synth orders by prompt length instead
+            queue = sorted(queue, key=lambda r: -r.max_frames)
+        row = bench_one(synth, c, queue, codec_window,
                         depth, codec_precision, None if codec_stream else False)
         result["rows"].append(asdict(row))
         if on_row is not None:

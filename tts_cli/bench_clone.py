@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 WORKLOADS = ("customvoice", "clone-icl", "clone-xvector")
 DEFAULT_WORKLOAD = "customvoice"
+ORDERS = ("given", "longest")   # the bench's queue: tts_cli.bench.run_bench
 DEFAULT_REF_SECONDS = 5.0
 CHARS_PER_SECOND = 14.0   # as tts_cli.bench: the speaking rate that sizes the transcript
 

@@ -16,7 +16,7 @@ from . import __version__
 from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES,
                      TALKER_PRECISIONS)
 from .bench_plot import STEP_STAGES
-from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, WORKLOADS
+from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, ORDERS, WORKLOADS
 from .errors import TTSError
 from .logs import log_to_stderr
 from .processes import RunStopped, stop_on_signals
@@ -641,6 +641,11 @@ def bench(
              "default). The reference is encoded once, before the timed runs: tts_cli/bench_clone.py."),
     ref_seconds: float = typer.Option(DEFAULT_REF_SECONDS, "--ref-seconds", min=1.0, metavar="S",
                                       help="Length of the cloned voice's reference (a synthetic voiced signal)."),
+    order: str = typer.Option(
+        "given", "--order", metavar="|".join(ORDERS),
+        help="The queue: the sentences in their order (given: the protocol of the runtimes compared in "
+             "docs/bench.md), or the longest requests first (longest: as `tts synth` queues its rows, "
+             "fewer slots idle while the last requests finish)."),
 ) -> None:
     """Throughput (audio-s/s), per-stream xRT and RTF, first-audio latency and the per-step time split
     of the engine, per concurrency, and the stage that bounds each. Definitions: see tts_cli/bench.py
@@ -671,7 +676,7 @@ def bench(
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision,
                            talker_precision=talker_precision, codec_stream=codec_stream,
                            device_choice=device_choice.reason, on_row=lambda so_far: write_json(so_far, json_out),
-                           workload=workload, ref_seconds=ref_seconds)
+                           workload=workload, ref_seconds=ref_seconds, order=order)
     except (TTSError, ValueError) as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
@@ -764,6 +769,9 @@ def bench_notes(result: dict, depth: str) -> list[str]:
     if any(r["codec_stream"] for r in rows):
         notes.append("The codec ran on its own stream beside the steps: its ms/step overlap the others', and host "
                      "is what the wall leaves after their sum (0 when they overlap more).")
+    if result.get("order") == "longest":
+        notes.append("--order longest: each level's requests were queued longest first, as tts synth queues its "
+                     "rows, not in the sentences' order that the runtimes compared in docs/bench.md use.")
     if result["cpu_figures"]:
         notes.append(result["note"] + ".")
     return [line for note in notes for line in wrap(note, BENCH_TABLE_WIDTH)]

@@ -1,0 +1,43 @@
+"""tools/slot_occupancy.py's step model against the engine itself (the bundled tiny model on CPU):
+the same steps and frames for the bench's queue and for it longest first, and the step counts of the
+H200 runs in bench/results."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from slot_occupancy import bench_lengths, simulate  # noqa: E402
+
+from tts_cli.bench import make_requests, read_sentences  # noqa: E402
+from tts_cli.cli import BUNDLED_MODEL_DIR  # noqa: E402
+from tts_cli.engine.runner import Engine  # noqa: E402
+from tts_cli.synthesizer import Synthesizer, code_predictor_settings, longest_first, talker_settings  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+
+
+@pytest.mark.parametrize("rows,count,window", [(8, 24, 4), (4, 13, 4), (1, 3, 16)])
+def test_the_model_takes_the_engines_steps(rows, count, window):
+    synth = Synthesizer.from_pretrained(BUNDLED_MODEL_DIR)
+    requests = make_requests(synth, read_sentences(), count, None, "vivian")
+    assert [r.max_frames for r in requests] == bench_lengths(count)
+    sampling = synth.ckpt.sampling
+    for queue in (requests, longest_first(requests)):
+        engine = Engine(synth.model, synth.codec, rows=rows, context=128, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), codec_window=window)
+        with torch.no_grad():
+            results = engine.run(queue)
+        model = simulate([r.max_frames for r in queue], rows, window)
+        assert model["steps"] == engine.stats.steps
+        assert model["frames"] == sum(len(r.codes) for r in results)
+
+
+def test_the_model_takes_the_steps_of_the_h200_runs():
+    run = json.loads((RESULTS / "bench-1.7b-c256-c512-2048-requests-h200-2026-12-03.json").read_text())
+    for level in run["rows"]:
+        model = simulate(bench_lengths(level["requests"]), level["concurrency"])
+        assert model["steps"] == level["steps"]
+        assert round(model["busy"], 3) == level["slots_busy"]

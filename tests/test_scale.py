@@ -93,26 +93,34 @@ def test_gpus_list_runs_one_worker_process_each(tmp_path, monkeypatch, capfd):
 @needs_bundled_model
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="the [ray] extra is not installed (pip install -e '.[ray]'); make test installs it")
-def test_ray_data_path_in_local_mode(tmp_path):
+def _synthesize_with_local_ray(manifest: Path, out: Path, **options) -> dict[str, dict]:
+    """synthesize_with_ray on a local Ray of 2 CPUs; the output rows by id (a repeated id: id*)."""
     import ray
 
     from tts_cli.scale.ray_data import synthesize_with_ray
 
-    manifest = tmp_path / "m.parquet"
-    pq.write_table(pa.table({"id": ["a", "b", "c", "a"], "text": ["Hello there.", "Second row.", "", "Again."],
-                             "seed": [1, None, None, None]}), manifest)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}   # ray.init replaces them
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}})
     try:
-        synthesize_with_ray(manifest, tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, actors=1,
-                            max_frames=3, greedy=True)
+        synthesize_with_ray(manifest, out, actors=1, **options)
     finally:
         ray.shutdown()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    table = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "out").glob("*.parquet"))])
-    rows = {row["id"] + ("*" if row["text"] == "Again." else ""): row for row in table.to_pylist()}
+    table = pa.concat_tables([pq.read_table(p) for p in sorted(out.glob("*.parquet"))])
+    rows = {}
+    for row in table.to_pylist():
+        rows[row["id"] + ("*" if row["id"] in rows else "")] = row
+    return rows
+
+
+def test_ray_data_path_in_local_mode(tmp_path):
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c", "a"], "text": ["Hello there.", "Second row.", "", "Again."],
+                             "seed": [1, None, None, None]}), manifest)
+    rows = _synthesize_with_local_ray(manifest, tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, max_frames=3,
+                                      greedy=True)
     assert sorted(rows) == ["a", "a*", "b", "c"]
     for row_id in ("a", "b"):
         audio, rate = sf.read(io.BytesIO(rows[row_id]["audio"]["bytes"]))
@@ -121,14 +129,25 @@ def test_ray_data_path_in_local_mode(tmp_path):
     assert rows["a*"]["error"] == "duplicate id 'a' (first used by row 1)"
 
 
-def test_the_ray_path_fails_clone_rows_with_the_reason(tmp_path):
-    from tts_cli.manifest import RowDefaults, rows_from_table
-    from tts_cli.scale.ray_data import refuse_clone_rows
-
-    table = pa.table({"id": ["plain", "cloned"], "text": ["Hello there.", "In a cloned voice."],
-                      "ref_audio": [None, str(tmp_path / "voice.wav")], "x_vector_only": [None, True]})
-    rows = rows_from_table(table, RowDefaults("vivian", "auto", 0), "ray batch")
-    refuse_clone_rows(rows)
-    assert rows[0].problem is None
-    assert rows[1].problem == ("voice cloning (ref_audio) is not supported on the Ray path yet: use tts synth "
-                               "(with --gpus or --shard to scale out)")
+def test_the_ray_path_clones_voices_as_tts_synth_does(tmp_path):
+    """ICL and x-vector rows of a Base checkpoint (the reference relative to the manifest): the same
+    audio as `tts synth` makes; a missing reference fails its row with the reason."""
+    base = REPO / "tests" / "fixtures" / "tiny-1.7b-base"
+    (tmp_path / "refs").mkdir()
+    (tmp_path / "refs" / "voice.wav").write_bytes((REPO / "tests" / "fixtures" / "reference-voice-24k.wav").read_bytes())
+    manifest = tmp_path / "clones.parquet"
+    pq.write_table(pa.table({
+        "id": ["icl", "xvec", "missing"], "text": ["In a cloned voice.", "From its x-vector.", "Nowhere."],
+        "ref_audio": ["refs/voice.wav", "refs/voice.wav", "refs/nowhere.wav"],
+        "ref_text": ["The reference says this.", None, None], "x_vector_only": [False, True, True],
+        "seed": [1, 2, 3]}), manifest)
+    rows = _synthesize_with_local_ray(manifest, tmp_path / "ray", model_dir=base, max_frames=3)
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(tmp_path / "synth"), "--model", str(base),
+                                     "--max-frames", "3", "--no-wer", "--format", "flac"])   # the Ray path's FLAC
+    assert result.exit_code == 1, result.output   # the missing reference's row
+    for row_id in ("icl", "xvec"):
+        assert rows[row_id]["error"] is None
+        ray_audio, _ = sf.read(io.BytesIO(rows[row_id]["audio"]["bytes"]), dtype="int16")
+        synth_audio, _ = sf.read(tmp_path / "synth" / f"{row_id}.flac", dtype="int16")
+        assert len(ray_audio) > 0 and (ray_audio == synth_audio).all()
+    assert rows["missing"]["audio"] is None and "nowhere.wav" in rows["missing"]["error"]

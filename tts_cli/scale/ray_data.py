@@ -10,26 +10,44 @@ writes; there is no ledger: rerun into a fresh output folder. The manifest needs
 and a row without a `seed` draws with base_seed + a hash of its id (tts synth uses the row index,
 which a Ray batch does not know); duplicate ids are found only within a batch.
 
+Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
+(relative paths start from the manifest's folder); each actor encodes each distinct reference once,
+into a temporary folder of its own, as `tts synth` does into OUT/.references.
+
 Needs the `ray` extra: pip install 'tts[ray]'. See README, "Scale-out".
 """
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 from ..errors import TTSError
-from ..manifest import DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_schema, mark_duplicate_ids, rows_from_table
+from ..manifest import (DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_references, check_schema, mark_duplicate_ids,
+                        rows_from_table)
 from .shard import stable_id_number
 
 
 def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir: str | Path, actors: int = 1,
                         gpus_per_actor: float = 0, device: str = "cpu", rows_per_batch: int = 64,
-                        segments_per_call: int = 8, speaker: str = "vivian", language: str = "auto",
+                        segments_per_call: int = 8, speaker: str | None = None, language: str = "auto",
                         base_seed: int = 0, greedy: bool = False, max_frames: int | None = None,
-                        segment_chars: int = 300, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS) -> None:
+                        segment_chars: int = 300, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+                        ref_audio: str | None = None, ref_text: str | None = None,
+                        x_vector_only: bool = False) -> None:
     """Synthesize a parquet manifest (any path ray.data.read_parquet reads) into parquet shards in
     out_dir, on the Ray cluster this process is connected to (ray.init first). On GPUs: device="cuda"
-    and gpus_per_actor=1, with one actor per GPU."""
+    and gpus_per_actor=1, with one actor per GPU. speaker: of the rows that name none (default: vivian
+    on a CustomVoice checkpoint, none on Base and VoiceDesign ones). ref_audio, ref_text,
+    x_vector_only: the voice of the rows that name none (tts synth's --ref-audio, --ref-text,
+    --x-vector-only); ref_audio relative to the working folder."""
     import ray.data
+
+    from ..checkpoint import CUSTOM_VOICE, open_checkpoint
+
+    if speaker is None and open_checkpoint(model_dir).config.model_type == CUSTOM_VOICE:
+        speaker = "vivian"
+    if ref_audio:   # the actors' working folder may be another
+        ref_audio = str(Path(ref_audio).resolve())
 
     dataset = ray.data.read_parquet(str(manifest))
     schema = dataset.schema().base_schema
@@ -40,8 +58,11 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
         SynthesizerActor, batch_size=rows_per_batch, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=gpus_per_actor or None,
         fn_constructor_kwargs=dict(
-            model_dir=str(model_dir), device=device, defaults=RowDefaults(speaker, language, base_seed, max_text_chars),
-            greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call),
+            model_dir=str(model_dir), device=device,
+            defaults=RowDefaults(speaker, language, base_seed, max_text_chars, ref_audio=ref_audio, ref_text=ref_text,
+                                 x_vector_only=x_vector_only),
+            greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call,
+            references_base=str(Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent)),
     ).write_parquet(str(out_dir))
 
 
@@ -49,17 +70,19 @@ class SynthesizerActor:
     """One per actor of the pool: a loaded synthesizer, called on pyarrow batches of manifest rows."""
 
     def __init__(self, model_dir: str, device: str, defaults: RowDefaults, greedy: bool, max_frames: int | None,
-                 segment_chars: int, segments_per_call: int):
+                 segment_chars: int, segments_per_call: int, references_base: str):
         from ..job import JobSettings, LocalExecutor
         from ..synthesizer import Synthesizer, allow_tf32
+        from ..voice.voices import Voices
 
         if device.startswith("cuda"):
             allow_tf32()
-        self.defaults = defaults
+        self.defaults, self.references_base = defaults, Path(references_base)
         self.settings = JobSettings(output_format="parquet", greedy=greedy, max_frames=max_frames,
                                     segment_chars=segment_chars, batch_size=segments_per_call, model=model_dir)
-        self.executor = LocalExecutor(Synthesizer.from_pretrained(model_dir, device=device),
-                                      self.settings)
+        self.references = tempfile.TemporaryDirectory(prefix="tts-references-")   # removed with the actor
+        self.executor = LocalExecutor(Synthesizer.from_pretrained(model_dir, device=device), self.settings,
+                                      voices=Voices(Path(model_dir), Path(self.references.name), device))
 
     def __call__(self, batch):
         import pyarrow as pa
@@ -68,13 +91,13 @@ class SynthesizerActor:
         from ..output.formats import shard_schema
         from ..output.writer import encode_audio, sanitize_id
 
-        rows = rows_from_table(batch, self.defaults, "ray batch")
+        rows = rows_from_table(batch, self.defaults, "ray batch", base_dir=self.references_base)
         seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
         for row, seed in zip(rows, seeds):
             if seed is None:
                 row.request.seed = self.defaults.base_seed + stable_id_number(row.request.id) % 2**31
         mark_duplicate_ids(rows)
-        refuse_clone_rows(rows)
+        check_references(rows)
         plans = [plan_row(row, f"{sanitize_id(row.request.id)}.flac", self.settings) for row in rows if not row.problem]
         outcomes = {id(plan.row): (plan, audio) for finished in synthesize_plans(plans, self.executor, self.settings)
                     for plan, audio in finished}
@@ -93,11 +116,3 @@ class SynthesizerActor:
         schema = shard_schema(rate).append(pa.field("frames", pa.int64())).append(pa.field("error", pa.string()))
         return pa.Table.from_pylist(table, schema=schema)
 
-
-def refuse_clone_rows(rows) -> None:
-    """Rows that clone a voice fail with the reason: the Ray path does not encode references (each
-    actor would need every reference file locally, and would encode it again)."""
-    for row in rows:
-        if row.problem is None and row.request.clones_voice:
-            row.problem = ("voice cloning (ref_audio) is not supported on the Ray path yet: use tts synth "
-                           "(with --gpus or --shard to scale out)")

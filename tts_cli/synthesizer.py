@@ -368,12 +368,15 @@ class Synthesizer:
         engine.reset_stats()
         try:
             engine.run(longest_first(engine_requests), on_result=ended, cancel=cancel)
-        finally:
-            self._add_timing(engine)
+        except BaseException:
+            self._add_timing(engine, stages=False)   # reading the events could raise over the run's error
+            raise
+        self._add_timing(engine)
         return [results[i] for i in range(len(requests))]
 
-    def _add_timing(self, engine: Engine) -> None:
-        if engine.time_stages:
+    def _add_timing(self, engine: Engine, stages: bool = True) -> None:
+        stages = stages and engine.time_stages
+        if stages:
             engine.collect_stage_times()
         stats, timing = engine.stats, self.timing
         timing.calls += 1
@@ -381,7 +384,7 @@ class Synthesizer:
         timing.steps += stats.steps
         timing.slot_steps += stats.steps * engine.rows
         timing.frames += stats.frames
-        if engine.time_stages:
+        if stages:
             for name, ms in [*stats.stage_ms.items(), ("prefill", stats.prefill_ms)]:
                 timing.stage_ms[name] = timing.stage_ms.get(name, 0.0) + ms
 

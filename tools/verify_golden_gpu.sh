@@ -19,7 +19,9 @@
 # Writes OUT_DIR/build.log, OUT_DIR/record.log (and record-cpu.log after a failed GPU recording),
 # OUT_DIR/verify-fp16.log and verify-bf16.log (the tables) and OUT_DIR/records/ (records.json + records.safetensors,
 # ~3 MB). The checkpoint (~4 GB) goes to a temporary folder that is removed at the end
-# (TTS_GOLDEN_CKPT=DIR: build into DIR and keep it; an existing DIR/config.json skips the build). Exit status: that of the failing step, else of the
+# (TTS_GOLDEN_CKPT=DIR: build into DIR and keep it; an existing DIR/config.json skips the build).
+# TTS_GOLDEN_KIND=base|voice_design builds that kind instead of custom_voice (its records: cloned
+# voices, ICL and x-vector, or designed ones). Exit status: that of the failing step, else of the
 # checks (0 every check passed, 1 some check failed). Budget: a few minutes on one H200.
 set -euo pipefail
 
@@ -48,7 +50,7 @@ step() {   # step NAME LOG COMMAND...: runs COMMAND, output to the terminal and 
 
 if [[ ! -f $ckpt/config.json ]]; then
     step build "$out/build.log" "$python" tools/make_golden.py --build 1.7b-real --ckpt "$ckpt" \
-        --corpus tts_cli/assets/harvard-sentences.txt
+        --kind "${TTS_GOLDEN_KIND:-custom_voice}" --corpus tts_cli/assets/harvard-sentences.txt
 fi
 record=("$python" -m tts_cli verify-golden --record --model "$ckpt" --out "$out/records" --frames "$frames"
         --prompts "$prompts")

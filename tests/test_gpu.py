@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from clone_cases import TINY_BASE, TINY_VOICE_DESIGN, clone_requests, design_requests, random_reference
-from tts_cli.engine import DEFAULT_ENGINE_ROWS
+from tts_cli.engine import AUTO_ROWS, DEFAULT_ENGINE_ROWS
 from tts_cli.engine.random_model import build_random
 from tts_cli.engine.runner import Engine, EngineRequest, use_fused_kernels
 from tts_cli.model.codec import CodecState
@@ -557,6 +557,30 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     assert len(alone.codes) == 30
     assert np.array_equal(crowded.codes, alone.codes)
     assert np.array_equal(crowded.pcm, alone.pcm)
+
+
+@pytest.mark.parametrize("rows", sorted(AUTO_ROWS))
+def test_codec_row_is_bit_identical_in_any_slot(rows):
+    """The engine's codec (fused, fp16 vocoder, TF32 as tts synth sets it) at the real shapes and
+    the slot counts --rows auto chooses from: row 0's codes copied into two other slots of a batch of
+    random codes give the same PCM there, bit for bit, over three streamed windows. With cuDNN's
+    pre-convolution this failed at 256 rows (2026-12-03)."""
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        codec.decoder.half = True
+        use_fused_kernels(model, codec, torch.device("cuda"), True)
+        g = torch.Generator(device="cuda").manual_seed(rows)
+        state, copies = codec.new_state(rows), [rows // 2 + 1, rows - 1]
+        for _ in range(3):
+            codes = torch.randint(0, codec.config.codebook_size, (rows, 4, 16), device="cuda", generator=g)
+            codes[copies] = codes[0].clone()
+            pcm = codec.decode_step(codes, state)
+            for slot in copies:
+                assert torch.equal(pcm[slot], pcm[0]), f"slot {slot} of {rows}"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def test_codec_on_its_own_stream_gives_the_audio_of_the_codec_in_line():

@@ -216,19 +216,48 @@ def _zero_inputs(conv: nn.Module, context: int, batch_size: int, device, dtype) 
 
 
 class CausalConv1d(StatefulModule):
-    """Conv1d padded on the left only: output t sees inputs t - (kernel - 1) * dilation .. t."""
+    """Conv1d padded on the left only: output t sees inputs t - (kernel - 1) * dilation .. t.
+
+    Fused (the engine, use_kernels; the vocoder's convolutions run inside the vocoder's own fused
+    path instead): time-major, as tts_kernels.conv's GEMM, or for a depthwise convolution one
+    product per tap added in tap order. Either way a row's output does not depend on the other
+    rows of the batch. cuDNN's does not promise that: on the H200 at 256 rows (not at 64 or 512)
+    the algorithm it chose for the pre-convolution gave the same codes a different output in
+    another slot (2026-12-03, tests/test_gpu.py)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1,
                  groups: int = 1):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        if groups not in (1, in_channels):
+            raise ValueError(f"groups must be 1 or the input channels ({in_channels}), got {groups}")
+        self.fused = False
         self.context = (kernel_size - 1) * dilation
 
     def init_state(self, batch_size, device, dtype):
         return _zero_inputs(self.conv, self.context, batch_size, device, dtype)
 
     def forward(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        if self.fused:
+            return self._forward_time_major(x, state)
         return self.conv(self.prepend_history(x, state))
+
+    def _forward_time_major(self, x: torch.Tensor, state: Optional[CodecState]) -> torch.Tensor:
+        batch, channels, frames = x.shape
+        joined = self.input_buffer(batch, channels, frames, state, x)
+        joined[:, self.context:] = x.transpose(1, 2)
+        self.keep_history(joined, state)
+        dilation = self.conv.dilation[0]
+        if self.conv.groups == 1:
+            from tts_kernels.conv import causal_conv
+            out = x.new_empty(batch, frames, self.conv.out_channels)
+            causal_conv(joined, self.tap_matrix(), self.conv.bias, frames, dilation, out=out)
+        else:
+            weight = self.conv.weight[:, 0]   # [C, kernel]
+            out = self.conv.bias + joined[:, :frames] * weight[:, 0]
+            for k in range(1, weight.shape[1]):
+                out += joined[:, k * dilation:k * dilation + frames] * weight[:, k]
+        return out.transpose(1, 2)
 
     def tap_matrix(self) -> torch.Tensor:
         """The weight as [kernel * C_in, C_out], row k * C_in + c for tap k, input channel c: the

@@ -170,6 +170,20 @@ def test_a_slot_freed_at_a_window_end_is_refilled_for_the_next_step(synth, windo
     assert engine.stats.steps == sum(frames) and closed == []
 
 
+def test_the_engine_counts_its_time_in_row_callbacks_and_gpu_waits(synth):
+    """EngineStats: the time spent in on_result is counted (here 0.05 s a row, slept) within the
+    run's wall; on CPU nothing is waited for (the work is done when queued)."""
+    import time
+    frames = [4, 6, 5]
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=i, max_frames=f, min_new_tokens=f + 1)
+                for i, f in enumerate(frames)]
+    engine = _engine(synth, rows=2, greedy=True)
+    engine.reset_stats()
+    engine.run(requests, on_result=lambda result: time.sleep(0.05))
+    assert 0.15 <= engine.stats.callback_s < 0.15 + 0.05 and engine.stats.callback_s < engine.stats.wall_s
+    assert engine.stats.gpu_wait_s == 0
+
+
 class _LateEvent:
     """A CUDA event's stand-in on CPU, where the work is done when queued: it says it has not passed
     until the host waits for it, so the engine reads each window's PCM as late as it can."""

@@ -94,6 +94,8 @@ def test_the_report_says_where_the_engine_spent_its_time(tmp_path):
     assert timing["slots_busy"] == round(frames / (timing["steps"] * 2), 3)
     assert timing["engine_seconds"] > 0 and timing["engine_build_seconds"] > 0 and timing["prompt_seconds"] > 0
     assert timing["gpu_ms_per_step"] == {}   # CUDA events only on a GPU
+    assert timing["gpu_wait_seconds"] == 0   # on CPU the engine's work is done when its call returns
+    assert 0 <= timing["row_callback_seconds"] < timing["engine_seconds"]   # (its count: tests/test_engine.py)
     info = RunInfo(manifest="m.txt", model_dir="tiny", model_source="--model", bundled_random_model=True,
                    device="cpu", dtype="float32", greedy=False, base_seed=0, max_frames=6, batch_size=8,
                    skipped_empty=0, load_seconds=0.0, wall_seconds=result.wall_seconds, tts_version="test",
@@ -101,3 +103,4 @@ def test_the_report_says_where_the_engine_spent_its_time(tmp_path):
     report = build_report(info, result.records)
     assert report["synthesis"] == timing and "synthesis" in report["definitions"]
     assert f"Engine: {timing['steps']} steps in" in render_markdown(report)
+    assert f"handed rows over in {timing['row_callback_seconds']:.2f} s" in render_markdown(report)

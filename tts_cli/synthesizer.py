@@ -56,6 +56,8 @@ class SynthesisTiming:
     prompt_seconds: float = 0.0         # the requests' prompt embeddings (row_input)
     engine_build_seconds: float = 0.0   # engines built and their CUDA graphs captured
     engine_seconds: float = 0.0         # Engine.run, its waits for the GPU included
+    gpu_wait_seconds: float = 0.0       # of those, the engine's thread blocked on the GPU
+    row_callback_seconds: float = 0.0   # of those, handing finished rows over (audio joined, delivered)
     steps: int = 0
     slot_steps: int = 0                 # steps x the engine's slots
     frames: int = 0
@@ -65,7 +67,9 @@ class SynthesisTiming:
         steps = max(self.steps, 1)
         return {"calls": self.calls, "prompt_seconds": round(self.prompt_seconds, 3),
                 "engine_build_seconds": round(self.engine_build_seconds, 3),
-                "engine_seconds": round(self.engine_seconds, 3), "steps": self.steps,
+                "engine_seconds": round(self.engine_seconds, 3),
+                "gpu_wait_seconds": round(self.gpu_wait_seconds, 3),
+                "row_callback_seconds": round(self.row_callback_seconds, 3), "steps": self.steps,
                 "slots_busy": round(self.frames / self.slot_steps, 3) if self.slot_steps else None,
                 "ms_per_step": round(self.engine_seconds * 1000 / steps, 3),
                 "gpu_ms_per_step": {name: round(ms / steps, 3) for name, ms in self.stage_ms.items()}}
@@ -381,6 +385,8 @@ class Synthesizer:
         stats, timing = engine.stats, self.timing
         timing.calls += 1
         timing.engine_seconds += stats.wall_s
+        timing.gpu_wait_seconds += stats.gpu_wait_s
+        timing.row_callback_seconds += stats.callback_s
         timing.steps += stats.steps
         timing.slot_steps += stats.steps * engine.rows
         timing.frames += stats.frames

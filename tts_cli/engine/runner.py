@@ -132,6 +132,8 @@ class EngineStats:
     prefill_ms: float = 0.0
     wall_s: float = 0.0
     frames: int = 0                 # frames made (by the requests that ended)
+    gpu_wait_s: float = 0.0         # the host blocked on the GPU's events (the rest of wall_s: host work)
+    callback_s: float = 0.0         # in on_result, handing finished requests over
 
     def per_step(self) -> dict:
         n = max(self.steps, 1)
@@ -475,7 +477,7 @@ class Engine:
             return
         launch.stops_marked = True
         if launch.flags_event is not None:
-            launch.flags_event.synchronize()
+            self._wait(launch.flags_event)
         emits_next = launch.buffers["emit"].numpy()[1]
         for slot, run in enumerate(launch.owners):
             if run is not None and not emits_next[slot]:
@@ -488,7 +490,7 @@ class Engine:
         and all its PCM is read. Slots are taken as they were at launch: a slot reused since still
         owes its previous request that window's PCM."""
         if launch.event is not None:
-            launch.event.synchronize()
+            self._wait(launch.event)
         self._mark_stops(launch)
         now = time.perf_counter()
         nonfinite = int(launch.buffers["nonfinite"][0]) if launch.stepped else 0
@@ -521,7 +523,7 @@ class Engine:
                 must = wait or any(w.buffers is freeing for w in run.windows)
                 if not (must or window.event.query()):
                     return
-                window.event.synchronize()
+                self._wait(window.event)
             run.windows.popleft()
             now = time.perf_counter()
             if "overflow" in window.buffers:
@@ -563,13 +565,20 @@ class Engine:
             run.running[slot] = None
             self.state.release(slot)
         if run.on_result is not None:
+            start = time.perf_counter()
             run.on_result(result)
+            self.stats.callback_s += time.perf_counter() - start
 
     # -- timing -------------------------------------------------------------------------------------
 
     def reset_stats(self) -> None:
         self.stats = EngineStats()
         self._pending_times.clear()
+
+    def _wait(self, event) -> None:
+        start = time.perf_counter()
+        event.synchronize()
+        self.stats.gpu_wait_s += time.perf_counter() - start
 
     def _event(self):
         if not self.time_stages:

@@ -661,6 +661,30 @@ def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
     assert [len(r.codes) for r in results] == frames
 
 
+@pytest.mark.parametrize("checkpoint", [TINY, TINY_BASE], ids=["customvoice", "base"])
+def test_building_prompts_never_makes_the_host_wait_for_the_gpu(checkpoint):
+    """Every kind of prompt (a named speaker; x-vector and ICL clones; both text modes, so trailing
+    text vectors too) only queues GPU work: its ids go over from pinned memory and the special codec
+    positions come from the host's list. The vectors are the CPU model's, to fp32 rounding."""
+    gpu = Synthesizer.from_pretrained(checkpoint, device="cuda", dtype=torch.float32)
+    cpu = Synthesizer.from_pretrained(checkpoint)
+    requests = (clone_requests(cpu.cfg, long_frames=40) if checkpoint == TINY_BASE else
+                [Request(id=str(i), text=t, speaker="vivian", non_streaming_mode=bool(i % 2))
+                 for i, t in enumerate(TEXTS[:4])])
+    gpu.row_input(requests[0])   # the first call loads the kernels and the pinned-memory pool
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rows = [gpu.row_input(r) for r in requests]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for request, row in zip(requests, rows):
+        expected = cpu.row_input(request)
+        torch.testing.assert_close(row.prompt_embeds.cpu(), expected.prompt_embeds, rtol=1e-4, atol=1e-5)
+        assert (row.trailing_text is None) == (expected.trailing_text is None)
+        if row.trailing_text is not None:
+            torch.testing.assert_close(row.trailing_text.cpu(), expected.trailing_text, rtol=1e-4, atol=1e-5)
+
+
 def test_engine_refuses_audio_from_an_fp16_vocoder_overflow():
     """A vocoder value beyond fp16's range (here: a bias made huge) fails the run with an error that
     names the fp32 switch; with that switch the same run completes."""

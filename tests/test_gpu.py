@@ -583,6 +583,51 @@ def test_codec_row_is_bit_identical_in_any_slot(rows):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+def _projection_weights(root: torch.nn.Module) -> list[torch.Tensor]:
+    """Each distinct projection weight under root as the fused path multiplies it (merged q/k/v and
+    gate/up included; the transposed convolutions' block matrices)."""
+    found = {}
+    for module in root.modules():
+        merged = [getattr(module, name, None) for name in ("qkv", "gate_up")]
+        weights = [m[0] for m in merged if isinstance(m, tuple)]
+        weights += [module.weight] if isinstance(module, torch.nn.Linear) else []
+        weights += [module.block_weight.t()] if hasattr(module, "block_weight") else []
+        for weight in weights:
+            found.setdefault((tuple(weight.shape), weight.dtype), weight)
+    return list(found.values())
+
+
+@pytest.mark.parametrize("rows", sorted(AUTO_ROWS))
+def test_projections_give_a_row_the_same_numbers_in_any_position(rows):
+    """What batch-mate independence rests on beside fixed shapes (docs/design.md): at every --rows auto
+    choice, each projection of the talker and code predictor (fp16 weights, through
+    tts_kernels.linear as the engine calls them) at a decode step's rows and a prefill tile's
+    (rows / 8 prompts x 32 positions), and each of the codec's (fp32, TF32) at 4, 8 and 16 frames
+    per row, gives an input row copied to other positions the same output there, bit for bit.
+    (cuDNN's pre-convolution did not, at 256 rows: test_codec_row_is_bit_identical_in_any_slot.)"""
+    from tts_kernels.linear import project, split
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    use_fused_kernels(model, codec, torch.device("cuda"), True)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    cases = [(w, m, lambda x, w=w: project(split(x, w.dtype), w)) for w in _projection_weights(model)
+             for m in (rows, 4 * rows)]
+    # the vocoder's convolutions are tts_kernels.conv's, not cuBLAS's
+    codec_weights = _projection_weights(codec.pre_transformer) + _projection_weights(codec.upsample)
+    cases += [(w, m, lambda x, w=w: x @ w.t()) for w in codec_weights for m in (4 * rows, 8 * rows, 16 * rows)]
+    try:
+        for weight, m, multiply in cases:
+            x = torch.randn(m, weight.shape[1], device="cuda", generator=g)
+            copies = [1, m // 2 + 3, m - 1]
+            x[copies] = x[0].clone()
+            out = multiply(x)
+            for p in copies:
+                assert torch.equal(out[p], out[0]), f"weight {list(weight.shape)} {weight.dtype}, M={m}: row {p}"
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 def test_codec_on_its_own_stream_gives_the_audio_of_the_codec_in_line():
     """The codec on a stream of its own, beside the next window's steps (the default on CUDA),
     against everything in order on one stream, at the real 1.7B shapes (random fp16 weights, so

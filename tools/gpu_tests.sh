@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/test_gpu.py on a GPU in parts. Its 88 tests of 2026-12-03 took ~560 s on the H200 (89 since), and
+# tests/test_gpu.py on a GPU in parts. Its 89 tests took 557 s on the H200 at e1a21a0 (225, 116, 215 s; 99 since), and
 # a device command gets at most 600 s, so it runs as several commands:
 #
 #     bash tools/gpu_tests.sh OUT_DIR 1 3    # the first third of the collected tests

@@ -145,7 +145,7 @@ def to_device(values: list[int] | torch.Tensor, device: torch.device) -> torch.T
     for the stream's queued work, which made each prompt a round trip to the GPU (4096 prompts took
     3.4 s on the H200, 2026-12-03); from pinned memory the copy is queued like a kernel."""
     host = values if isinstance(values, torch.Tensor) else torch.tensor(values)
-    if device.type != "cuda":
+    if device.type != "cuda" or host.device.type != "cpu":   # (e.g. a speaker embedding made on the GPU)
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
 

@@ -545,6 +545,7 @@ def test_bench_with_no_options_on_cpu_runs_the_bundled_model_and_says_cpu(monkey
     assert report["cpu_figures"] is True and report["note"].startswith("CPU figures, not GPU figures")
     assert report["device_choice"] == "auto: torch sees no CUDA device"
     assert [(r["concurrency"], r["requests"], r["bound_by"]) for r in report["rows"]] == [(2, 4, None)]
+    assert report["rows"][0]["gpu_wait_ms_per_step"] == 0   # on CPU the work is done when queued
     # every field the JSON had before bound_by, device_choice, cpu_figures and note were added
     assert report.keys() >= {"model", "device", "dtype", "numerics", "gpu", "torch", "load_s", "sentences",
                              "sentence_count", "frames", "forced_length", "codec_window", "depth_setting",

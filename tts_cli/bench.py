@@ -15,6 +15,8 @@ Reported per concurrency:
   every K steps, amortized over steps), talker (+ its sampling), prefill, host (wall per step not
   covered by those), from CUDA events around each stage (on CUDA only: on CPU all is host)
   bound by: the stage with the largest share of the step time (bounding_stage)
+  GPU wait (JSON only, gpu_wait_ms_per_step): ms per step the host spent blocked on the GPU's events;
+  near 0, the host and not the GPU sets the pace
   slots busy: frames / (steps x c), the share of slot-steps that made a frame (the rest: slots
   waiting for a window boundary, and the ragged end of the last requests)
   peak GPU memory (torch.cuda.max_memory_allocated)
@@ -71,6 +73,7 @@ class BenchRow:
     codec_window: int   # K: the codec ran every K steps over the last K frames
     codec_stream: bool  # the codec ran on its own stream beside the steps: the stage times overlap
     bound_by: str | None  # the stage with the largest share of a step (bounding_stage); None: stages not timed
+    gpu_wait_ms_per_step: float = 0.0   # the host blocked on the GPU's events (0 on CPU)
 
 
 def load_synthesizer(spec: str, device: str, dtype: torch.dtype, kind: str = CUSTOM_VOICE) -> Synthesizer:
@@ -184,7 +187,8 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
         slots_busy=round(frames / max(1, engine.stats.steps * concurrency), 3),
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         depth="kernel" if engine.step.depth_frame is not None else "loop", codec_window=engine.codec_window,
-        codec_stream=codec_stream, bound_by=bounding_stage(ms_per_step, codec_stream))
+        codec_stream=codec_stream, bound_by=bounding_stage(ms_per_step, codec_stream),
+        gpu_wait_ms_per_step=round(engine.stats.gpu_wait_s * 1000 / max(1, engine.stats.steps), 3))
     del engine
     return row
 

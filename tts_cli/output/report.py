@@ -31,11 +31,11 @@ DEFINITIONS = {
     "synthesis": "the GPU engine's time, summed over this run's synthesize calls (absent on the plain CPU path "
                  "and with --gpus): prompt_seconds building the prompts' embeddings, engine_build_seconds "
                  "building engines and capturing their CUDA graphs, engine_seconds running them (waits for the "
-                 "GPU included), of which gpu_wait_seconds its thread was blocked waiting for the GPU (the rest is host "
-                 "work: when the host is the bound, this is small) and row_callback_seconds went to handing "
-                 "finished rows over; ms_per_step = engine_seconds / steps; gpu_ms_per_step: each stage's GPU time "
-                 "per decode step from CUDA events (prefill: admissions; stages on other streams overlap); "
-                 "slots_busy: frames / (steps x engine slots)",
+                 "GPU included), of which gpu_wait_seconds its thread was blocked waiting for the GPU (the "
+                 "rest is host work: when the host is the bound, this is small) and row_callback_seconds went to "
+                 "handing finished rows over; ms_per_step = engine_seconds / steps; gpu_ms_per_step: each "
+                 "stage's GPU time per decode step from CUDA events (prefill: admissions; stages on other "
+                 "streams overlap); slots_busy: frames / (steps x engine slots)",
 }
 
 

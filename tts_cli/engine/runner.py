@@ -47,6 +47,7 @@ from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import NonFiniteError, RequestError, SynthesisCancelled
 from tts_cli.model.codec import CodecState
+from tts_cli.model.host import to_device
 from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import use_kernels
 
@@ -257,15 +258,12 @@ class Engine:
         reference tail (EngineResult), None where it has no reference codes."""
         requests = [r for _, r in admitted]
         primes = [self._primed_codec(r.codec_prime) if r.codec_prime is not None else None for r in requests]
-        # Everything the host knows goes over in one pinned, non-blocking copy: a plain
-        # torch.tensor(..., device=cuda) would wait for the step that is still running.
+        # Everything the host knows goes over in one copy that does not wait for the step in flight.
         host = torch.tensor([[slot, r.prompt_embeds.shape[0], r.max_frames, r.min_new_tokens, r.seed,
                               self._trailing_length(r)] for slot, r in admitted]
                             + [[slot, 0, 0, 0, 0, 0] for (slot, _), p in zip(admitted, primes) if p is not None],
                             dtype=torch.int64)
-        if self.device.type == "cuda":
-            host = host.pin_memory()
-        on_device = host.to(self.device, non_blocking=True)
+        on_device = to_device(host, self.device)
         slots, lengths, caps, min_new_tokens, seeds, trailing_lengths = on_device[:len(admitted)].unbind(1)
         primed_slots = on_device[len(admitted):, 0]
         with self._on_codec_stream():

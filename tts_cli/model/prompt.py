@@ -31,6 +31,7 @@ import torch
 
 from tts_cli.checkpoint import ModelConfig
 from tts_cli.errors import RequestError
+from tts_cli.model.host import to_device
 
 NO_CODEC = -1            # a position without a codec track
 SPEAKER_EMBEDDING = -2   # the codec track is the prompt's speaker embedding (x-vector)
@@ -138,16 +139,6 @@ def build_prompt(cfg: ModelConfig, text_ids: list[int], speaker: str | None, lan
         trailing = body[1:] + [cfg.tts_eos_id]
     return Prompt(text_ids=text, codec_ids=codec, text_tokens=len(body), trailing_text_ids=trailing,
                   speaker_embedding=speaker_embedding, reference_codes=reference_codes)
-
-
-def to_device(values: list[int] | torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host values on `device` without waiting for the GPU. A copy from pageable memory first waits
-    for the stream's queued work, which made each prompt a round trip to the GPU (4096 prompts took
-    3.4 s on the H200, 2026-12-03); from pinned memory the copy is queued like a kernel."""
-    host = values if isinstance(values, torch.Tensor) else torch.tensor(values)
-    if device.type != "cuda" or host.device.type != "cpu":   # (e.g. a speaker embedding made on the GPU)
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 def prompt_embeddings(talker, prompt: Prompt, code_predictor=None) -> torch.Tensor:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from tts_cli.model.host import to_device
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -86,10 +88,7 @@ class RowSampling:
         """One row per settings object. Built on the host and copied without blocking (from pinned
         memory on CUDA), so that the engine never waits for the GPU here."""
         def column(values, dtype):
-            host = torch.tensor(values, dtype=dtype)
-            if torch.device(device).type == "cuda":
-                host = host.pin_memory()
-            return host.to(device, non_blocking=True)
+            return to_device(torch.tensor(values, dtype=dtype), device)
         return cls(column([s.do_sample for s in settings], torch.bool),
                    column([[s.temperature] for s in settings], torch.float32),
                    column([s.top_k for s in settings], torch.int64),

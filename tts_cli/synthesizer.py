@@ -57,7 +57,7 @@ class SynthesisTiming:
     engine_build_seconds: float = 0.0   # engines built and their CUDA graphs captured
     engine_seconds: float = 0.0         # Engine.run, its waits for the GPU included
     gpu_wait_seconds: float = 0.0       # of those, the engine's thread blocked on the GPU
-    row_callback_seconds: float = 0.0   # of those, handing finished rows over (audio joined, delivered)
+    row_callback_seconds: float = 0.0   # of those, handing finished rows over (each Result built, delivered)
     steps: int = 0
     slot_steps: int = 0                 # steps x the engine's slots
     frames: int = 0

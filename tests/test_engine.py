@@ -87,6 +87,17 @@ def test_engine_stops_rows_on_eos_like_the_plain_model(eos_case):
     assert min(len(r.codes) for r in results) < EOS_CAP       # at least one row ended by EOS
 
 
+def test_a_result_holds_its_own_frames_only(synth, eos_case):
+    """The engine fills arrays sized for the cap; a row that ended early gives its result arrays of
+    its frames that own their memory, not views that keep the cap's."""
+    _, _, results = eos_case
+    spf = synth.codec.samples_per_frame
+    for r in results:
+        assert r.codes.base is None and r.pcm.base is None
+        assert r.codes.shape == (len(r.codes), 16) and r.pcm.shape == (len(r.codes) * spf,)
+        assert r.codes.dtype == np.int64 and r.pcm.dtype == np.float32
+
+
 # -- codec window: the codec runs every K steps over the last K frames -----------------------------
 
 def _run_counting_closes(engine, requests):

@@ -82,10 +82,15 @@ class EngineResult:
 
 @dataclass
 class _Running:
+    """A request in a slot. Its codes and PCM go into arrays sized for its frame cap when it is
+    admitted (np.empty: memory pages appear as frames are written), so that ending it is a shrink in
+    place, not a join of its frames: joining at the end, when a whole wave of rows ends in one
+    window, kept the engine's thread from launching steps for ~1.6 ms per row on the H200's host."""
     request: EngineRequest
     admitted_at: float
-    codes: list = field(default_factory=list)
-    pcm: list = field(default_factory=list)
+    codes: np.ndarray               # [max_frames, 16] int64, filled up to `frames`
+    pcm: np.ndarray                 # [max_frames * samples per frame] float32, filled up to `decoded` frames
+    frames: int = 0                 # frames whose codes are in `codes`
     decoded: int = 0                # frames whose PCM is in `pcm`
     stopped: bool = False           # it emits no more frames (its slot may be reused)
     all_codes: bool = False         # stopped, and the launch that said so is drained: every frame's codes are in
@@ -401,7 +406,9 @@ class Engine:
         tails = self._prefill(admitted)
         now = time.perf_counter()
         for (slot, r), tail in zip(admitted, tails):
-            running[slot] = _Running(r, now, reference_tail=tail)
+            running[slot] = _Running(r, now, np.empty((r.max_frames, self.model.cfg.num_code_groups), np.int64),
+                                     np.empty(r.max_frames * self.codec.samples_per_frame, np.float32),
+                                     reference_tail=tail)
         self._add_time("prefill", t0)
 
     def _launch_step(self, buffers):
@@ -499,15 +506,16 @@ class Engine:
             if owner is None or owner.ended:
                 continue
             if launch.stepped and emit[0, slot]:
-                owner.codes.append(codes[slot].copy())
+                owner.codes[owner.frames] = codes[slot]
+                owner.frames += 1
             owner.all_codes = owner.stopped   # (stops are marked on the undrained launch only)
-            if launch.window is None and owner.all_codes and owner.decoded == len(owner.codes):
+            if launch.window is None and owner.all_codes and owner.decoded == owner.frames:
                 self._end(slot, owner, run, now)
         if launch.window is not None:
             # Admitted at a boundary and emitting until it stops, a request's frames of this
             # window are its frames not decoded yet, up to this count.
             launch.window.owners = launch.owners
-            launch.window.frames = [None if owner is None else len(owner.codes) for owner in launch.owners]
+            launch.window.frames = [None if owner is None else owner.frames for owner in launch.owners]
             run.windows.append(launch.window)
         self._read_windows(run)
 
@@ -533,11 +541,11 @@ class Engine:
                     continue
                 fresh = window.frames[slot] - owner.decoded
                 if fresh:
-                    owner.pcm.append(pcm[slot, :fresh * samples].copy())
+                    owner.pcm[owner.decoded * samples:(owner.decoded + fresh) * samples] = pcm[slot, :fresh * samples]
                     owner.decoded += fresh
                     if owner.first_audio_at is None:
                         owner.first_audio_at = now
-                if owner.all_codes and owner.decoded == len(owner.codes):
+                if owner.all_codes and owner.decoded == owner.frames:
                     self._end(slot, owner, run, now)
 
     def _non_finite_message(self, count: int) -> str:
@@ -548,13 +556,13 @@ class Engine:
         return message
 
     def _end(self, slot: int, owner: _Running, run: _Run, now: float) -> None:
-        frames = len(owner.codes)
+        frames = owner.frames
         self.stats.frames += frames
+        # No views of the arrays are left, so they shrink in place (realloc): nothing is copied.
+        owner.codes.resize((frames, owner.codes.shape[1]), refcheck=False)
+        owner.pcm.resize(frames * self.codec.samples_per_frame, refcheck=False)
         result = EngineResult(
-            key=owner.request.key,
-            codes=np.stack(owner.codes) if owner.codes else np.zeros((0, self.model.cfg.num_code_groups),
-                                                                     dtype=np.int64),
-            pcm=np.concatenate(owner.pcm) if owner.pcm else np.zeros(0, dtype=np.float32),
+            key=owner.request.key, codes=owner.codes, pcm=owner.pcm,
             hit_cap=frames >= owner.request.max_frames, admitted_at=owner.admitted_at,
             first_audio_at=owner.first_audio_at, finished_at=now, reference_tail=owner.reference_tail)
         owner.ended = True

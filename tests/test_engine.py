@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tts_cli.engine import codec_stream_for
-from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.engine.runner import Engine, EngineRequest, PromptSource
 from tts_cli.engine.slots import talker_kv_bytes
 from tts_cli.errors import NonFiniteError, RequestError
 from tts_cli.model.generate import RowInput, generate
@@ -229,6 +229,73 @@ def test_windows_read_late_give_the_same_requests_the_same_audio(synth, window):
     for a, b in zip(late, in_time):
         assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
         assert a.pcm.shape == (len(a.codes) * synth.codec.samples_per_frame,)
+
+
+def _sourced(synth, i, built: list, **fields) -> EngineRequest:
+    """Request i with its prompt as a PromptSource that notes each build in `built`."""
+    text, speaker, language = TEXTS[i]
+    prompt = synth.prompt(Request(id=str(i), text=text, speaker=speaker, language=language))
+
+    def build():
+        built.append(i)
+        return prompt_embeddings(synth.model.talker, prompt), None
+    return EngineRequest(key=i, prompt_embeds=None, source=PromptSource(len(prompt), False, build), **fields)
+
+
+class _PassingEvent:
+    """An event that has not passed for its first `late` queries."""
+
+    def __init__(self, late: int):
+        self.late, self.waited = late, 0
+
+    def query(self) -> bool:
+        self.late -= 1
+        return self.late < 0
+
+    def synchronize(self) -> None:
+        self.waited += 1
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["at-admission", "while-waiting"])
+def test_prompts_the_engine_builds_give_the_audio_of_prompts_given(synth, late):
+    """Requests with a PromptSource end with the codes and PCM of the same requests with their prompts
+    given, each prompt built once, in queue order; on CPU at admission, with events that have not
+    passed (a GPU still working) while the engine waits."""
+    frames = [12, 30, 7, 20, 25, 9]
+    given = _engine(synth, rows=4, greedy=False, codec_window=4).run(
+        [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f, min_new_tokens=f + 1)
+         for i, f in enumerate(frames)])
+    built = []
+    requests = [_sourced(synth, i, built, seed=100 + i, max_frames=f, min_new_tokens=f + 1)
+                for i, f in enumerate(frames)]
+    engine = _engine(synth, rows=4, greedy=False, codec_window=4)
+    if late:
+        counts = {"not yet": 0, "waited": 0}
+        engine._record_event = lambda: _LateEvent(counts)
+    engine.reset_stats()
+    results = engine.run(requests)
+    assert built == list(range(6))
+    assert 0 < engine.stats.prompt_s < engine.stats.wall_s
+    for a, b in zip(results, given):
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
+
+
+def test_while_the_gpu_works_the_engine_builds_the_next_queued_prompts(synth):
+    built = []
+    engine = _engine(synth, rows=2, greedy=True)
+    engine._unbuilt.extend(_sourced(synth, i, built, seed=0, max_frames=4) for i in range(4))
+    event = _PassingEvent(late=2)
+    engine._wait(event)
+    assert built == [0, 1] and event.waited == 1   # the two built while it had not passed, then waited
+    engine._wait(_PassingEvent(late=5))
+    assert built == [0, 1, 2, 3]                   # nothing left to build: it waits
+
+
+def test_a_prompt_built_unlike_its_source_is_refused(synth):
+    request = _sourced(synth, 0, [], seed=0, max_frames=4)
+    request.source.length += 1
+    with pytest.raises(ValueError, match="request 0: its prompt was built with"):
+        _engine(synth, rows=2, greedy=True).run([request])
 
 
 def test_a_request_that_cannot_fit_a_slot_is_refused(synth):

@@ -10,6 +10,7 @@ streaming text mode's trailing text per slot, an ICL row's codec state primed wi
 (tts_cli/engine/runner.py), its waveform cut here as on the plain path."""
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -24,7 +25,7 @@ from tts_cli.checkpoint import BASE, CUSTOM_VOICE, Checkpoint, ModelConfig, Samp
 from tts_cli.engine import (AUTO_ROWS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION,
                             TALKER_PRECISIONS)
 from tts_cli.engine.prefill import COLUMNS
-from tts_cli.engine.runner import Engine, EngineRequest, EngineResult
+from tts_cli.engine.runner import Engine, EngineRequest, EngineResult, PromptSource
 from tts_cli.engine.slots import talker_kv_bytes
 from tts_cli.errors import CheckpointError, RequestError, TTSError
 from tts_cli.model.codec import load_codec
@@ -53,11 +54,12 @@ KV_MEMORY_FRACTION = 0.5
 class SynthesisTiming:
     """Where the engine path's calls spent their time, summed over the calls, for the report."""
     calls: int = 0
-    prompt_seconds: float = 0.0         # the requests' prompt embeddings (row_input)
+    prompt_seconds: float = 0.0         # the requests' prompts as token ids, before the engine runs
     engine_build_seconds: float = 0.0   # engines built and their CUDA graphs captured
     engine_seconds: float = 0.0         # Engine.run, its waits for the GPU included
     gpu_wait_seconds: float = 0.0       # of those, the engine's thread blocked on the GPU
     row_callback_seconds: float = 0.0   # of those, handing finished rows over (each Result built, delivered)
+    prompt_vector_seconds: float = 0.0  # of those, building the prompts' vectors (mostly while the GPU works)
     steps: int = 0
     slot_steps: int = 0                 # steps x the engine's slots
     frames: int = 0
@@ -69,7 +71,8 @@ class SynthesisTiming:
                 "engine_build_seconds": round(self.engine_build_seconds, 3),
                 "engine_seconds": round(self.engine_seconds, 3),
                 "gpu_wait_seconds": round(self.gpu_wait_seconds, 3),
-                "row_callback_seconds": round(self.row_callback_seconds, 3), "steps": self.steps,
+                "row_callback_seconds": round(self.row_callback_seconds, 3),
+                "prompt_vector_seconds": round(self.prompt_vector_seconds, 3), "steps": self.steps,
                 "slots_busy": round(self.frames / self.slot_steps, 3) if self.slot_steps else None,
                 "ms_per_step": round(self.engine_seconds * 1000 / steps, 3),
                 "gpu_ms_per_step": {name: round(ms / steps, 3) for name, ms in self.stage_ms.items()}}
@@ -200,7 +203,7 @@ def longest_first(requests: list[EngineRequest]) -> list[EngineRequest]:
     first, ties in their given order: the slots that free up last then hold short requests, and
     fewer slots idle while a call's last requests finish (tools/admission_order.py). A seeded
     request's audio does not depend on its batch mates, so the order changes no result."""
-    return sorted(requests, key=lambda r: -r.prompt_embeds.shape[0])
+    return sorted(requests, key=lambda r: -r.prompt_length)
 
 
 class Synthesizer:
@@ -303,9 +306,13 @@ class Synthesizer:
     def row_input(self, request: Request, max_frames: int | None = None) -> RowInput:
         """The request as the generation loop's input: prompt embeddings, trailing text, frame cap."""
         prompt = self.prompt(request)
+        embeds, trailing_text = self.prompt_vectors(prompt)
+        return RowInput(embeds, request.seed, self.frame_cap(prompt, max_frames), trailing_text=trailing_text)
+
+    def prompt_vectors(self, prompt: Prompt) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The prompt's talker input vectors and its trailing text's (None: none), on the model's device."""
         talker = self.model.talker
-        return RowInput(prompt_embeddings(talker, prompt, self.model.code_predictor), request.seed,
-                        self.frame_cap(prompt, max_frames), trailing_text=trailing_text_embeddings(talker, prompt))
+        return prompt_embeddings(talker, prompt, self.model.code_predictor), trailing_text_embeddings(talker, prompt)
 
     def frame_cap(self, prompt: Prompt, max_frames: int | None) -> int:
         official_cap = self.ckpt.sampling.max_new_tokens - 1   # the last drawn token gets no frame
@@ -325,31 +332,35 @@ class Synthesizer:
         for r in requests:
             self.validate(r)
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
-        start = time.perf_counter()
-        rows = [self.row_input(r, max_frames) for r in requests]
         if self.uses_engine:
+            start = time.perf_counter()
+            prompts = [self.prompt(r) for r in requests]   # token ids; their vectors the engine builds
+            caps = [self.frame_cap(p, max_frames) for p in prompts]
             self.timing.prompt_seconds += time.perf_counter() - start
-            slots = self._slots(len(rows), max(row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows),
-                                any(row.trailing_text is not None for row in rows))
-            return self._synthesize_with_engine(requests, rows, sampling, min_new_tokens,
+            slots = self._slots(len(prompts), max(len(p) + cap + 1 for p, cap in zip(prompts, caps)),
+                                any(p.trailing_text_ids for p in prompts))
+            return self._synthesize_with_engine(requests, prompts, caps, sampling, min_new_tokens,
                                                 min(slots, max_rows or slots), on_result, cancel)
+        rows = [self.row_input(r, max_frames) for r in requests]
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
                         min_new_tokens=min_new_tokens)
         audio = self.decode([o.codes for o in outs], [r.reference for r in requests])
         return [Result(id=r.id, codes=o.codes, audio=a, hit_cap=o.hit_cap)
                 for r, o, a in zip(requests, outs, audio)]
 
-    def _synthesize_with_engine(self, requests: list[Request], rows: list[RowInput], sampling: SamplingConfig,
-                                min_new_tokens: int, slots: int, on_result=None, cancel=None) -> list[Result]:
+    def _synthesize_with_engine(self, requests: list[Request], prompts: list[Prompt], caps: list[int],
+                                sampling: SamplingConfig, min_new_tokens: int, slots: int, on_result=None,
+                                cancel=None) -> list[Result]:
         talker, cp = talker_settings(sampling), code_predictor_settings(sampling)
         primes = [icl_codes(r.reference) for r in requests]
-        engine_requests = [EngineRequest(key=i, prompt_embeds=row.prompt_embeds, seed=row.seed,
-                                         max_frames=row.max_frames, min_new_tokens=min_new_tokens,
-                                         talker=talker, cp=cp, trailing_text=row.trailing_text, codec_prime=prime)
-                           for i, (row, prime) in enumerate(zip(rows, primes))]
-        needs = [row.prompt_embeds.shape[0] + row.max_frames + 1 for row in rows]
+        engine_requests = [EngineRequest(key=i, prompt_embeds=None, seed=r.seed, max_frames=cap,
+                                         min_new_tokens=min_new_tokens, talker=talker, cp=cp, codec_prime=prime,
+                                         source=PromptSource(len(p), bool(p.trailing_text_ids),
+                                                             functools.partial(self.prompt_vectors, p)))
+                           for i, (r, p, cap, prime) in enumerate(zip(requests, prompts, caps, primes))]
+        needs = [len(p) + cap + 1 for p, cap in zip(prompts, caps)]
         start = time.perf_counter()
-        engine = self._engine(slots, max(needs), any(row.trailing_text is not None for row in rows))
+        engine = self._engine(slots, max(needs), any(p.trailing_text_ids for p in prompts))
         self.timing.engine_build_seconds += time.perf_counter() - start
         for request, need in zip(requests, needs):
             if need > engine.context:
@@ -387,6 +398,7 @@ class Synthesizer:
         timing.engine_seconds += stats.wall_s
         timing.gpu_wait_seconds += stats.gpu_wait_s
         timing.row_callback_seconds += stats.callback_s
+        timing.prompt_vector_seconds += stats.prompt_s
         timing.steps += stats.steps
         timing.slot_steps += stats.steps * engine.rows
         timing.frames += stats.frames

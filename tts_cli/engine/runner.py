@@ -3,7 +3,10 @@ that are refilled from a queue as requests end.
 
 The host never waits inside a step: after launching step n it reads step n-1's outputs from
 pinned memory (waiting only on that step's event) and ends finished requests before launching
-step n+1 (at a window boundary it first waits for step n's flags as well: below).
+step n+1 (at a window boundary it first waits for step n's flags as well: below). A request may
+come with its prompt's vectors not yet built (a PromptSource): while the host would wait for the
+GPU it builds the queue's next such prompts, in queue order, and any left at an admission then, so
+building a corpus's prompts overlaps the steps of the requests before them.
 
 The codec runs every `codec_window` (K) steps over the window of the last K frames, so admission
 happens at window boundaries only (step count mod K == 0). A request that stops mid-window frees
@@ -35,6 +38,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,9 +59,19 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class PromptSource:
+    """A prompt whose vectors the engine builds itself: while its thread would otherwise wait for
+    the GPU, in queue order, or at the request's admission at the latest. Building a corpus's
+    prompts then overlaps the steps of the requests before them instead of preceding the first."""
+    length: int                     # positions (the rows of prompt_embeds)
+    trailing_text: bool             # it has trailing text (the streaming text mode)
+    build: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]   # -> (prompt_embeds, trailing_text)
+
+
+@dataclass
 class EngineRequest:
     key: int                        # the caller's index for this request
-    prompt_embeds: torch.Tensor     # [L, H] on the engine's device
+    prompt_embeds: torch.Tensor | None   # [L, H] on the engine's device; None: built from `source`
     seed: int
     max_frames: int
     min_new_tokens: int = 2
@@ -65,6 +79,15 @@ class EngineRequest:
     cp: SamplerSettings | None = None
     trailing_text: torch.Tensor | None = None   # [N, H] fp32 on the device: streaming text mode, frame f adds row f
     codec_prime: torch.Tensor | None = None     # [R, 16] int64: an ICL reference's codes, decoded before its own
+    source: PromptSource | None = None          # with prompt_embeds None: how to build it and trailing_text
+
+    @property
+    def prompt_length(self) -> int:
+        return self.source.length if self.prompt_embeds is None else self.prompt_embeds.shape[0]
+
+    @property
+    def has_trailing_text(self) -> bool:
+        return self.source.trailing_text if self.prompt_embeds is None else self.trailing_text is not None
 
 
 @dataclass
@@ -140,6 +163,7 @@ class EngineStats:
     frames: int = 0                 # frames made (by the requests that ended)
     gpu_wait_s: float = 0.0         # the host blocked on the GPU's events (the rest of wall_s: host work)
     callback_s: float = 0.0         # in on_result, handing finished requests over
+    prompt_s: float = 0.0           # building prompts from their PromptSource
 
     def per_step(self) -> dict:
         n = max(self.steps, 1)
@@ -221,6 +245,7 @@ class Engine:
         self._codec_done = None   # the event after the last window's codec and copies
         self.stats = EngineStats()
         self._pending_times: list = []
+        self._unbuilt: deque = deque()   # a run's requests with a PromptSource, in queue order
 
     def _host_buffers(self, pin: bool):
         st = self.state
@@ -246,12 +271,12 @@ class Engine:
             if settings is not None and settings.do_sample and settings.top_p < 1 and not self.step.top_p:
                 raise RequestError(f"the request samples with top_p {settings.top_p}, but this engine was "
                                    f"built without top-p (Engine(top_p=True) applies it)")
-        if request.trailing_text is not None and self.state.trailing_text is None:
+        if request.has_trailing_text and self.state.trailing_text is None:
             raise RequestError("the request has trailing text (the streaming text mode), but this engine was built "
                                "without (Engine(trailing_text=True) holds it)")
-        need = request.prompt_embeds.shape[0] + request.max_frames + 1
+        need = request.prompt_length + request.max_frames + 1
         if need > self.context:
-            raise RequestError(f"prompt ({request.prompt_embeds.shape[0]} positions) plus frame cap "
+            raise RequestError(f"prompt ({request.prompt_length} positions) plus frame cap "
                                f"({request.max_frames}) needs {need} talker positions; this engine's slots "
                                f"hold {self.context}")
 
@@ -344,10 +369,12 @@ class Engine:
             with self._on_step_stream():
                 return self._run(requests, on_result, cancel)
         finally:
+            self._unbuilt.clear()
             self.stats.wall_s += time.perf_counter() - start
 
     def _run(self, requests: list[EngineRequest], on_result, cancel) -> list[EngineResult]:
         queue = deque(requests)
+        self._unbuilt = deque(r for r in requests if r.prompt_embeds is None)
         run = _Run(running=[None] * self.rows, results={}, on_result=on_result)
         previous = None   # the launch whose outputs are unread
         parity = 0
@@ -402,6 +429,8 @@ class Engine:
         if not queue or not free:
             return
         admitted = [(slot, queue.popleft()) for slot in free[:len(queue)]]
+        for _, r in admitted:
+            self._build_prompt(r)
         t0 = self._event()
         tails = self._prefill(admitted)
         now = time.perf_counter()
@@ -581,7 +610,21 @@ class Engine:
         self.stats = EngineStats()
         self._pending_times.clear()
 
+    def _build_prompt(self, request: EngineRequest) -> None:
+        if request.prompt_embeds is not None:
+            return
+        start = time.perf_counter()
+        request.prompt_embeds, request.trailing_text = request.source.build()
+        self.stats.prompt_s += time.perf_counter() - start
+        if request.prompt_length != request.source.length or request.has_trailing_text != request.source.trailing_text:
+            raise ValueError(f"request {request.key}: its prompt was built with {request.prompt_length} positions "
+                             f"and trailing text {request.has_trailing_text}; its source said {request.source.length} "
+                             f"and {request.source.trailing_text}")
+
     def _wait(self, event) -> None:
+        """Waits for a GPU event; until it has happened, builds the queue's next unbuilt prompts."""
+        while self._unbuilt and not event.query():
+            self._build_prompt(self._unbuilt.popleft())
         start = time.perf_counter()
         event.synchronize()
         self.stats.gpu_wait_s += time.perf_counter() - start

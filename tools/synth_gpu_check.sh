@@ -11,9 +11,11 @@
 # Writes OUT_DIR/*.log, OUT_DIR/summary.txt (one line per arm: rows, audio s, synthesis wall s,
 # audio-s/s, ASR wait s, the report's engine timing) and OUT_DIR/determinism.txt. Arms:
 # off-a, off-b (determinism), then wer (default workers), off-c, wer-12 (12 workers): off and on
-# alternate. TTS_CHECK_PROFILE=1 adds an arm `profiled` after off-b, run under py-spy (which must be
-# on PATH): OUT_DIR/profiled.pyspy.txt (raw stacks of every thread) and profiled-summary.txt
-# (tools/pyspy_summary.py). TTS_CHECK_WER=0 skips the WER arms.
+# alternate. TTS_CHECK_PROFILE=1 adds two arms after off-b, run under py-spy (which must be on
+# PATH): `profiled`, every thread's stacks whether running or waiting (OUT_DIR/profiled.pyspy.txt,
+# summed in profiled-summary.txt by tools/pyspy_summary.py), and `profiled-gil`, only the samples of
+# the thread holding the GIL (profiled-gil.pyspy.txt, profiled-gil-summary.txt): which threads keep
+# the engine's thread from running Python. TTS_CHECK_WER=0 skips the WER arms.
 set -uo pipefail
 
 out=${1:?usage: bash tools/synth_gpu_check.sh OUT_DIR [ROWS]}
@@ -39,6 +41,8 @@ arm() {   # arm NAME OPTIONS...: one tts synth run into $work/NAME; a summary li
     shift
     if [[ $name == profiled ]]; then
         prefix=(py-spy record --format raw --threads --idle --rate 200 -o "$out/profiled.pyspy.txt" --)
+    elif [[ $name == profiled-gil ]]; then
+        prefix=(py-spy record --format raw --threads --gil --rate 200 -o "$out/profiled-gil.pyspy.txt" --)
     fi
     "${prefix[@]}" "$python" -m tts_cli synth "$manifest" --out "$work/$name" --model "$ckpt" \
         --device "${TTS_CHECK_DEVICE:-cuda}" --max-frames "$frames" "$@" >"$out/$name.log" 2>&1
@@ -63,9 +67,11 @@ arm off-b --no-wer
 (cd "$work" && for f in off-a/*.wav; do cmp -s "$f" "off-b/${f#off-a/}" || echo "DIFFERENT ${f#off-a/}"; done;
  echo "compared $(ls off-a/*.wav | wc -l) WAVs of off-a against off-b") | tee "$out/determinism.txt"
 if [[ ${TTS_CHECK_PROFILE:-0} == 1 ]]; then
-    arm profiled --no-wer
-    "$python" tools/pyspy_summary.py "$out/profiled.pyspy.txt" >"$out/profiled-summary.txt" 2>&1
-    head -40 "$out/profiled-summary.txt"
+    for name in profiled profiled-gil; do
+        arm $name --no-wer
+        "$python" tools/pyspy_summary.py "$out/$name.pyspy.txt" >"$out/$name-summary.txt" 2>&1
+        head -40 "$out/$name-summary.txt"
+    done
 fi
 if [[ ${TTS_CHECK_WER:-1} == 0 ]]; then
     echo "WER arms skipped: TTS_CHECK_WER=0" | tee -a "$out/summary.txt"

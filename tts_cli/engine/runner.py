@@ -35,6 +35,7 @@ one sample of it (tts_cli.synthesizer.icl_cut).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 from collections import OrderedDict, deque
@@ -204,6 +205,8 @@ class Engine:
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
             use_graphs = device.type == "cuda"
+        if use_graphs:
+            gc.collect()   # an older engine's graphs and memory go before this one's (graphs.capture)
         if not use_graphs:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device

@@ -1,6 +1,7 @@
 """GPU checks of the engine (skipped without CUDA; run through the device machine)."""
 import copy
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 from clone_cases import TINY_BASE, TINY_VOICE_DESIGN, clone_requests, design_requests, random_reference
 from tts_cli.engine import AUTO_ROWS, DEFAULT_ENGINE_ROWS
 from tts_cli.engine.random_model import build_random
-from tts_cli.engine.runner import Engine, EngineRequest, use_fused_kernels
+from tts_cli.engine.runner import Engine, EngineRequest, PromptSource, use_fused_kernels
 from tts_cli.model.codec import CodecState
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import (assistant_text, build_prompt, prompt_embeddings, reference_text,
@@ -687,23 +688,34 @@ def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
     Python value assigned through an index is such a call: a blocking copy), so the host waits
     only on events: the step before's, and at a window boundary the flags of the window's last
     step. 6 requests of different lengths through 4 slots: admissions into freed slots, releases
-    of slots nobody takes."""
+    of slots nobody takes. Half of them come as a PromptSource, whose vectors the engine builds
+    while it waits for the GPU."""
     synth = Synthesizer.from_pretrained(TINY, device="cuda")
     sampling = synth.ckpt.sampling
     frames = [12, 30, 7, 20, 27, 11]
-    embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
-              for i, t in enumerate(TEXTS)]
-    requests = [EngineRequest(key=i, prompt_embeds=e, seed=i, max_frames=f, min_new_tokens=f + 1)
-                for i, (e, f) in enumerate(zip(embeds, frames))]
+    prompts = [synth.prompt(Request(id=str(i), text=t, speaker="vivian")) for i, t in enumerate(TEXTS)]
+    built = []
+
+    def vectors(i):
+        built.append(i)
+        return prompt_embeddings(synth.model.talker, prompts[i]), None
+
+    def requests():
+        return [EngineRequest(key=i, prompt_embeds=None if i % 2 else prompt_embeddings(synth.model.talker, p),
+                              source=PromptSource(len(p), False, functools.partial(vectors, i)), seed=i,
+                              max_frames=f, min_new_tokens=f + 1)
+                for i, (p, f) in enumerate(zip(prompts, frames))]
     engine = Engine(synth.model, synth.codec, rows=4, context=128, talker_defaults=talker_settings(sampling),
                     cp_defaults=code_predictor_settings(sampling))
-    engine.run(requests)   # the first run captures the prefill's graphs and compiles the kernels
+    engine.run(requests())   # the first run captures the prefill's graphs and compiles the kernels
+    fresh = requests()
+    built.clear()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        results = engine.run(requests)
+        results = engine.run(fresh)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert [len(r.codes) for r in results] == frames
+    assert [len(r.codes) for r in results] == frames and built == [1, 3, 5]
 
 
 @pytest.mark.parametrize("checkpoint", [TINY, TINY_BASE], ids=["customvoice", "base"])

@@ -63,7 +63,8 @@ log = logging.getLogger(__name__)
 class PromptSource:
     """A prompt whose vectors the engine builds itself: while its thread would otherwise wait for
     the GPU, in queue order, or at the request's admission at the latest. Building a corpus's
-    prompts then overlaps the steps of the requests before them instead of preceding the first."""
+    prompts then overlaps the steps of the requests before them instead of preceding the first.
+    The engine fills in the request's prompt_embeds and trailing_text (a later run reuses them)."""
     length: int                     # positions (the rows of prompt_embeds)
     trailing_text: bool             # it has trailing text (the streaming text mode)
     build: Callable[[], tuple[torch.Tensor, torch.Tensor | None]]   # -> (prompt_embeds, trailing_text)

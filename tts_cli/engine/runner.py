@@ -208,7 +208,7 @@ class Engine:
             use_graphs = device.type == "cuda"
         if use_graphs:
             gc.collect()   # an older engine's graphs and memory go before this one's (graphs.capture)
-        if not use_graphs:
+        else:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device
         if codec_precision not in CODEC_PRECISIONS:

@@ -291,11 +291,13 @@ def test_while_the_gpu_works_the_engine_builds_the_next_queued_prompts(synth):
     assert built == [0, 1, 2, 3]                   # nothing left to build: it waits
 
 
-def test_a_prompt_built_unlike_its_source_is_refused(synth):
+def test_a_prompt_built_unlike_its_source_or_without_one_is_refused(synth):
     request = _sourced(synth, 0, [], seed=0, max_frames=4)
     request.source.length += 1
     with pytest.raises(ValueError, match="request 0: its prompt was built with"):
         _engine(synth, rows=2, greedy=True).run([request])
+    with pytest.raises(ValueError, match="request 1 has neither prompt_embeds nor a PromptSource"):
+        _engine(synth, rows=2, greedy=True).run([EngineRequest(key=1, prompt_embeds=None, seed=0, max_frames=4)])
 
 
 def test_a_request_that_cannot_fit_a_slot_is_refused(synth):

@@ -271,6 +271,8 @@ class Engine:
 
     def check(self, request: EngineRequest) -> None:
         """A request whose prompt plus frame cap can never fit a slot is refused, not queued."""
+        if request.prompt_embeds is None and request.source is None:
+            raise ValueError(f"request {request.key} has neither prompt_embeds nor a PromptSource")
         for settings in (request.talker, request.cp):
             if settings is not None and settings.do_sample and settings.top_p < 1 and not self.step.top_p:
                 raise RequestError(f"the request samples with top_p {settings.top_p}, but this engine was "

@@ -145,7 +145,7 @@ def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineReque
     """An engine of `concurrency` slots whose context fits `requests`, warmed up (graphs captured,
     kernels compiled) on `warmup_requests`, its stats reset."""
     sampling = synth.ckpt.sampling
-    context = max(r.prompt_embeds.shape[0] + r.max_frames + 1 for r in requests)
+    context = max(r.prompt_length + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
                     trailing_text=any(r.trailing_text is not None for r in requests), **engine_options)

@@ -11,7 +11,8 @@ from pyspy_summary import frame_key, parse, summary  # noqa: E402
 PROFILE = "\n".join([
     "thread (0x1): tts-synthesis;run (tts_cli/engine/runner.py:340);_drain (tts_cli/engine/runner.py:491);"
     "_wait (tts_cli/engine/runner.py:610);synchronize (torch/cuda/streams.py:225) 60",
-    "thread (0x1);run (tts_cli/engine/runner.py:340);_drain (tts_cli/engine/runner.py:500) 30",
+    "thread (0x1);run (tts_cli/engine/runner.py:340);_drain (tts_cli/engine/runner.py:500) 20",
+    "thread (0x1);run (tts_cli/engine/runner.py:340);_drain (tts_cli/engine/runner.py:491) 10",
     "thread (0x1);run (tts_cli/engine/runner.py:355);_end (tts_cli/engine/runner.py:570) 10",
     "thread (0x2): tts-writer_0;store (tts_cli/output/formats.py:40);write (soundfile.py:363) 20",
     "thread (0x2): tts-writer_0 5",
@@ -38,9 +39,12 @@ def test_summary_lists_threads_by_samples_with_their_shares():
     assert "10.0%  _end (tts_cli/engine/runner.py)" not in lines   # beyond --top 2
     assert lines[4:7] == ["inclusive (tts_cli/):", "100.0%  run (tts_cli/engine/runner.py)",
                           "90.0%  _drain (tts_cli/engine/runner.py)"]
-    assert lines[7:] == ["thread tts-writer_0 (0x2): 25 samples, 20.0% of all", "self:",
-                         "80.0%  write (soundfile.py)", "20.0%  (no Python frame)",
-                         "inclusive (tts_cli/):", "80.0%  store (tts_cli/output/formats.py)"]
+    # the two lines of _drain apart; _end's line (10 samples too, seen later) beyond --top 2
+    assert lines[7:10] == ["self, by line (tts_cli/):", "20.0%  _drain (tts_cli/engine/runner.py:500)",
+                           "10.0%  _drain (tts_cli/engine/runner.py:491)"]
+    assert lines[10:] == ["thread tts-writer_0 (0x2): 25 samples, 20.0% of all", "self:",
+                          "80.0%  write (soundfile.py)", "20.0%  (no Python frame)",
+                          "inclusive (tts_cli/):", "80.0%  store (tts_cli/output/formats.py)"]
 
 
 def test_a_line_without_a_count_or_a_thread_is_refused_by_number():

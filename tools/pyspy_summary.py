@@ -7,7 +7,8 @@ one stack per line, frames joined by ';', then its sample count).
 Per thread: its samples, then the functions its samples were in, by self (the innermost frame:
 with --idle, a thread waiting on a lock or an event shows the waiting call) and inclusive (any
 frame of the stack, counted once per sample) for the files whose path contains a --match
-string. Built to say why `tts synth`'s engine thread leaves the GPU idle between steps
+string, then the self samples of those files by line (which line of a function holds them: a
+native call that releases the GIL, such as a large numpy copy, has no frame of its own). Built to say why `tts synth`'s engine thread leaves the GPU idle between steps
 (docs/bench.md, "Where the synthesis wall goes"): the time it spends waiting for CUDA events
 against the time it spends in the host's work, and what the other threads do meanwhile.
 """
@@ -29,6 +30,7 @@ class Thread:
     name: str = ""
     samples: int = 0
     self_frames: Counter = field(default_factory=Counter)
+    self_lines: Counter = field(default_factory=Counter)   # the innermost frame with its line
     inclusive: Counter = field(default_factory=Counter)
 
 
@@ -57,6 +59,8 @@ def parse(text: str) -> dict[str, Thread]:
         thread.samples += samples
         keys = [frame_key(f) for f in frames if f.strip()]
         thread.self_frames[keys[-1] if keys else "(no Python frame)"] += samples
+        if keys:
+            thread.self_lines[frames[-1].strip()] += samples
         for key in set(keys):
             thread.inclusive[key] += samples
     return threads
@@ -75,6 +79,11 @@ def summary(threads: dict[str, Thread], top: int, matches: list[str]) -> str:
         if ours:
             lines.append(f"  inclusive ({', '.join(matches)}):")
             for key, n in ours:
+                lines.append(f"    {n / thread.samples:6.1%}  {key}")
+        own_lines = [(key, n) for key, n in thread.self_lines.most_common() if any(m in key for m in matches)][:top]
+        if own_lines:
+            lines.append(f"  self, by line ({', '.join(matches)}):")
+            for key, n in own_lines:
                 lines.append(f"    {n / thread.samples:6.1%}  {key}")
     return "\n".join(lines)
 

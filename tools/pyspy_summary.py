@@ -8,9 +8,10 @@ Per thread: its samples, then the functions its samples were in, by self (the in
 with --idle, a thread waiting on a lock or an event shows the waiting call) and inclusive (any
 frame of the stack, counted once per sample) for the files whose path contains a --match
 string, then the self samples of those files by line (which line of a function holds them: a
-native call that releases the GIL, such as a large numpy copy, has no frame of its own). Built to say why `tts synth`'s engine thread leaves the GPU idle between steps
-(docs/bench.md, "Where the synthesis wall goes"): the time it spends waiting for CUDA events
-against the time it spends in the host's work, and what the other threads do meanwhile.
+native call that releases the GIL, such as a large numpy copy, has no frame of its own). Built
+to say why `tts synth`'s engine thread leaves the GPU idle between steps (docs/bench.md, "Where
+the synthesis wall goes"): the time it spends waiting for CUDA events against the time it spends
+in the host's work, and what the other threads do meanwhile.
 """
 from __future__ import annotations
 

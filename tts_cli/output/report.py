@@ -35,8 +35,8 @@ DEFINITIONS = {
                  "rest is host work: when the host is the bound, this is small), row_callback_seconds went to "
                  "handing finished rows over and prompt_vector_seconds to building the prompts' vectors "
                  "(while waiting for the GPU where it could); ms_per_step = engine_seconds / steps; "
-                 "gpu_ms_per_step: each stage's GPU time per decode step from CUDA events (prefill: admissions; stages on other "
-                 "streams overlap); slots_busy: frames / (steps x engine slots)",
+                 "gpu_ms_per_step: each stage's GPU time per decode step from CUDA events (prefill: "
+                 "admissions; stages on other streams overlap); slots_busy: frames / (steps x engine slots)",
 }
 
 

@@ -291,6 +291,36 @@ def test_while_the_gpu_works_the_engine_builds_the_next_queued_prompts(synth):
     assert built == [0, 1, 2, 3]                   # nothing left to build: it waits
 
 
+def test_windows_read_a_few_slots_at_a_time_while_the_gpu_works_give_the_same_audio(synth, monkeypatch):
+    """While the host waits for a step it copies the PCM of windows that are there, WAIT_SLOTS slots at
+    a time (here 1, events that pass after two queries): the requests end with the codes and PCM of
+    a run that read every window at once, bit for bit, and windows were read in pieces."""
+    from tts_cli.engine import runner
+    frames = [12, 30, 7, 20, 25, 9]
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
+                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    at_once = _engine(synth, rows=4, greedy=False, codec_window=4).run(requests)
+    monkeypatch.setattr(runner, "WAIT_SLOTS", 1)
+    engine = _engine(synth, rows=4, greedy=False, codec_window=4)
+    engine._record_event = lambda: _PassingEvent(late=2)
+    read_in_waits = []
+    read_windows = engine._read_windows
+
+    def counted(run, wait=False, freeing=None, slots=None):
+        copied = read_windows(run, wait, freeing, slots)
+        if slots is not None and copied:
+            read_in_waits.append(run.windows[0].read if run.windows else None)
+        return copied
+    engine._read_windows = counted
+    engine.reset_stats()
+    results = engine.run(requests)
+    assert any(read not in (None, 0) for read in read_in_waits)   # a window left part-read between two queries
+    assert 0 < engine.stats.pcm_s < engine.stats.wall_s
+    assert [len(r.codes) for r in results] == frames
+    for a, b in zip(results, at_once):
+        assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
+
+
 def test_a_prompt_built_unlike_its_source_or_without_one_is_refused(synth):
     request = _sourced(synth, 0, [], seed=0, max_frames=4)
     request.source.length += 1

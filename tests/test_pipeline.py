@@ -98,6 +98,7 @@ def test_the_report_says_where_the_engine_spent_its_time(tmp_path):
     assert timing["gpu_wait_seconds"] == 0   # on CPU the engine's work is done when its call returns
     assert 0 <= timing["row_callback_seconds"] < timing["engine_seconds"]   # (its count: tests/test_engine.py)
     assert 0 <= timing["prompt_vector_seconds"] < timing["engine_seconds"]   # (its count: tests/test_engine.py)
+    assert 0 <= timing["pcm_copy_seconds"] < timing["engine_seconds"]    # (its count: tests/test_engine.py)
     info = RunInfo(manifest="m.txt", model_dir="tiny", model_source="--model", bundled_random_model=True,
                    device="cpu", dtype="float32", greedy=False, base_seed=0, max_frames=6, batch_size=8,
                    skipped_empty=0, load_seconds=0.0, wall_seconds=result.wall_seconds, tts_version="test",
@@ -105,5 +106,6 @@ def test_the_report_says_where_the_engine_spent_its_time(tmp_path):
     report = build_report(info, result.records)
     assert report["synthesis"] == timing and "synthesis" in report["definitions"]
     assert f"Engine: {timing['steps']} steps in" in render_markdown(report)
-    assert (f"handed rows over in {timing['row_callback_seconds']:.2f} s and built prompt vectors in "
-            f"{timing['prompt_vector_seconds']:.2f} s") in render_markdown(report)
+    assert (f"handed rows over in {timing['row_callback_seconds']:.2f} s, built prompt vectors in "
+            f"{timing['prompt_vector_seconds']:.2f} s and copied audio in {timing['pcm_copy_seconds']:.2f} s"
+            ) in render_markdown(report)

@@ -57,7 +57,7 @@ print(f"rows_ok={t['ok']} hit_cap={t['hit_cap']} audio_s={t['audio_seconds_this_
       f"engine_s={e.get('engine_seconds')} "
       f"gpu_wait_s={e.get('gpu_wait_seconds')} row_callback_s={e.get('row_callback_seconds')} "
       f"engine_build_s={e.get('engine_build_seconds')} prompt_s={e.get('prompt_seconds')} "
-      f"prompt_vector_s={e.get('prompt_vector_seconds')} steps={e.get('steps')} "
+      f"prompt_vector_s={e.get('prompt_vector_seconds')} pcm_copy_s={e.get('pcm_copy_seconds')} steps={e.get('steps')} "
       f"slots_busy={e.get('slots_busy')} gpu_ms_per_step={e.get('gpu_ms_per_step')}")
 EOF
 )" | tee -a "$out/summary.txt"

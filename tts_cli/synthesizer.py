@@ -60,6 +60,7 @@ class SynthesisTiming:
     gpu_wait_seconds: float = 0.0       # of those, the engine's thread blocked on the GPU
     row_callback_seconds: float = 0.0   # of those, handing finished rows over (each Result built, delivered)
     prompt_vector_seconds: float = 0.0  # of those, building the prompts' vectors (mostly while the GPU works)
+    pcm_copy_seconds: float = 0.0       # of those, copying the windows' PCM to the rows' arrays (likewise)
     steps: int = 0
     slot_steps: int = 0                 # steps x the engine's slots
     frames: int = 0
@@ -72,7 +73,8 @@ class SynthesisTiming:
                 "engine_seconds": round(self.engine_seconds, 3),
                 "gpu_wait_seconds": round(self.gpu_wait_seconds, 3),
                 "row_callback_seconds": round(self.row_callback_seconds, 3),
-                "prompt_vector_seconds": round(self.prompt_vector_seconds, 3), "steps": self.steps,
+                "prompt_vector_seconds": round(self.prompt_vector_seconds, 3),
+                "pcm_copy_seconds": round(self.pcm_copy_seconds, 3), "steps": self.steps,
                 "slots_busy": round(self.frames / self.slot_steps, 3) if self.slot_steps else None,
                 "ms_per_step": round(self.engine_seconds * 1000 / steps, 3),
                 "gpu_ms_per_step": {name: round(ms / steps, 3) for name, ms in self.stage_ms.items()}}
@@ -399,6 +401,7 @@ class Synthesizer:
         timing.gpu_wait_seconds += stats.gpu_wait_s
         timing.row_callback_seconds += stats.callback_s
         timing.prompt_vector_seconds += stats.prompt_s
+        timing.pcm_copy_seconds += stats.pcm_s
         timing.steps += stats.steps
         timing.slot_steps += stats.steps * engine.rows
         timing.frames += stats.frames

@@ -58,6 +58,8 @@ from tts_cli.model.transformer import use_kernels
 
 log = logging.getLogger(__name__)
 
+WAIT_SLOTS = 32     # slots' PCM copied between two looks at the awaited event: ~1 MB, well under a step
+
 
 @dataclass
 class PromptSource:
@@ -143,6 +145,7 @@ class _Window:
     event: object                   # CUDA event after their copies (None on CPU)
     owners: list | None = None      # slot -> the _Running it held (set when its step is drained)
     frames: list | None = None      # slot -> that request's frame count up to this window's end
+    read: int = 0                   # its slots below this one have had their PCM copied
 
 
 @dataclass
@@ -166,6 +169,7 @@ class EngineStats:
     gpu_wait_s: float = 0.0         # the host blocked on the GPU's events (the rest of wall_s: host work)
     callback_s: float = 0.0         # in on_result, handing finished requests over
     prompt_s: float = 0.0           # building prompts from their PromptSource
+    pcm_s: float = 0.0              # copying windows' PCM to the requests' arrays
 
     def per_step(self) -> dict:
         n = max(self.steps, 1)
@@ -390,7 +394,7 @@ class Engine:
                 if cancel is not None and cancel.is_set():
                     self._cancel(run)
                 if previous is not None:
-                    self._mark_stops(previous)
+                    self._mark_stops(previous, run)
                 self._admit(queue, run.running)
             launched = None
             emitting = any(r is not None and not r.stopped for r in run.running)
@@ -509,7 +513,7 @@ class Engine:
         self.step.run_stage(name)
         self._add_time(name, t0)
 
-    def _mark_stops(self, launch: _Launch) -> None:
+    def _mark_stops(self, launch: _Launch, run: _Run | None = None) -> None:
         """Waits for a decode step's flags (not its codec), then marks the requests that it says will
         not emit at the next step (their EOS or cap) as stopped: their slots are free for the next
         window boundary without waiting for that step."""
@@ -517,7 +521,7 @@ class Engine:
             return
         launch.stops_marked = True
         if launch.flags_event is not None:
-            self._wait(launch.flags_event)
+            self._wait(launch.flags_event, run)
         emits_next = launch.buffers["emit"].numpy()[1]
         for slot, run in enumerate(launch.owners):
             if run is not None and not emits_next[slot]:
@@ -530,7 +534,7 @@ class Engine:
         and all its PCM is read. Slots are taken as they were at launch: a slot reused since still
         owes its previous request that window's PCM."""
         if launch.event is not None:
-            self._wait(launch.event)
+            self._wait(launch.event, run)
         self._mark_stops(launch)
         now = time.perf_counter()
         nonfinite = int(launch.buffers["nonfinite"][0]) if launch.stepped else 0
@@ -552,26 +556,32 @@ class Engine:
             launch.window.owners = launch.owners
             launch.window.frames = [None if owner is None else owner.frames for owner in launch.owners]
             run.windows.append(launch.window)
-        self._read_windows(run)
 
-    def _read_windows(self, run: _Run, wait: bool = False, freeing: dict | None = None) -> None:
-        """Hands each request the PCM of its frames in the windows whose PCM is there, oldest first.
-        With `wait` it waits for every window; with `freeing` (pinned buffers) for the windows up to
-        the one that holds its PCM there."""
+    def _read_windows(self, run: _Run, wait: bool = False, freeing: dict | None = None,
+                      slots: int | None = None) -> bool:
+        """Hands each request the PCM of its frames in the windows whose PCM is there, oldest first,
+        and ends the requests whose PCM is then all read. With `wait` it waits for every window;
+        with `freeing` (pinned buffers) for the windows up to the one that holds its PCM there; with
+        `slots`, it copies at most that many slots' PCM (the engine's waits for the GPU read windows
+        a few slots at a time). Returns whether it copied anything."""
+        copied = 0
         while run.windows:
             window = run.windows[0]
             if window.event is not None:
                 must = wait or any(w.buffers is freeing for w in run.windows)
                 if not (must or window.event.query()):
-                    return
-                self._wait(window.event)
-            run.windows.popleft()
-            now = time.perf_counter()
-            if "overflow" in window.buffers:
+                    break
+                if must:
+                    self._wait(window.event)
+                    window.event = None
+            if window.read == 0 and "overflow" in window.buffers:
                 self.codec.decoder.check_range(int(window.buffers["overflow"][0]))
+            start = now = time.perf_counter()
             pcm = window.buffers["pcm"].numpy()
             samples = self.codec.samples_per_frame
-            for slot, owner in enumerate(window.owners):
+            end = len(window.owners) if slots is None else min(len(window.owners), window.read + slots - copied)
+            for slot in range(window.read, end):
+                owner = window.owners[slot]
                 if owner is None or owner.ended:
                     continue
                 fresh = window.frames[slot] - owner.decoded
@@ -582,6 +592,13 @@ class Engine:
                         owner.first_audio_at = now
                 if owner.all_codes and owner.decoded == owner.frames:
                     self._end(slot, owner, run, now)
+            copied += end - window.read
+            window.read = end
+            self.stats.pcm_s += time.perf_counter() - start
+            if window.read < len(window.owners):
+                break
+            run.windows.popleft()
+        return copied > 0
 
     def _non_finite_message(self, count: int) -> str:
         message = f"the talker and code predictor produced {count} NaN or infinite logits: this audio would be wrong"
@@ -627,9 +644,15 @@ class Engine:
                              f"and trailing text {request.has_trailing_text}; its source said {request.source.length} "
                              f"and {request.source.trailing_text}")
 
-    def _wait(self, event) -> None:
-        """Waits for a GPU event; until it has happened, builds the queue's next unbuilt prompts."""
-        while self._unbuilt and not event.query():
+    def _wait(self, event, run: _Run | None = None) -> None:
+        """Waits for a GPU event; until it has happened, copies the PCM of `run`'s windows that are
+        there (WAIT_SLOTS slots at a time) and builds the queue's next unbuilt prompts (why:
+        docs/design.md, "The host's idle time used")."""
+        while not event.query():
+            if run is not None and self._read_windows(run, slots=WAIT_SLOTS):
+                continue
+            if not self._unbuilt:
+                break
             self._build_prompt(self._unbuilt.popleft())
         start = time.perf_counter()
         event.synchronize()

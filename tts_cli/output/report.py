@@ -33,8 +33,9 @@ DEFINITIONS = {
                  "building engines and capturing their CUDA graphs, engine_seconds running them (waits for the "
                  "GPU included), of which gpu_wait_seconds its thread was blocked waiting for the GPU (the "
                  "rest is host work: when the host is the bound, this is small), row_callback_seconds went to "
-                 "handing finished rows over and prompt_vector_seconds to building the prompts' vectors "
-                 "(while waiting for the GPU where it could); ms_per_step = engine_seconds / steps; "
+                 "handing finished rows over, prompt_vector_seconds to building the prompts' vectors and "
+                 "pcm_copy_seconds to copying the audio to each row's array (both while waiting for the GPU "
+                 "where it could); ms_per_step = engine_seconds / steps; "
                  "gpu_ms_per_step: each stage's GPU time per decode step from CUDA events (prefill: "
                  "admissions; stages on other streams overlap); slots_busy: frames / (steps x engine slots)",
 }
@@ -236,8 +237,9 @@ def synthesis_line(synthesis: dict) -> str:
             f"per step" + (f", {busy:.0%} of slot-steps made a frame" if busy is not None else "") + ")"
             + (f"; GPU ms per step: {stages}" if stages else "")
             + f"; the engine's thread waited {synthesis['gpu_wait_seconds']:.2f} s for the GPU and handed rows "
-            f"over in {synthesis['row_callback_seconds']:.2f} s and built prompt vectors in "
-            f"{synthesis['prompt_vector_seconds']:.2f} s"
+            f"over in {synthesis['row_callback_seconds']:.2f} s, built prompt vectors in "
+            f"{synthesis['prompt_vector_seconds']:.2f} s and copied audio in "
+            f"{synthesis['pcm_copy_seconds']:.2f} s"
             + f"; prompts tokenized in {synthesis['prompt_seconds']:.2f} s, engines built in "
             f"{synthesis['engine_build_seconds']:.2f} s ({synthesis['calls']} calls)")
 

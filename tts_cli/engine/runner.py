@@ -52,7 +52,7 @@ from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep
 from tts_cli.errors import NonFiniteError, RequestError, SynthesisCancelled
 from tts_cli.model.codec import CodecState
-from tts_cli.model.host import to_device
+from tts_cli.model.host import copy_keeping_gil, to_device
 from tts_cli.model.sampler import RowSampling, SamplerSettings
 from tts_cli.model.transformer import use_kernels
 
@@ -586,7 +586,7 @@ class Engine:
                     continue
                 fresh = window.frames[slot] - owner.decoded
                 if fresh:
-                    owner.pcm[owner.decoded * samples:(owner.decoded + fresh) * samples] = pcm[slot, :fresh * samples]
+                    copy_keeping_gil(owner.pcm, owner.decoded * samples, pcm[slot, :fresh * samples])
                     owner.decoded += fresh
                     if owner.first_audio_at is None:
                         owner.first_audio_at = now

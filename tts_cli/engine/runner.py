@@ -6,7 +6,9 @@ pinned memory (waiting only on that step's event) and ends finished requests bef
 step n+1 (at a window boundary it first waits for step n's flags as well: below). A request may
 come with its prompt's vectors not yet built (a PromptSource): while the host would wait for the
 GPU it builds the queue's next such prompts, in queue order, and any left at an admission then, so
-building a corpus's prompts overlaps the steps of the requests before them.
+building a corpus's prompts overlaps the steps of the requests before them. In those waits it also
+copies the PCM of windows that are there into their requests' arrays, a few slots at a time (all at
+once only when a window's pinned buffer is needed again).
 
 The codec runs every `codec_window` (K) steps over the window of the last K frames, so admission
 happens at window boundaries only (step count mod K == 0). A request that stops mid-window frees

@@ -171,7 +171,7 @@ class EngineStats:
     gpu_wait_s: float = 0.0         # the host blocked on the GPU's events (the rest of wall_s: host work)
     callback_s: float = 0.0         # in on_result, handing finished requests over
     prompt_s: float = 0.0           # building prompts from their PromptSource
-    pcm_s: float = 0.0              # copying windows' PCM to the requests' arrays
+    pcm_s: float = 0.0              # copying windows' PCM to the requests' arrays (the ends it allows included)
 
     def per_step(self) -> dict:
         n = max(self.steps, 1)
@@ -525,9 +525,9 @@ class Engine:
         if launch.flags_event is not None:
             self._wait(launch.flags_event, run)
         emits_next = launch.buffers["emit"].numpy()[1]
-        for slot, run in enumerate(launch.owners):
-            if run is not None and not emits_next[slot]:
-                run.stopped = True
+        for slot, owner in enumerate(launch.owners):
+            if owner is not None and not emits_next[slot]:
+                owner.stopped = True
 
     def _drain(self, launch: _Launch, run: _Run) -> None:
         """Reads one finished launch: appends a step's emitted frames and marks the requests that

@@ -90,6 +90,45 @@ def test_gpus_list_runs_one_worker_process_each(tmp_path, monkeypatch, capfd):
         assert sf.read(out / row["file"])[0].tolist() == sf.read(single / row["file"])[0].tolist()
 
 
+class _KilledProcess:
+    pid, exitcode = 4242, -signal.SIGKILL
+
+    def join(self, timeout=None):
+        pass
+
+
+class _Tasks:
+    def put(self, item):
+        pass
+
+    def cancel_join_thread(self):
+        pass
+
+
+@pytest.mark.parametrize("cut", ["between messages", "during a message"])
+def test_a_worker_killed_while_it_sends_fails_the_rows_it_held(cut):
+    """A worker killed between two messages leaves an EOF on its result pipe; one killed while it
+    sent a message leaves part of it, and recv raises OSError (seen in CI): either way its rows
+    fail with one line that says so, and the run goes on."""
+    import os
+    import struct
+    from multiprocessing.connection import Connection
+
+    from tts_cli.scale.workers import Worker, WorkerPool
+    read, write = os.pipe()
+    if cut == "during a message":
+        os.write(write, struct.pack("!i", 100) + b"part")   # a 100-byte message cut after 4 bytes
+    os.close(write)
+    pool = object.__new__(WorkerPool)
+    pool.workers = [Worker("cpu", _KilledProcess(), _Tasks(), Connection(read, writable=False))]
+    pool.notes, pool.started = [], 2
+    (index, outcomes, seconds), = list(pool.run([["row a", "row b"]]))
+    assert index == 0 and seconds == 0.0 and [position for position, _ in outcomes] == [0, 1]
+    assert all(str(error) == "worker on cpu (pid 4242) died (killed by SIGKILL) while it held this row: rerun the "
+               "same command to retry it" for _, error in outcomes)
+    assert pool.workers == [] and "the run went on with 0 of 2 workers" in pool.notes[0]
+
+
 @needs_bundled_model
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="the [ray] extra is not installed (pip install -e '.[ray]'); make test installs it")

@@ -60,6 +60,11 @@ def check_devices(devices: list[str]) -> None:
             raise TTSError(f"--gpus: {device} is not there (torch sees {count} CUDA devices)")
 
 
+# What reading a worker's result pipe raises once the worker is gone: EOFError between messages, and
+# OSError ("got end of file during message") when it died while sending one (seen in CI: SIGKILL).
+ENDED = (EOFError, OSError)
+
+
 @dataclass
 class Worker:
     device: str
@@ -115,7 +120,7 @@ class WorkerPool:
     def _ready(self, worker: Worker) -> tuple:
         try:
             message = worker.results.recv()
-        except EOFError:
+        except ENDED:
             raise TTSError(f"{worker} died while loading the model ({_how_it_ended(worker.process)})") from None
         if message[0] == "failed":
             raise TTSError(f"worker on {message[1]} could not load the model: {message[2]}")
@@ -137,7 +142,7 @@ class WorkerPool:
             worker = next(w for w in self.workers if w.results in ready)
             try:
                 _, index, outcomes, seconds = worker.results.recv()
-            except EOFError:
+            except ENDED:
                 for index, outcomes in self._lost(worker, batches):
                     answered += 1
                     yield index, list(enumerate(outcomes)), 0.0

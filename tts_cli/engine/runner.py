@@ -567,7 +567,7 @@ class Engine:
         `slots`, it copies at most that many slots' PCM (the engine's waits for the GPU read windows
         a few slots at a time). Returns whether it copied anything."""
         copied = 0
-        while run.windows:
+        while run.windows and (slots is None or copied < slots):
             window = run.windows[0]
             if window.event is not None:
                 must = wait or any(w.buffers is freeing for w in run.windows)

@@ -203,6 +203,19 @@ for block_k in (16, 64, 128):
     torch.testing.assert_close(attend(qkv_parts.reshape(3 * rows, -1), caches()[0], block_k=block_k), expected,
                                rtol=1e-5, atol=1e-5)
 
+# the one-token kernel (the engine's against the code predictor's short caches from 64 rows) forced
+# at these rows: the same keys and values written, the same output but for the order of the sums,
+# over fp32 and fp16 caches
+for dtype in (torch.float32, torch.float16):
+    kv_general, kv_one = caches()[0], caches()[0]
+    kv_general.k, kv_general.v = (torch.randn(kv_general.k.shape, generator=g).to(dtype) for _ in range(2))
+    kv_one.k, kv_one.v = kv_general.k.clone(), kv_general.v.clone()
+    general = attend(qkv_parts.reshape(3 * rows, -1), kv_general, dtype=dtype, decode=False)
+    one = attend(qkv_parts.reshape(3 * rows, -1), kv_one, dtype=dtype, decode=True)
+    assert torch.equal(kv_one.k, kv_general.k) and torch.equal(kv_one.v, kv_general.v)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-3
+    torch.testing.assert_close(one.float(), general.float(), rtol=tolerance, atol=tolerance)
+
 # fp16 weights (the engine's default on CUDA): every projection's input rounded once to fp16, fp16
 # caches (the torch path rounds its keys and values there too), fp16 queries and probabilities
 plain16, fused16 = copy.deepcopy(plain).half(), copy.deepcopy(fused).half()

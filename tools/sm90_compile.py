@@ -8,13 +8,14 @@ pointers and integers divisible by 16), so kernel changes can be checked for spi
 tensor-core or async-copy use before spending device time.
 
     python tools/sm90_compile.py depth|attention|sampler|conv|conv-tma|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
-                                 [--rows 64] [--tokens 1]
+                                 [--rows 64] [--tokens 1] [--capacity 256]
                                  [--warps N] [--stages N] [--channels 96] [--shape 4096x2048]
                                  [--talker-precision fp16|bf16] [--maxnreg N] [--ptx OUT.ptx]
 
 depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache and GEMM inputs;
 bf16: bf16 cache, hi/lo parts); attention: the decoder layers' attention kernel at the 1.7B
-talker's shapes, `--tokens` new tokens per row; sampler: one draw per row over the code predictor's 2048 ids;
+talker's shapes, `--tokens` new tokens per row against `--capacity` cached positions (the code predictor's
+16 and from 64 rows: its one-token kernel); sampler: one draw per row over the code predictor's 2048 ids;
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
 wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; conv-tma: the same
 convolution as the Hopper kernel in Gluon (tts_kernels.conv_tma); gemv: the one-row
@@ -141,17 +142,19 @@ def depth_launch(rows: int, warps: int | None, stages: int | None, dtype: torch.
     return depth_frame._depth_frame, args, kwargs
 
 
-def attention_launch(rows: int, tokens: int, warps: int | None, stages: int | None, dtype: torch.dtype):
+def attention_launch(rows: int, tokens: int, capacity: int, warps: int | None, stages: int | None,
+                     dtype: torch.dtype):
     import tts_kernels.attention as attention
     from tts_kernels.linear import parts_of
-    heads, kv_heads, head_dim, capacity = 16, 8, 128, 256
+    heads, kv_heads, head_dim = 16, 8, 128
     cache = torch.zeros(rows, kv_heads, capacity, head_dim, dtype=dtype)
     table = torch.zeros(capacity, head_dim)
-    args, kwargs = captured_launch(attention._attention, lambda: attention.cached_attention(
+    kernel = attention._decode_attention if attention.takes_decode_kernel(rows, tokens, capacity) else attention._attention
+    args, kwargs = captured_launch(kernel, lambda: attention.cached_attention(
         torch.zeros(parts_of(dtype) * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
         torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),
         torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=dtype))
-    return attention._attention, args, launch_options(kwargs, warps, stages)
+    return kernel, args, launch_options(kwargs, warps, stages)
 
 
 PROJECTIONS = ("gemv", "gemv-silu", "gemm-rows", "gemm-rows-silu")
@@ -230,6 +233,8 @@ def main() -> None:
                                            *PROJECTIONS])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
+    parser.add_argument("--capacity", type=int, default=256,
+                        help="attention: the cache's positions (256: a talker's; 16: the code predictor's)")
     parser.add_argument("--warps", type=int, help="default: what the engine's launcher takes")
     parser.add_argument("--stages", type=int)
     parser.add_argument("--channels", type=int, default=96)
@@ -247,7 +252,7 @@ def main() -> None:
     if args.kernel == "depth":
         launch = depth_launch(args.rows, args.warps, args.stages, dtype, tiles)
     elif args.kernel == "attention":
-        launch = attention_launch(args.rows, args.tokens, args.warps, args.stages, dtype)
+        launch = attention_launch(args.rows, args.tokens, args.capacity, args.warps, args.stages, dtype)
     elif args.kernel == "window":
         launch = window_launch(args.rows, args.tokens, args.warps, args.stages)
     elif args.kernel in PROJECTIONS:

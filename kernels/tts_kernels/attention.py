@@ -172,6 +172,71 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
                 scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS)
 
 
+@triton.jit
+def _decode_attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, rows_ptr,
+                      start_ptr, start, out_ptr, rows, eps, scale, cache_row_stride, cache_head_stride,
+                      cache_pos_stride, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr,
+                      HEAD_DIM: tl.constexpr, CAPACITY: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr,
+                      BLOCK_D: tl.constexpr, QKV_PARTS: tl.constexpr, PARTS: tl.constexpr,
+                      START_PER_ROW: tl.constexpr, PDL: tl.constexpr):
+    """_attention for one new token per row, without the tensor cores: the GROUPS query heads of a
+    kv head against its keys as broadcast products summed in fp32 (exact products of the rounded
+    queries and keys, as the tensor cores make them; the sums in another order). The new key and
+    value stay in registers, where _attention stores them and reads them back after a barrier: the
+    softmax starts from the new key, and the cache's loads need wait for nothing this program writes."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
+    part_stride = rows * width
+    let_dependents_launch(PDL)
+    wait_for_predecessor(PDL)
+    if START_PER_ROW:
+        start = tl.load(start_ptr + row)
+    cache_row = tl.load(rows_ptr + row)
+    head_base = cache_row * cache_row_stride + kv_head * cache_head_stride
+    cache_type: tl.constexpr = k_cache_ptr.dtype.element_ty
+    dims = tl.arange(0, BLOCK_D)
+    in_head = dims < HEAD_DIM
+    group = tl.arange(0, BLOCK_G)
+    one = tl.arange(0, 1)
+    q = _rotated_heads(qkv_ptr, row * width + (kv_head * GROUPS + group) * HEAD_DIM, part_stride, group < GROUPS,
+                       q_norm_ptr, cos_ptr, sin_ptr, start + 0 * group, eps, HEAD_DIM, BLOCK_D, QKV_PARTS)
+    q = q.to(cache_type, fp_downcast_rounding="rtne").to(tl.float32)                           # [G, D]
+    new_k = _rotated_heads(qkv_ptr, row * width + (Q_HEADS + kv_head) * HEAD_DIM + one, part_stride, one == 0,
+                           k_norm_ptr, cos_ptr, sin_ptr, start + one, eps, HEAD_DIM, BLOCK_D, QKV_PARTS)
+    new_v = load_parts(qkv_ptr, (row * width + (Q_HEADS + KV_HEADS + kv_head) * HEAD_DIM + one)[:, None] + dims[None, :],
+                       part_stride, in_head[None, :], QKV_PARTS)                                  # [1, D]
+    new_k = new_k.to(cache_type, fp_downcast_rounding="rtne")
+    new_v = new_v.to(cache_type, fp_downcast_rounding="rtne")
+    slot = head_base + (start + one)[:, None] * cache_pos_stride + dims[None, :]
+    tl.store(k_cache_ptr + slot, new_k, mask=in_head[None, :])
+    tl.store(v_cache_ptr + slot, new_v, mask=in_head[None, :])
+
+    best = tl.sum(q * new_k.to(tl.float32), axis=1) * scale                                      # [G]
+    total = tl.full([BLOCK_G], 1.0, tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32) + new_v.to(tl.float32)
+    # the keys before the new one (a static trip count: see _attend)
+    for key_start in range(0, CAPACITY, BLOCK_K):
+        if key_start < start:
+            keys = key_start + tl.arange(0, BLOCK_K)
+            earlier = keys < start
+            kv_offsets = head_base + keys[:, None] * cache_pos_stride + dims[None, :]
+            k = tl.load(k_cache_ptr + kv_offsets, mask=earlier[:, None] & in_head[None, :], other=0.0)
+            v = tl.load(v_cache_ptr + kv_offsets, mask=earlier[:, None] & in_head[None, :], other=0.0)
+            scores = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale           # [G, K]
+            scores = tl.where(earlier[None, :], scores, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=1))
+            p = tl.exp(scores - new_best[:, None])
+            correction = tl.exp(best - new_best)
+            total = total * correction + tl.sum(p, axis=1)
+            p = p.to(cache_type).to(tl.float32)   # the probabilities meet the values in the cache's dtype
+            acc = acc * correction[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            best = new_best
+    out_offsets = ((row * Q_HEADS + kv_head * GROUPS + group) * HEAD_DIM)[:, None] + dims[None, :]
+    store_parts(out_ptr, out_offsets, rows * Q_HEADS * HEAD_DIM, acc / total[:, None],
+                (group < GROUPS)[:, None] & in_head[None, :], PARTS)
+
+
 def decode_block_k(rows: int, tokens_per_row: int, capacity: int) -> int:
     """Keys per step of the online softmax. One token per row against a long cache (the talker's
     decode step) takes wider steps: fewer of the chain's dependent loads. On the H200 at the 1.7B
@@ -183,11 +248,24 @@ def decode_block_k(rows: int, tokens_per_row: int, capacity: int) -> int:
     return 128 if rows <= 16 else 64
 
 
+# _decode_attention's launch, and where it runs: one token per row against a short cache (the code
+# predictor's 16 positions) from 64 rows. H200, 1.7B shapes (tools/attention_bench.py, 2026-12-04):
+# 13.9 us against _attention's 24.3 at 512 rows, 5.9 against 6.6 at 64; against the talker's longer
+# caches (positions 20-140) 63.6 against 66.6 us at 512 rows, 36.2 against 36.2 at 256, 23.1 against
+# 13.2 at 64 (one warp walks the keys 16 at a time; _attention takes 64 per step on the tensor cores).
+DECODE_BLOCK_K, DECODE_WARPS, DECODE_MIN_ROWS, DECODE_MAX_CAPACITY = 8, 1, 64, 32
+
+
+def takes_decode_kernel(rows: int, tokens_per_row: int, capacity: int) -> bool:
+    """Whether cached_attention runs _decode_attention (module doc, DECODE_MIN_ROWS)."""
+    return tokens_per_row == 1 and rows >= DECODE_MIN_ROWS and capacity <= DECODE_MAX_CAPACITY
+
+
 def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: int, q_norm: torch.Tensor,
                      k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, rows: torch.Tensor, start: int | torch.Tensor, tokens_per_row: int,
                      scale: float, dtype: torch.dtype = torch.float32, block_k: int | None = None,
-                     num_warps: int | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, decode: bool | None = None) -> torch.Tensor:
     """qkv [Q * B * S, (q_heads + 2 kv_heads) * head_dim] fp32, Q >= 1 parts to add (one projection's
     output: its input's parts, or gemm_rows' partial sums; tts_kernels.linear) of B rows x S =
     tokens_per_row tokens;
@@ -205,6 +283,19 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     if qkv.shape[0] != qkv_parts * b * s:
         raise ValueError(f"qkv has {qkv.shape[0]} rows: not a whole number of parts of {b} x {s} tokens")
     out = torch.empty(parts * b * s, q_heads * head_dim, device=qkv.device, dtype=dtype)
+    if decode is None:
+        decode = takes_decode_kernel(b, s, k_cache.shape[2])
+    if decode:
+        if s != 1:
+            raise ValueError(f"the decode kernel takes one token per row, not {s}")
+        _decode_attention[(b, kv_heads)](
+            qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b, eps, scale,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, CAPACITY=k_cache.shape[2],
+            BLOCK_G=triton.next_power_of_2(groups), BLOCK_K=block_k or DECODE_BLOCK_K,
+            BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QKV_PARTS=qkv_parts, PARTS=parts,
+            START_PER_ROW=torch.is_tensor(start), **programmatic(qkv), num_warps=num_warps or DECODE_WARPS)
+        return out
     _attention[(b, kv_heads)](
         qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b * s, eps, scale,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -114,16 +114,17 @@ def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(dtype, prompt
     assert talker >= 0.9999 and depth >= 0.9995
 
 
+@pytest.mark.parametrize("rows, per_call", [(4, 1), (64, 4)])
 @pytest.mark.parametrize("vocoder", ["torch", "fp32", "fp16"])
-def test_streamed_codec_follows_full_fp32_decode(vocoder):
-    """The codec streamed one frame per call (fp32 weights, TF32 matmuls and convolutions), as the
-    plain modules and as the engine runs it (use_kernels: the time-major vocoder, its convolution
-    inputs in fp32 with TF32 or in fp16), against the plain modules' exact fp32 full decode: the
-    engine issue's SNR >= 35 dB."""
+def test_streamed_codec_follows_full_fp32_decode(vocoder, rows, per_call):
+    """The codec streamed `per_call` frames per call (fp32 weights, TF32 matmuls and convolutions), as
+    the plain modules and as the engine runs it (use_kernels: the time-major vocoder, its convolution
+    inputs in fp32 with TF32 or in fp16; at 64 rows of 4 frames the one-warp window attention),
+    against the plain modules' exact fp32 full decode: the engine issue's SNR >= 35 dB."""
     kernels = vocoder != "torch"
     from tts_cli.synthesizer import allow_tf32
     _, codec = build_random("1.7b", "cuda", torch.float32)
-    codes = torch.randint(0, 2048, (4, 100, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    codes = torch.randint(0, 2048, (rows, 100, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
@@ -131,12 +132,14 @@ def test_streamed_codec_follows_full_fp32_decode(vocoder):
         allow_tf32()
         codec.decoder.half = vocoder == "fp16"
         use_kernels(codec, kernels)
-        state: CodecState = codec.new_state(4)
-        streamed = torch.cat([codec.decode_step(codes[:, t:t + 1], state) for t in range(100)], dim=1)
+        state: CodecState = codec.new_state(rows)
+        streamed = torch.cat([codec.decode_step(codes[:, t:t + per_call], state) for t in range(0, 100, per_call)],
+                             dim=1)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     snr = 10 * torch.log10(full.pow(2).sum() / (streamed - full).pow(2).sum())
-    print(f"streamed codec (vocoder: {vocoder}) vs full fp32 decode: SNR {snr:.1f} dB")
+    print(f"streamed codec (vocoder: {vocoder}, {rows} rows, {per_call} frames a call) vs full fp32 decode: "
+          f"SNR {snr:.1f} dB")
     assert snr >= 35
 
 

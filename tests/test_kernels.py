@@ -416,6 +416,19 @@ for frames in [4, 1, 3, 4, 2, 8]:
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(state_f.history[key], state_p.history[key], rtol=0, atol=0)
     state_p.position += frames; state_f.position += frames
+# the one-warp kernel (the engine's from 64 rows of 4 frames) forced at these rows, against the
+# tensor-core one: the same output but for the order of the sums, the same cache afterwards
+from tts_kernels.window_attention import window_attention
+cache = torch.randn(rows, 2, cfg.num_heads, cfg.sliding_window - 1, cfg.head_dim, generator=g)
+start = torch.tensor([0, 9, 130])
+for frames in [4, 1, 7]:
+    q, k, v = (torch.randn(rows, frames, cfg.num_heads * cfg.head_dim, generator=g) for _ in range(3))
+    cos, sin = rope_cos_sin(start[:, None] + torch.arange(frames), cfg.head_dim, cfg.rope_theta, torch.float32)
+    caches = cache.clone(), cache.clone()
+    outs = [window_attention(q, k, v, cos, sin, c, start, cfg.sliding_window, one_warp=w) for c, w in zip(caches, (False, True))]
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(caches[1], caches[0]) and not torch.equal(caches[0], cache)
+    start += frames
 print("window attention ok")
 """
 

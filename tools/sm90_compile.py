@@ -221,10 +221,12 @@ def window_launch(rows: int, tokens: int, warps: int | None, stages: int | None)
     heads, head_dim = 16, 64
     x = torch.zeros(rows, tokens, heads * head_dim)
     rope = torch.zeros(rows, tokens, head_dim)
-    args, kwargs = captured_launch(window._window_attention, lambda: window.window_attention(
+    kernel = window._window_attention_one_warp if window.takes_one_warp_kernel(rows, tokens) else \
+        window._window_attention
+    args, kwargs = captured_launch(kernel, lambda: window.window_attention(
         x, x.clone(), x.clone(), rope, rope.clone(), torch.zeros(rows, 2, heads, 71, head_dim),
         torch.zeros(rows, dtype=torch.long), 72))
-    return window._window_attention, args, launch_options(kwargs, warps, stages)
+    return kernel, args, launch_options(kwargs, warps, stages)
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ tokens' positions, then its query heads' new queries (normed and rotated the sam
 the cached keys at positions <= their own (causal by position: the caller's keys beyond a row's
 position are stale or empty and never read). One kernel instead of a rope-and-store kernel and an
 attention kernel saves a launch per layer and position (~2.8 us each on the H200, 103 per c64
-step: tools/step_profile.py).
+step: tools/step_profile.py). For one token per row against a short cache (the code predictor's
+frame) from 64 rows, _decode_attention does the same in one warp per program (takes_decode_kernel).
 
 A row's S new tokens go to cache positions start, start + 1, ...: `start` is one int for every row
 (the code predictor, a prefill chunk) or a [B] tensor (the talker step). RoPE uses the same
@@ -183,7 +184,7 @@ def _decode_attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache
     kv head against its keys as broadcast products summed in fp32 (exact products of the rounded
     queries and keys, as the tensor cores make them; the sums in another order). The new key and
     value stay in registers, where _attention stores them and reads them back after a barrier: the
-    softmax starts from the new key, and the cache's loads need wait for nothing this program writes."""
+    softmax starts from the new key, and the cache's loads need not wait for this program's stores."""
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -251,13 +252,13 @@ def decode_block_k(rows: int, tokens_per_row: int, capacity: int) -> int:
 # _decode_attention's launch, and where it runs: one token per row against a short cache (the code
 # predictor's 16 positions) from 64 rows. H200, 1.7B shapes (tools/attention_bench.py, 2026-12-04):
 # 13.9 us against _attention's 24.3 at 512 rows, 5.9 against 6.6 at 64; against the talker's longer
-# caches (positions 20-140) 63.6 against 66.6 us at 512 rows, 36.2 against 36.2 at 256, 23.1 against
-# 13.2 at 64 (one warp walks the keys 16 at a time; _attention takes 64 per step on the tensor cores).
+# caches (positions 20-140), at 16 keys a step: 63.6 against 66.6 us at 512 rows, 36.2 against 36.2 at
+# 256, 23.1 against 13.2 at 64 (one warp walks the keys; _attention takes 64 a step on the tensor cores).
 DECODE_BLOCK_K, DECODE_WARPS, DECODE_MIN_ROWS, DECODE_MAX_CAPACITY = 8, 1, 64, 32
 
 
 def takes_decode_kernel(rows: int, tokens_per_row: int, capacity: int) -> bool:
-    """Whether cached_attention runs _decode_attention (module doc, DECODE_MIN_ROWS)."""
+    """Whether cached_attention runs _decode_attention (where it measured faster: the comment above)."""
     return tokens_per_row == 1 and rows >= DECODE_MIN_ROWS and capacity <= DECODE_MAX_CAPACITY
 
 
@@ -273,8 +274,9 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     cache row; start: where each row's first token goes (module doc). Writes the new keys and values
     to the caches; returns the attention output [P * B * S, q_heads * head_dim] in dtype, as parts,
     for the o projection (over dtype weights). block_k: keys per step of the online softmax (by
-    default decode_block_k's); num_warps: by default 4 up to 4 tokens per row, else 8
-    (tools/attention_bench.py times others)."""
+    default decode_block_k's, DECODE_BLOCK_K in _decode_attention); num_warps: by default 4 up to 4
+    tokens per row, else 8 (DECODE_WARPS); decode: whether _decode_attention runs (None: where
+    takes_decode_kernel says; tools/attention_bench.py times the settings)."""
     s, rows = tokens_per_row, rows.contiguous()
     b = rows.shape[0]
     groups = q_heads // kv_heads
@@ -287,7 +289,7 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
         decode = takes_decode_kernel(b, s, k_cache.shape[2])
     if decode:
         if s != 1:
-            raise ValueError(f"the decode kernel takes one token per row, not {s}")
+            raise ValueError(f"_decode_attention takes one token per row, not {s}")
         _decode_attention[(b, kv_heads)](
             qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b, eps, scale,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

@@ -163,13 +163,15 @@ def _window_attention_one_warp(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr,
 
 
 # Where the one-warp kernel runs: the engine's codec calls of 4 frames from 64 rows. H200, the 1.7B
-# codec's shapes, 8 layers graphed (2026-12-04): 157 us a layer against 240 at 512 rows, 83 against 122
-# at 256, 26 against 33 at 64; a 16-frame call at one row (the codec window there) 79 us against 6.1.
+# codec's shapes, 8 layers graphed (2026-12-04, tools/attention_bench.py --codec-window's method): 157 us
+# a layer against 240 at 512 rows, 83 against 122 at 256, 26 against 33 at 64; a 16-frame call at one
+# row (the codec window there) 79 us against 6.1.
 # Queries 4 and ring slots 8 at a time were fastest of seven tiles; two or four warps 1.4-3x slower.
 ONE_WARP_MIN_ROWS, ONE_WARP_MAX_FRAMES, ONE_WARP_BLOCK_T, ONE_WARP_BLOCK_J = 64, 4, 4, 8
 
 
 def takes_one_warp_kernel(rows: int, frames: int) -> bool:
+    """Whether window_attention runs _window_attention_one_warp for calls of `frames` frames on `rows` rows."""
     return rows >= ONE_WARP_MIN_ROWS and frames <= ONE_WARP_MAX_FRAMES
 
 

@@ -425,7 +425,8 @@ for frames in [4, 1, 7]:
     q, k, v = (torch.randn(rows, frames, cfg.num_heads * cfg.head_dim, generator=g) for _ in range(3))
     cos, sin = rope_cos_sin(start[:, None] + torch.arange(frames), cfg.head_dim, cfg.rope_theta, torch.float32)
     caches = cache.clone(), cache.clone()
-    outs = [window_attention(q, k, v, cos, sin, c, start, cfg.sliding_window, one_warp=w) for c, w in zip(caches, (False, True))]
+    outs = [window_attention(q, k, v, cos, sin, c, start, cfg.sliding_window, one_warp=w)
+            for c, w in zip(caches, (False, True))]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
     assert torch.equal(caches[1], caches[0]) and not torch.equal(caches[0], cache)
     start += frames

@@ -89,10 +89,11 @@ def main() -> int:
     ap.add_argument("--positions", default="20-110", help="LOW-HIGH: where each row's new token goes")
     ap.add_argument("--context", type=int, default=256, help="the caches' capacity (positions)")
     ap.add_argument("--qkv-parts", type=int, default=2,
-                    help="parts of the q/k/v projection's output: 2 partial sums from gemm_rows (2-64 rows), 1 from cuBLAS")
-    ap.add_argument("--variants", help="';'-separated settings after the default: cached_attention's 'block_k=N,"
-                    "num_warps=W,decode=0|1' (default: four block_k and warps pairs), window_attention's 'one_warp=0|1' "
-                    "(default: both)")
+                    help="parts of the q/k/v projection's output: 2 partial sums from gemm_rows (2-64 rows), "
+                    "1 from cuBLAS")
+    ap.add_argument("--variants", help="';'-separated settings after the default: cached_attention's "
+                    "'block_k=N,num_warps=W,decode=0|1' (default: four block_k and warps pairs), window_attention's "
+                    "'one_warp=0|1' (default: both)")
     ap.add_argument("--codec-window", action="store_true", help="the codec's window attention (module doc)")
     ap.add_argument("--frames", type=int, default=4, help="with --codec-window: new frames per row and call")
     ap.add_argument("--replays", type=int, default=50)
@@ -111,7 +112,8 @@ def main() -> int:
             first = lambda **variant: window_call(x, 0, x["cache"][0].clone(), **variant)   # the ring kept as it is
         else:
             x, run, layers = inputs(rows, low, high, args.context, args.qkv_parts), call, LAYERS
-            floor_us = int((x["start"] + 1).sum()) * KV_HEADS * HEAD_DIM * 2 * 2 / PEAK_BYTES_PER_US   # fp16 keys, values
+            keys = int((x["start"] + 1).sum())
+            floor_us = keys * KV_HEADS * HEAD_DIM * 2 * 2 / PEAK_BYTES_PER_US   # keys and values, fp16
             first = lambda **variant: call(x, 0, **variant)
         with torch.no_grad():
             reference = first().float()

@@ -120,6 +120,17 @@ def _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base,
 
 
 @triton.jit
+def _row_start_and_cache(rows_ptr, start_ptr, start, row, kv_head, cache_row_stride, cache_head_stride,
+                         START_PER_ROW: tl.constexpr):
+    """Where a row's new tokens go (its own start, or the one for all rows) and where its kv head's
+    cache begins."""
+    if START_PER_ROW:
+        start = tl.load(start_ptr + row)
+    cache_row = tl.load(rows_ptr + row)
+    return start, cache_row * cache_row_stride + kv_head * cache_head_stride
+
+
+@triton.jit
 def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, start_ptr,
                start, out_ptr, tokens, eps, scale, cache_row_stride, cache_head_stride, cache_pos_stride,
                Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -134,10 +145,8 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     out_part_stride = tokens * Q_HEADS * HEAD_DIM
     let_dependents_launch(PDL)
     wait_for_predecessor(PDL)   # the positions and cache rows too may be written by the step before
-    if START_PER_ROW:
-        start = tl.load(start_ptr + row_in_batch)
-    cache_row = tl.load(rows_ptr + row_in_batch)
-    head_base = cache_row * cache_row_stride + kv_head * cache_head_stride
+    start, head_base = _row_start_and_cache(rows_ptr, start_ptr, start, row_in_batch, kv_head, cache_row_stride,
+                                            cache_head_stride, START_PER_ROW)
     cache_type: tl.constexpr = k_cache_ptr.dtype.element_ty
     # BLOCK_D >= 16 (what tl.dot needs); dimensions past HEAD_DIM are zeros
     dims = tl.arange(0, BLOCK_D)
@@ -190,11 +199,9 @@ def _decode_attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
     part_stride = rows * width
     let_dependents_launch(PDL)
-    wait_for_predecessor(PDL)
-    if START_PER_ROW:
-        start = tl.load(start_ptr + row)
-    cache_row = tl.load(rows_ptr + row)
-    head_base = cache_row * cache_row_stride + kv_head * cache_head_stride
+    wait_for_predecessor(PDL)   # as in _attention
+    start, head_base = _row_start_and_cache(rows_ptr, start_ptr, start, row, kv_head, cache_row_stride,
+                                            cache_head_stride, START_PER_ROW)
     cache_type: tl.constexpr = k_cache_ptr.dtype.element_ty
     dims = tl.arange(0, BLOCK_D)
     in_head = dims < HEAD_DIM
@@ -205,8 +212,8 @@ def _decode_attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache
     q = q.to(cache_type, fp_downcast_rounding="rtne").to(tl.float32)                           # [G, D]
     new_k = _rotated_heads(qkv_ptr, row * width + (Q_HEADS + kv_head) * HEAD_DIM + one, part_stride, one == 0,
                            k_norm_ptr, cos_ptr, sin_ptr, start + one, eps, HEAD_DIM, BLOCK_D, QKV_PARTS)
-    new_v = load_parts(qkv_ptr, (row * width + (Q_HEADS + KV_HEADS + kv_head) * HEAD_DIM + one)[:, None] + dims[None, :],
-                       part_stride, in_head[None, :], QKV_PARTS)                                  # [1, D]
+    v_base = row * width + (Q_HEADS + KV_HEADS + kv_head) * HEAD_DIM + one
+    new_v = load_parts(qkv_ptr, v_base[:, None] + dims[None, :], part_stride, in_head[None, :], QKV_PARTS)   # [1, D]
     new_k = new_k.to(cache_type, fp_downcast_rounding="rtne")
     new_v = new_v.to(cache_type, fp_downcast_rounding="rtne")
     slot = head_base + (start + one)[:, None] * cache_pos_stride + dims[None, :]

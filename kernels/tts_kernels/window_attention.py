@@ -6,15 +6,17 @@ two matmuls, mask and softmax).
 
 Two kernels, one program per (row, head) in each: _window_attention on the tensor cores (the
 queries padded to 16, every ring slot at once; 16 warps and ~76 KB of shared memory, so two
-programs share an SM) and _window_attention_one_warp (few queries, the ring in steps of 8 slots,
-no shared memory for operands: a dozen programs share an SM), which is faster from 64 rows of 4
-frames and much slower on one row's 16 (takes_one_warp_kernel). The cache holds a row's last KEPT = window - 1 rotated keys and
-values as a ring, in the layout of tts_cli.model.codec.SlidingWindowAttention's state: the key at
-position p in slot p % KEPT. Its T new frames sit at positions start .. start + T - 1. A query at
-p sees keys at p - window + 1 .. p that exist (position >= 0). The kernel reads every slot, then
-after a barrier writes only the T new frames' slots: those held the keys that leave the window,
-already in registers and consumed (moving the window instead rewrote all KEPT entries: ~76 MB a
-layer at 64 rows, 59 us on the H200, docs/bench.md).
+programs share an SM) and _window_attention_one_warp (few queries, the ring in steps of 8 slots, no
+shared memory for operands: a dozen programs share an SM), which is faster from 64 rows of 4 frames
+and much slower on one row's 16 (takes_one_warp_kernel).
+
+The cache holds a row's last KEPT = window - 1 rotated keys and values as a ring, in the layout of
+tts_cli.model.codec.SlidingWindowAttention's state: the key at position p in slot p % KEPT. Its T
+new frames sit at positions start .. start + T - 1. A query at p sees keys at p - window + 1 .. p
+that exist (position >= 0). Each kernel reads every slot, then after a barrier writes only the T new
+frames' slots: those held the keys that leave the window, already in registers and consumed (moving
+the window instead rewrote all KEPT entries: ~76 MB a layer at 64 rows, 59 us on the H200,
+docs/bench.md).
 
 Numerics: fp32 throughout; _window_attention's dot products in TF32 exactly when torch allows TF32
 for matmuls (as the torch path would then run them), else exact fp32; the one-warp kernel's exact
@@ -35,6 +37,14 @@ def _rotated(ptr, base, valid, cos, sin, D: tl.constexpr, BLOCK_D: tl.constexpr)
     x = tl.load(ptr + base[:, None] + d[None, :], mask=mask, other=0.0)
     x_partner = tl.load(ptr + base[:, None] + partner[None, :], mask=mask, other=0.0)
     return x * cos + tl.where((d < D // 2)[None, :], -x_partner, x_partner) * sin
+
+
+@triton.jit
+def _rope_rows(cos_ptr, sin_ptr, b, t, valid, cs_b, cs_t, d, in_head):
+    """cos and sin [T, BLOCK_D] of row b's frames t (zeros where not valid, and past the head)."""
+    rope = b * cs_b + t[:, None] * cs_t + d[None, :]
+    mask = valid[:, None] & in_head
+    return tl.load(cos_ptr + rope, mask=mask, other=0.0), tl.load(sin_ptr + rope, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -60,9 +70,7 @@ def _window_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_pt
     in_head = (d < D)[None, :]
     t = tl.arange(0, BLOCK_T)
     t_valid = t < T
-    rope = b * cs_b + t[:, None] * cs_t + d[None, :]
-    cos = tl.load(cos_ptr + rope, mask=t_valid[:, None] & in_head, other=0.0)
-    sin = tl.load(sin_ptr + rope, mask=t_valid[:, None] & in_head, other=0.0)
+    cos, sin = _rope_rows(cos_ptr, sin_ptr, b, t, t_valid, cs_b, cs_t, d, in_head)
     rows = b * s_b + t * s_t + h * D
     q = _rotated(q_ptr, rows, t_valid, cos, sin, D, BLOCK_D)
     k_new = _rotated(k_ptr, rows, t_valid, cos, sin, D, BLOCK_D)
@@ -98,10 +106,10 @@ def _window_attention(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_pt
 
 @triton.jit
 def _window_attention_one_warp(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr, start_ptr, out_ptr, scale,
-                           s_b, s_t, o_b, o_t, cs_b, cs_t, c_b, c_kv, c_h, c_p,
-                           T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, KEPT: tl.constexpr,
-                           WINDOW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+                               s_b, s_t, o_b, o_t, cs_b, cs_t, c_b, c_kv, c_h, c_p,
+                               T: tl.constexpr, H: tl.constexpr, D: tl.constexpr, KEPT: tl.constexpr,
+                               WINDOW: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
     """_window_attention in one warp, without the tensor cores: queries BLOCK_T at a time against
     the new frames, then the ring BLOCK_J slots at a time (online softmax), as broadcast products
     summed in fp32 (exact fp32, TF32 or not)."""
@@ -115,18 +123,14 @@ def _window_attention_one_warp(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, cache_ptr,
     # the call's new keys and values, every frame's
     n = tl.arange(0, BLOCK_N)
     n_valid = n < T
-    rope = b * cs_b + n[:, None] * cs_t + d[None, :]
-    cos = tl.load(cos_ptr + rope, mask=n_valid[:, None] & in_head, other=0.0)
-    sin = tl.load(sin_ptr + rope, mask=n_valid[:, None] & in_head, other=0.0)
+    cos, sin = _rope_rows(cos_ptr, sin_ptr, b, n, n_valid, cs_b, cs_t, d, in_head)
     new_rows = b * s_b + n * s_t + h * D
     k_new = _rotated(k_ptr, new_rows, n_valid, cos, sin, D, BLOCK_D)
     v_new = tl.load(v_ptr + new_rows[:, None] + d[None, :], mask=n_valid[:, None] & in_head, other=0.0)
     for t0 in tl.static_range(0, T, BLOCK_T):
         t = t0 + tl.arange(0, BLOCK_T)
         t_valid = t < T
-        rope = b * cs_b + t[:, None] * cs_t + d[None, :]
-        cos = tl.load(cos_ptr + rope, mask=t_valid[:, None] & in_head, other=0.0)
-        sin = tl.load(sin_ptr + rope, mask=t_valid[:, None] & in_head, other=0.0)
+        cos, sin = _rope_rows(cos_ptr, sin_ptr, b, t, t_valid, cs_b, cs_t, d, in_head)
         q = _rotated(q_ptr, b * s_b + t * s_t + h * D, t_valid, cos, sin, D, BLOCK_D)
         # the new frames first: every query sees at least itself
         s = tl.sum(q[:, None, :] * k_new[None, :, :], axis=2) * scale

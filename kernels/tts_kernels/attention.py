@@ -184,7 +184,7 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
 
 @triton.jit
 def _decode_attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, rows_ptr,
-                      start_ptr, start, out_ptr, rows, eps, scale, cache_row_stride, cache_head_stride,
+                      start_ptr, start, out_ptr, tokens, eps, scale, cache_row_stride, cache_head_stride,
                       cache_pos_stride, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr,
                       HEAD_DIM: tl.constexpr, CAPACITY: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_K: tl.constexpr,
                       BLOCK_D: tl.constexpr, QKV_PARTS: tl.constexpr, PARTS: tl.constexpr,
@@ -197,7 +197,7 @@ def _decode_attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
-    part_stride = rows * width
+    part_stride = tokens * width   # one token per row: tokens = rows
     let_dependents_launch(PDL)
     wait_for_predecessor(PDL)   # as in _attention
     start, head_base = _row_start_and_cache(rows_ptr, start_ptr, start, row, kv_head, cache_row_stride,
@@ -241,7 +241,7 @@ def _decode_attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache
             acc = acc * correction[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
             best = new_best
     out_offsets = ((row * Q_HEADS + kv_head * GROUPS + group) * HEAD_DIM)[:, None] + dims[None, :]
-    store_parts(out_ptr, out_offsets, rows * Q_HEADS * HEAD_DIM, acc / total[:, None],
+    store_parts(out_ptr, out_offsets, tokens * Q_HEADS * HEAD_DIM, acc / total[:, None],
                 (group < GROUPS)[:, None] & in_head[None, :], PARTS)
 
 
@@ -294,25 +294,21 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     out = torch.empty(parts * b * s, q_heads * head_dim, device=qkv.device, dtype=dtype)
     if decode is None:
         decode = takes_decode_kernel(b, s, k_cache.shape[2])
+    args = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b * s, eps, scale,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+    shape = dict(Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, CAPACITY=k_cache.shape[2],
+                 BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QKV_PARTS=qkv_parts, PARTS=parts,
+                 START_PER_ROW=torch.is_tensor(start), **programmatic(qkv))
     if decode:
         if s != 1:
             raise ValueError(f"_decode_attention takes one token per row, not {s}")
-        _decode_attention[(b, kv_heads)](
-            qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b, eps, scale,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, CAPACITY=k_cache.shape[2],
-            BLOCK_G=triton.next_power_of_2(groups), BLOCK_K=block_k or DECODE_BLOCK_K,
-            BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QKV_PARTS=qkv_parts, PARTS=parts,
-            START_PER_ROW=torch.is_tensor(start), **programmatic(qkv), num_warps=num_warps or DECODE_WARPS)
+        _decode_attention[(b, kv_heads)](*args, **shape, BLOCK_G=triton.next_power_of_2(groups),
+                                         BLOCK_K=block_k or DECODE_BLOCK_K, num_warps=num_warps or DECODE_WARPS)
         return out
     _attention[(b, kv_heads)](
-        qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b * s, eps, scale,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, TOKENS_PER_ROW=s, CAPACITY=k_cache.shape[2],
-        BLOCK_S=triton.next_power_of_2(s), BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))),
-        BLOCK_K=block_k or decode_block_k(b, s, k_cache.shape[2]),
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), IEEE=k_cache.dtype == torch.float32, QKV_PARTS=qkv_parts,
-        PARTS=parts, START_PER_ROW=torch.is_tensor(start), **programmatic(qkv),
+        *args, **shape, TOKENS_PER_ROW=s, BLOCK_S=triton.next_power_of_2(s),
+        BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))),
+        BLOCK_K=block_k or decode_block_k(b, s, k_cache.shape[2]), IEEE=k_cache.dtype == torch.float32,
         # a prefill chunk's keys and queries spill at 4 warps (255 registers + stack at 32 tokens)
         num_warps=num_warps or (4 if s <= 4 else 8))
     return out

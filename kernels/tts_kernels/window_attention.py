@@ -195,23 +195,20 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
         raise ValueError("q, k and v must share their strides, contiguous along the channels")
     cos, sin = cos.contiguous(), sin.contiguous()
     out = q.new_empty(batch, frames, width)
+    args = (q, k, v, cos, sin, cache, start.contiguous(), out, head_dim ** -0.5,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), cos.stride(0), cos.stride(1),
+            cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3))
+    shape = dict(T=frames, H=heads, D=head_dim, KEPT=kept, WINDOW=window)
     if one_warp is None:
         one_warp = takes_one_warp_kernel(batch, frames)
     if one_warp:
         _window_attention_one_warp[(batch, heads)](
-            q, k, v, cos, sin, cache, start.contiguous(), out, head_dim ** -0.5,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1), cos.stride(0), cos.stride(1),
-            cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-            T=frames, H=heads, D=head_dim, KEPT=kept, WINDOW=window, BLOCK_T=ONE_WARP_BLOCK_T,
-            BLOCK_N=triton.next_power_of_2(frames), BLOCK_J=ONE_WARP_BLOCK_J, BLOCK_D=triton.next_power_of_2(head_dim),
-            num_warps=1)
+            *args, **shape, BLOCK_T=ONE_WARP_BLOCK_T, BLOCK_N=triton.next_power_of_2(frames), BLOCK_J=ONE_WARP_BLOCK_J,
+            BLOCK_D=triton.next_power_of_2(head_dim), num_warps=1)
         return out
     precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee"
     _window_attention[(batch, heads)](
-        q, k, v, cos, sin, cache, start.contiguous(), out, head_dim ** -0.5,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), cos.stride(0), cos.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2), cache.stride(3),
-        T=frames, H=heads, D=head_dim, KEPT=kept, WINDOW=window, BLOCK_T=max(16, triton.next_power_of_2(frames)),
+        *args, **shape, BLOCK_T=max(16, triton.next_power_of_2(frames)),
         BLOCK_KEPT=triton.next_power_of_2(kept), BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         # 4 warps spill at the real shapes (tools/sm90_compile.py window); 8 fit (250 registers), untimed
         PRECISION=precision, num_warps=16)

@@ -115,8 +115,9 @@ def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(dtype, prompt
 
 
 # Streamed at 64 rows of 4 frames a call, the torch modules and the fp32 (TF32) vocoder made 7.4 and
-# 7.5 dB on the H200 at 97d1742 (2026-12-04), the fp16 one 48.7; the torch modules at 2-16 rows of 4
-# frames on CPU, 109 dB. Not yet explained: marked as known failures until it is.
+# 7.5 dB on the H200 at 97d1742 (2026-12-04), the fp16 one 48.7; on CPU in exact fp32 the torch
+# modules streamed 4 frames a call made ~109 dB (2 and 16 rows over 100 frames, 64 over 24). Not yet
+# explained: marked as known failures until it is.
 TF32_AT_64_ROWS = pytest.mark.xfail(strict=True, reason="7.4-7.5 dB on the H200 (2026-12-04), not yet explained")
 
 

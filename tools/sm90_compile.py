@@ -149,7 +149,8 @@ def attention_launch(rows: int, tokens: int, capacity: int, warps: int | None, s
     heads, kv_heads, head_dim = 16, 8, 128
     cache = torch.zeros(rows, kv_heads, capacity, head_dim, dtype=dtype)
     table = torch.zeros(capacity, head_dim)
-    kernel = attention._decode_attention if attention.takes_decode_kernel(rows, tokens, capacity) else attention._attention
+    one_token = attention.takes_decode_kernel(rows, tokens, capacity)
+    kernel = attention._decode_attention if one_token else attention._attention
     args, kwargs = captured_launch(kernel, lambda: attention.cached_attention(
         torch.zeros(parts_of(dtype) * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
         torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),

@@ -46,6 +46,12 @@ def exact_fp32_math():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled = saved
 
 
+def _round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to the nearest TF32 value, ties away from zero (tts_kernels.conv._round_to_tf32)."""
+    bits = x.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
 @pytest.fixture
 def exact_fp32():
     with exact_fp32_math():
@@ -402,8 +408,9 @@ def test_fused_decoder_layers_follow_torch_at_real_shapes(which, dtype, rows, ex
 def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilation, frames):
     """tts_kernels.conv compiled for the GPU at the vocoder's first and last block widths (64 rows
     x 4 frames' samples): with fp32 inputs and without TF32 it is the fp32 convolution, with TF32
-    within TF32's rounding of it; with fp16 inputs and weights (what the engine runs) within fp16's
-    rounding. The SnakeBeta epilogue (hardware sine after range reduction) follows the torch module."""
+    the exact convolution of its inputs and weights rounded to the nearest TF32 value (not truncated);
+    with fp16 inputs and weights (what the engine runs) within fp16's rounding. The SnakeBeta
+    epilogue (hardware sine after range reduction) follows the torch module."""
     from tts_cli.model.codec import CausalConv1d, SnakeBeta
     from tts_kernels.conv import causal_conv
     g = torch.Generator("cuda").manual_seed(0)
@@ -426,6 +433,15 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
             error = ((out - expected).norm() / expected.norm()).item()
             print(f"conv C={channels} d={dilation} tf32={tf32}: relative error {error:.2e}")
             assert error < (2e-3 if tf32 else 1e-5)
+            if tf32:
+                with exact_fp32_math(), torch.no_grad():
+                    rounded = F.conv1d(_round_to_tf32(src).transpose(1, 2), _round_to_tf32(conv.conv.weight),
+                                       conv.conv.bias, dilation=dilation).transpose(1, 2)
+                error = ((out - rounded).norm() / rounded.norm()).item()
+                print(f"  against the exact product of TF32-rounded operands: relative error {error:.2e}")
+                # the tensor cores' fp32 sums are not IEEE's: 1.3e-5 over K = 7 x 768 (H200, 2026-12-04);
+                # operands truncated to TF32 instead of rounded were ~3e-4 from the exact product
+                assert error < 5e-5
             if not tf32:   # the hardware sine after range reduction: ~1e-6 absolute, times 1 / beta
                 snake_error = ((snake_out - snaked).norm() / snaked.norm()).item()
                 largest = (snake_out - snaked).abs().max().item()

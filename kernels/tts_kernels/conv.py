@@ -20,12 +20,12 @@ and where TMA can address the tensors (`takes_tma`).
 
 Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation
 and epilogue, the residual stream (`residual`, `out`) in fp16 too, the waveform in fp32) or both
-fp32 (TF32 when torch allows it for convolutions, else exact; the one-channel convolution, on the
-CUDA cores, sums exactly in fp32 either way). Triton's TF32 GEMMs measured 2-4x slower than
-cuDNN's on the H200, its fp16 ones 2-3x faster (docs/bench.md). A value beyond fp16's range
-(65504) stored in an fp16 `snake_out` or `out` becomes an infinity, and every later convolution
-turns it into infinities or NaN (SnakeBeta's sine of an infinity is NaN), so it reaches the
-waveform: the caller finds it there (tts_cli.model.codec).
+fp32 (TF32 when torch allows it for convolutions, its operands rounded to nearest, else exact;
+the one-channel convolution, on the CUDA cores, sums exactly in fp32 either way). Triton's TF32
+GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x faster (docs/bench.md).
+A value beyond fp16's range (65504) stored in an fp16 `snake_out` or `out` becomes an infinity,
+and every later convolution turns it into infinities or NaN (SnakeBeta's sine of an infinity is
+NaN), so it reaches the waveform: the caller finds it there (tts_cli.model.codec).
 """
 import functools
 import importlib
@@ -54,6 +54,16 @@ def _sin(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def _round_to_tf32(x):
+    """fp32 x rounded to the nearest TF32 value (10 mantissa bits, ties away from zero). tl.dot hands
+    its fp32 operands to the TF32 tensor cores unrounded; so the fp32 vocoder streamed 38.3 dB
+    against the exact decode, and 49.2-50.8 with its operands rounded here (cuDNN's TF32
+    convolutions: 50.9-51.2; H200, 2026-12-04, docs/numerics.md)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    return ((bits + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _snake_beta(v, log_alpha, log_beta, eps, LIBDEVICE: tl.constexpr):
     """SnakeBeta in fp32 with torch's order of operations: v + (1 / (e^beta + eps)) * sin(v * e^alpha)^2.
     The per-channel factors with libdevice's exp and division, like torch's (on the GPU tl.exp and
@@ -73,7 +83,7 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
                  C_IN: tl.constexpr, C_IN_PADDED: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
                  RESIDUAL: tl.constexpr, OUT: tl.constexpr, SNAKE_OUT: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, N_BLOCKS: tl.constexpr,
-                 PRECISION: tl.constexpr, LIBDEVICE: tl.constexpr):
+                 PRECISION: tl.constexpr, ROUND_TF32: tl.constexpr, LIBDEVICE: tl.constexpr):
     # The N blocks of one M block are neighbours in launch order: they read the same input rows
     # while those are still in L2 (the last blocks' inputs are larger than L2).
     m = (tl.program_id(0) // N_BLOCKS) * BM + tl.arange(0, BM)      # (row, frame) pairs, rows one after the other
@@ -90,6 +100,8 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
                     mask=m_valid[:, None] & c_valid[None, :], other=0.0)
         w = tl.load(weight_ptr + (tap * C_IN + c)[:, None] * n_out + n[None, :],
                     mask=c_valid[:, None] & n_valid[None, :], other=0.0)
+        if ROUND_TF32:
+            a, w = _round_to_tf32(a), _round_to_tf32(w)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
     epilogue(acc, b, t, n, m_valid, n_valid, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
              snake_channels, eps, r_b, r_t, o_b, o_t, so_b, so_t, RESIDUAL, OUT, SNAKE_OUT, LIBDEVICE)
@@ -234,7 +246,8 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
     block_m, block_n, block_k, warps, stages = tiles(c_in, n_out, taps, src.dtype == torch.float16)
     c_in_padded = triton.cdiv(c_in, block_k) * block_k
-    # TF32 exactly when torch would use it for a convolution (cuDNN's switch); fp16 inputs ignore it.
+    # TF32 exactly when torch would use it for a convolution (cuDNN's switch), the operands rounded to
+    # nearest first (on the GPU: the interpreter's products are exact fp32); fp16 inputs ignore it.
     precision = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
     n_blocks = triton.cdiv(n_out, block_n)
     _causal_conv[(triton.cdiv(batch * frames, block_m) * n_blocks,)](
@@ -244,5 +257,6 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         src.stride(0), src.stride(1), r_b, r_t, o_b, o_t, so_b, so_t,
         C_IN=c_in, C_IN_PADDED=c_in_padded, TAPS=taps, DILATION=dilation,
         RESIDUAL=residual is not None, OUT=out is not None, SNAKE_OUT=snake_out is not None,
-        BM=block_m, BN=block_n, BK=block_k, N_BLOCKS=n_blocks, PRECISION=precision, LIBDEVICE=compiled(),
+        BM=block_m, BN=block_n, BK=block_k, N_BLOCKS=n_blocks, PRECISION=precision,
+        ROUND_TF32=precision == "tf32" and src.dtype == torch.float32 and compiled(), LIBDEVICE=compiled(),
         num_warps=warps, num_stages=stages)

@@ -223,7 +223,9 @@ class CausalConv1d(StatefulModule):
     product per tap added in tap order. Either way a row's output does not depend on the other
     rows of the batch. cuDNN's does not promise that: on the H200 at 256 rows (not at 64 or 512)
     the algorithm it chose for the pre-convolution gave the same codes a different output in
-    another slot (2026-12-03, tests/test_gpu.py)."""
+    another slot (2026-12-03, tests/test_gpu.py). Nor is cuDNN 9.19 always right: its fp32
+    pre-convolution over 100 frames at 48, 64 and 128 rows is off by 15 dB, so the GPU tests'
+    exact references run without cuDNN (docs/numerics.md)."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1,
                  groups: int = 1):

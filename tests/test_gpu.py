@@ -588,6 +588,40 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     assert np.array_equal(crowded.pcm, alone.pcm)
 
 
+def _encode_reference(device: str, seconds: float = 5.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The x-vector and codes the released encoder shapes (random weights, seed 0) make of a 5 s
+    clip (two tones and noise, seeded) on `device`, in exact fp32: (x-vector [D], codes [frames, 16])
+    on the CPU."""
+    from tts_cli.engine.random_model import random_encoders
+    speaker, codec = random_encoders("1.7b", "cpu")
+    speaker, codec = speaker.to(device), codec.to(device)
+    t = torch.arange(int(24000 * seconds)) / 24000
+    clip = 0.3 * torch.sin(2 * torch.pi * 220 * t) + 0.2 * torch.sin(2 * torch.pi * 347 * t) \
+        + 0.05 * torch.randn(t.shape[0], generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return speaker.embed(clip.to(device)).float().cpu(), codec.encode(clip.to(device)).cpu()
+
+
+def test_reference_encoders_through_cudnn_give_the_cpu_encoding():
+    """A cloned voice's reference is encoded on the GPU through cuDNN's convolutions (the speaker
+    encoder's and the codec encoder's), which are wrong at some shapes (docs/numerics.md: the
+    codec's pre-convolution at 48-128 rows of 100 frames). In exact fp32 with cuDNN on, one 5 s
+    clip at the released shapes gives the CPU's x-vector and codes."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.enabled = True
+    try:
+        gpu_vector, gpu_codes = _encode_reference("cuda")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled = saved
+    cpu_vector, cpu_codes = _encode_reference("cpu")
+    cosine = _cosine(gpu_vector, cpu_vector)
+    same = (gpu_codes == cpu_codes).float().mean().item()
+    print(f"reference encoders, cuDNN against the CPU: x-vector cosine {cosine:.7f}, codes equal {same:.4f}")
+    assert gpu_codes.shape == cpu_codes.shape == (63, 16)
+    assert cosine > 0.99999 and same >= 0.99
+
+
 @pytest.mark.parametrize("rows", sorted(AUTO_ROWS))
 def test_codec_row_is_bit_identical_in_any_slot(rows):
     """The engine's codec (fused, fp16 vocoder, TF32 as tts synth sets it) at the real shapes and

@@ -216,8 +216,9 @@ class Engine:
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
             use_graphs = device.type == "cuda"
-        if use_graphs and next(_GRAPHED_ENGINES_BUILT):
-            gc.collect()   # an older engine's graphs and memory go before this one's (graphs.capture)
+        if use_graphs:
+            if next(_GRAPHED_ENGINES_BUILT):
+                gc.collect()   # an older engine's graphs and memory go before this one's (graphs.capture)
         else:
             log.info("engine: CUDA graphs off (%s): each step runs eagerly", device.type)
         self.model, self.codec, self.device = model, codec, device

@@ -134,7 +134,6 @@ def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(dtype, prompt
     assert talker >= 0.9999 and depth >= 0.9995
 
 
-# Streamed at 64 rows of 4 frames a call, the torch modules and the fp32 (TF32) vocoder made 7.4 and
 @pytest.mark.parametrize("vocoder, rows, per_call", [
     ("torch", 4, 1), ("fp32", 4, 1), ("fp16", 4, 1), ("torch", 64, 4), ("fp32", 64, 4), ("fp16", 64, 4)])
 def test_streamed_codec_follows_full_fp32_decode(vocoder, rows, per_call):
@@ -607,13 +606,9 @@ def test_reference_encoders_through_cudnn_give_the_cpu_encoding():
     encoder's and the codec encoder's), which are wrong at some shapes (docs/numerics.md: the
     codec's pre-convolution at 48-128 rows of 100 frames). In exact fp32 with cuDNN on, one 5 s
     clip at the released shapes gives the CPU's x-vector and codes."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cudnn.enabled = True
-    try:
+    with exact_fp32_math():
+        torch.backends.cudnn.enabled = True   # as the encoders run (the context restores it)
         gpu_vector, gpu_codes = _encode_reference("cuda")
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled = saved
     cpu_vector, cpu_codes = _encode_reference("cpu")
     cosine = _cosine(gpu_vector, cpu_vector)
     same = (gpu_codes == cpu_codes).float().mean().item()

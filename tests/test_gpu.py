@@ -587,6 +587,35 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     assert np.array_equal(crowded.pcm, alone.pcm)
 
 
+@pytest.mark.parametrize("rows", [64, 512])
+def test_attention_with_keys_loaded_ahead_gives_the_same_output_and_caches(rows):
+    """The talker's attention in a decode step (one token per row, fp16 caches of 256 positions at
+    the 1.7B shapes, rows at positions 0-255) with its key steps loaded ahead (2 stages, what
+    attention_stages gives these rows, and 3) and without: the same output and caches, bit for bit."""
+    from tts_kernels.attention import attention_stages, cached_attention
+    assert attention_stages(rows, 1) == 2
+    heads, kv_heads, head_dim, context = 16, 8, 128, 256
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, device="cuda", generator=g)
+    cache = torch.randn(2, rows, kv_heads, context, head_dim, device="cuda", generator=g).half()
+    angles = torch.arange(context, device="cuda")[:, None] * torch.rand(head_dim, device="cuda", generator=g)
+    norm = torch.rand(head_dim, device="cuda", generator=g) + 0.5
+    start = torch.randint(0, context, (rows,), device="cuda", generator=g)
+    start[:2] = torch.tensor([0, context - 1])
+
+    def attend(stages):
+        k, v = cache[0].clone(), cache[1].clone()
+        out = cached_attention(qkv, heads, kv_heads, head_dim, norm, norm, 1e-6, angles.cos(), angles.sin(), k, v,
+                               torch.arange(rows, device="cuda"), start, 1, head_dim ** -0.5, torch.float16,
+                               stages=stages)
+        return out, k, v
+
+    plain = attend(0)
+    for stages in (2, 3):
+        for got, expected in zip(attend(stages), plain):
+            assert torch.equal(got, expected), f"{stages} stages"
+
+
 def _encode_reference(device: str, seconds: float = 5.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The x-vector and codes the released encoder shapes (random weights, seed 0) make of a 5 s
     clip (two tones and noise, seeded) on `device`, in exact fp32: (x-vector [D], codes [frames, 16])

@@ -16,6 +16,8 @@ depth, attention: over the weights `--talker-precision` gives (fp16: fp16 cache 
 bf16: bf16 cache, hi/lo parts); attention: the decoder layers' attention kernel at the 1.7B
 talker's shapes, `--tokens` new tokens per row against `--capacity` cached positions (the code predictor's
 16 and from 64 rows: its one-token kernel); sampler: one draw per row over the code predictor's 2048 ids;
+attention `--stages N`: the general kernel's key steps loaded N - 1 ahead (cached_attention's stages;
+default: the engine's, attention_stages);
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
 wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; conv-tma: the same
 convolution as the Hopper kernel in Gluon (tts_kernels.conv_tma); gemv: the one-row
@@ -154,8 +156,9 @@ def attention_launch(rows: int, tokens: int, capacity: int, warps: int | None, s
     args, kwargs = captured_launch(kernel, lambda: attention.cached_attention(
         torch.zeros(parts_of(dtype) * rows * tokens, (heads + 2 * kv_heads) * head_dim), heads, kv_heads, head_dim,
         torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),
-        torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=dtype))
-    return kernel, args, launch_options(kwargs, warps, stages)
+        torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=dtype,
+        **({} if one_token else {"stages": stages})))
+    return kernel, args, launch_options(kwargs, warps, None if not one_token else stages)
 
 
 PROJECTIONS = ("gemv", "gemv-silu", "gemm-rows", "gemm-rows-silu")

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tts_kernels import compiled
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
 from tts_kernels.linear import load_parts, parts_of, store_parts
 
@@ -79,44 +80,61 @@ def _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start
 
 
 @triton.jit
+def _attend_block(q, q_pos, key_start, last, best, total, acc, k_cache_ptr, v_cache_ptr, head_base, scale,
+                  cache_pos_stride, HEAD_DIM: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+                  IEEE: tl.constexpr):
+    """One step of the online softmax: the keys key_start .. key_start + BLOCK_K - 1 (those <= last)."""
+    dims = tl.arange(0, BLOCK_D)
+    keys = key_start + tl.arange(0, BLOCK_K)
+    in_range = keys <= last
+    kv_offsets = head_base + keys[:, None] * cache_pos_stride + dims[None, :]
+    key_mask = in_range[:, None] & (dims < HEAD_DIM)[None, :]
+    # the values' load issued with the keys', not after the scores: one memory round trip per step
+    k = tl.load(k_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
+    if IEEE:
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    scores = tl.where(keys[None, :] <= q_pos[:, None], scores * scale, float("-inf"))
+    new_best = tl.maximum(best, tl.max(scores, axis=1))
+    p = tl.exp(scores - new_best[:, None])
+    correction = tl.exp(best - new_best)
+    total = total * correction + tl.sum(p, axis=1)
+    if IEEE:
+        acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
+    return new_best, total, acc
+
+
+@triton.jit
 def _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
             scale, cache_pos_stride, Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, CAPACITY: tl.constexpr,
             BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-            PARTS: tl.constexpr):
+            PARTS: tl.constexpr, STAGES: tl.constexpr):
     """A tile of queries against the cached keys at positions <= their own (online softmax over
-    key steps of BLOCK_K), the output stored as parts."""
+    key steps of BLOCK_K), the output stored as parts. Compiled (STAGES > 0), a loop bounded by
+    `last` whose loads Triton issues STAGES - 1 steps ahead; the interpreter's loop has a static
+    trip count (one bounded by `last` breaks it under numpy 2.4) and skips the blocks past `last`.
+    The same sums, in the same order, either way."""
     dims = tl.arange(0, BLOCK_D)
-    in_head = dims < HEAD_DIM
     best = tl.full([BLOCK_Q], float("-inf"), tl.float32)
     total = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], tl.float32)
-    # A static trip count (a loop bounded by `last` breaks Triton's interpreter under numpy 2.4);
-    # the blocks past `last` are skipped.
-    for key_start in range(0, CAPACITY, BLOCK_K):
-        if key_start <= last:
-            keys = key_start + tl.arange(0, BLOCK_K)
-            in_range = keys <= last
-            kv_offsets = head_base + keys[:, None] * cache_pos_stride + dims[None, :]
-            key_mask = in_range[:, None] & in_head[None, :]
-            # the values' load issued with the keys', not after the scores: one memory round trip per step
-            k = tl.load(k_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
-            v = tl.load(v_cache_ptr + kv_offsets, mask=key_mask, other=0.0)
-            if IEEE:
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:
-                scores = tl.dot(q, tl.trans(k))
-            scores = tl.where(keys[None, :] <= q_pos[:, None], scores * scale, float("-inf"))
-            new_best = tl.maximum(best, tl.max(scores, axis=1))
-            p = tl.exp(scores - new_best[:, None])
-            correction = tl.exp(best - new_best)
-            total = total * correction + tl.sum(p, axis=1)
-            if IEEE:
-                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * correction[:, None] + tl.dot(p.to(v.dtype), v)
-            best = new_best
+    if STAGES > 0:
+        for key_start in tl.range(0, last + 1, BLOCK_K, num_stages=STAGES):
+            best, total, acc = _attend_block(q, q_pos, key_start, last, best, total, acc, k_cache_ptr, v_cache_ptr,
+                                             head_base, scale, cache_pos_stride, HEAD_DIM, BLOCK_K, BLOCK_D, IEEE)
+    else:
+        for key_start in range(0, CAPACITY, BLOCK_K):
+            if key_start <= last:
+                best, total, acc = _attend_block(q, q_pos, key_start, last, best, total, acc, k_cache_ptr,
+                                                 v_cache_ptr, head_base, scale, cache_pos_stride, HEAD_DIM, BLOCK_K,
+                                                 BLOCK_D, IEEE)
     out_offsets = (q_token * Q_HEADS + head)[:, None] * HEAD_DIM + dims[None, :]
-    store_parts(out_ptr, out_offsets, out_part_stride, acc / total[:, None], valid[:, None] & in_head[None, :], PARTS)
+    store_parts(out_ptr, out_offsets, out_part_stride, acc / total[:, None],
+                valid[:, None] & (dims < HEAD_DIM)[None, :], PARTS)
 
 
 @triton.jit
@@ -137,7 +155,7 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
                TOKENS_PER_ROW: tl.constexpr,
                CAPACITY: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_D: tl.constexpr, IEEE: tl.constexpr, QKV_PARTS: tl.constexpr, PARTS: tl.constexpr,
-               START_PER_ROW: tl.constexpr, PDL: tl.constexpr):
+               START_PER_ROW: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     row_in_batch = tl.program_id(0)
     kv_head = tl.program_id(1)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -173,13 +191,13 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
 
     last = start + TOKENS_PER_ROW - 1     # the row's last new token sees the most keys
     _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
-            scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS)
+            scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS, STAGES)
     for q_block in tl.static_range(BLOCK_Q, TOKENS_PER_ROW * GROUPS, BLOCK_Q):
         q, q_pos, q_token, head, valid = _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start,
                                                   q_block, width, part_stride, eps, cache_type, GROUPS, HEAD_DIM,
                                                   TOKENS_PER_ROW, BLOCK_Q, BLOCK_D, QKV_PARTS)
         _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
-                scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS)
+                scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS, STAGES)
 
 
 @triton.jit
@@ -264,6 +282,18 @@ def decode_block_k(rows: int, tokens_per_row: int, capacity: int) -> int:
 DECODE_BLOCK_K, DECODE_WARPS, DECODE_MIN_ROWS, DECODE_MAX_CAPACITY = 8, 1, 64, 32
 
 
+# The general kernel's key steps loaded one ahead (2 stages) for one token per row from 64 rows. H200,
+# the 1.7B talker's shapes at positions 20-140 (tools/attention_bench.py, 2026-12-04): 58.7 us against
+# 66.2 at 512 rows, 32.0 against 36.5 at 256, 11.7 against 13.0 at 64, the same outputs; 3 stages
+# (72 KB of shared memory a program) 65.7 / 35.4 / 12.6. Not measured: fewer rows, the prefill's tiles.
+ATTENTION_STAGES, STAGES_MIN_ROWS = 2, 64
+
+
+def attention_stages(rows: int, tokens_per_row: int) -> int:
+    """The general kernel's `stages` where cached_attention is not told (the comment above)."""
+    return ATTENTION_STAGES if tokens_per_row == 1 and rows >= STAGES_MIN_ROWS else 0
+
+
 def takes_decode_kernel(rows: int, tokens_per_row: int, capacity: int) -> bool:
     """Whether cached_attention runs _decode_attention (where it measured faster: the comment above)."""
     return tokens_per_row == 1 and rows >= DECODE_MIN_ROWS and capacity <= DECODE_MAX_CAPACITY
@@ -273,7 +303,8 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
                      k_norm: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, rows: torch.Tensor, start: int | torch.Tensor, tokens_per_row: int,
                      scale: float, dtype: torch.dtype = torch.float32, block_k: int | None = None,
-                     num_warps: int | None = None, decode: bool | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, decode: bool | None = None,
+                     stages: int | None = None) -> torch.Tensor:
     """qkv [Q * B * S, (q_heads + 2 kv_heads) * head_dim] fp32, Q >= 1 parts to add (one projection's
     output: its input's parts, or gemm_rows' partial sums; tts_kernels.linear) of B rows x S =
     tokens_per_row tokens;
@@ -283,7 +314,9 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     for the o projection (over dtype weights). block_k: keys per step of the online softmax (by
     default decode_block_k's, DECODE_BLOCK_K in _decode_attention); num_warps: by default 4 up to 4
     tokens per row, else 8 (DECODE_WARPS); decode: whether _decode_attention runs (None: where
-    takes_decode_kernel says; tools/attention_bench.py times the settings)."""
+    takes_decode_kernel says; tools/attention_bench.py times the settings); stages: compiled, the
+    general kernel's keys and values loaded that many steps ahead less one (0: a step's loads, then
+    its products; None: attention_stages')."""
     s, rows = tokens_per_row, rows.contiguous()
     b = rows.shape[0]
     groups = q_heads // kv_heads
@@ -309,6 +342,7 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
         *args, **shape, TOKENS_PER_ROW=s, BLOCK_S=triton.next_power_of_2(s),
         BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))),
         BLOCK_K=block_k or decode_block_k(b, s, k_cache.shape[2]), IEEE=k_cache.dtype == torch.float32,
+        STAGES=(attention_stages(b, s) if stages is None else stages) if compiled() else 0,
         # a prefill chunk's keys and queries spill at 4 warps (255 registers + stack at 32 tokens)
         num_warps=num_warps or (4 if s <= 4 else 8))
     return out

@@ -46,12 +46,6 @@ def exact_fp32_math():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.enabled = saved
 
 
-def _round_to_tf32(x: torch.Tensor) -> torch.Tensor:
-    """fp32 rounded to the nearest TF32 value, ties away from zero (tts_kernels.conv._round_to_tf32)."""
-    bits = x.contiguous().view(torch.int32)
-    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
-
-
 @pytest.fixture
 def exact_fp32():
     with exact_fp32_math():
@@ -410,6 +404,9 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
     the exact convolution of its inputs and weights rounded to the nearest TF32 value (not truncated);
     with fp16 inputs and weights (what the engine runs) within fp16's rounding. The SnakeBeta
     epilogue (hardware sine after range reduction) follows the torch module."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from codec_bench import round_tf32
     from tts_cli.model.codec import CausalConv1d, SnakeBeta
     from tts_kernels.conv import causal_conv
     g = torch.Generator("cuda").manual_seed(0)
@@ -434,7 +431,7 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
             assert error < (2e-3 if tf32 else 1e-5)
             if tf32:
                 with exact_fp32_math(), torch.no_grad():
-                    rounded = F.conv1d(_round_to_tf32(src).transpose(1, 2), _round_to_tf32(conv.conv.weight),
+                    rounded = F.conv1d(round_tf32(src).transpose(1, 2), round_tf32(conv.conv.weight),
                                        conv.conv.bias, dilation=dilation).transpose(1, 2)
                 error = ((out - rounded).norm() / rounded.norm()).item()
                 print(f"  against the exact product of TF32-rounded operands: relative error {error:.2e}")

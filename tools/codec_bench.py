@@ -232,8 +232,9 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
           flush=True)
 
 
-def _round_tf32(x: torch.Tensor) -> torch.Tensor:
-    """fp32 rounded to TF32's 10 mantissa bits (half-way cases away from zero; close enough here)."""
+def round_tf32(x: torch.Tensor) -> torch.Tensor:
+    """fp32 rounded to TF32's 10 mantissa bits, half-way cases away from zero (as tts_kernels.conv
+    rounds the fp32 vocoder's operands; tests/test_gpu.py checks that kernel against it)."""
     bits = x.contiguous().view(torch.int32)
     return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
 
@@ -247,7 +248,7 @@ def emulate(rows: int, window: int) -> None:
     with torch.no_grad():
         ref = codec.decode(codes)
     same = lambda x: x
-    rounding = {"tf32": _round_tf32, "bf16": lambda x: x.bfloat16().float(), "fp16": lambda x: x.half().float()}
+    rounding = {"tf32": round_tf32, "bf16": lambda x: x.bfloat16().float(), "fp16": lambda x: x.half().float()}
     # (rounding, outputs rounded too, the residual stream rounded: each residual unit's and
     # transposed convolution's output stored in that precision, as an engine with 16-bit residual
     # buffers would)

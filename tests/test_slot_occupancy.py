@@ -41,3 +41,18 @@ def test_the_model_takes_the_steps_of_the_h200_runs():
         model = simulate(bench_lengths(level["requests"]), level["concurrency"])
         assert model["steps"] == level["steps"]
         assert round(model["busy"], 3) == level["slots_busy"]
+
+
+def test_a_halved_tail_counts_the_smaller_graphs_rows_and_changes_no_step():
+    """simulate's halve_to (a rule the engine does not have): once the queue is empty the busy slots
+    run in the smallest halved graph that holds them, so the same steps and frames count fewer
+    slot-steps."""
+    lengths = [20] + [2] * 7          # one long request; the others end in the first window
+    plain = simulate(lengths, 8)
+    halved = simulate(lengths, 8, halve_to=2)
+    assert (halved["steps"], halved["frames"]) == (plain["steps"], plain["frames"]) == (20, 34)
+    assert plain["graph_steps"] == {8: 20}
+    # the host reads the short ones' stops a step late; then one slot is held: 8 -> 4 -> 2, not below halve_to
+    assert halved["graph_steps"] == {8: 3, 2: 17}
+    assert halved["busy"] == 34 / (8 * 3 + 2 * 17) > plain["busy"] == 34 / (8 * 20)
+    assert simulate(lengths, 8, halve_to=8) == plain

@@ -12,9 +12,12 @@ Per concurrency it prints slots busy (frames / (steps x c)) for the engine's rul
 queue (sentence k % 360 for request k), the share of idle slot-steps spent waiting for a boundary
 (requests still queued) and in the ragged end (queue empty), and the same work with the queue
 longest first (what `tts synth` does), shortest first, admission at every step (the codec window
-still K), both, and the bound max(longest, ceil(frames / c)) steps.
+still K), both, the tail halved (simulate's halve_to: the busy rows moved into a graph of half the
+rows, and again, down to 64, once the queue is empty), and the bound max(longest, ceil(frames / c))
+steps. With --step-ms (a step's wall time by graph rows) it also prices the halved tail.
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
+                                   [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6]
 """
 from __future__ import annotations
 
@@ -30,14 +33,19 @@ def bench_lengths(count: int, frames: int | None = None) -> list[int]:
     return [frames or auto_frames(sentences[k % len(sentences)]) for k in range(count)]
 
 
-def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int | None = None) -> dict:
+def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int | None = None,
+             halve_to: int | None = None) -> dict:
     """Steps, frames and idle slot-steps of one engine run over `lengths` (queue order).
-    admit_every: steps between admissions (default: the window)."""
+    admit_every: steps between admissions (default: the window). halve_to: a rule the engine does
+    not have: once the queue is empty, each step runs in the smallest graph of slots / 2^k rows (at
+    least halve_to) that holds the slots still busy, as if they were moved there; slot-steps then
+    count that graph's rows. graph_steps: steps by graph rows."""
     every = admit_every or window
     queue = list(reversed(lengths))
     left = [0] * slots          # frames each slot still makes
     held = [False] * slots      # the host's view: the slot holds a request that has not stopped
-    steps = frames = waiting = ragged = 0
+    steps = frames = waiting = ragged = slot_steps = 0
+    graph_steps: dict[int, int] = {}
     previous = None             # stop flags of the last step, not read yet
     column = 0
 
@@ -58,10 +66,15 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
             steps += 1
             busy = sum(n > 0 for n in left)
             frames += busy
+            graph = slots
+            while halve_to and not queue and graph // 2 >= halve_to and sum(held) <= graph // 2:
+                graph //= 2
+            graph_steps[graph] = graph_steps.get(graph, 0) + 1
+            slot_steps += graph
             if queue:
                 waiting += slots - busy
             else:
-                ragged += slots - busy
+                ragged += graph - busy
             flags = [held[s] and left[s] == 1 for s in range(slots)]
             left = [max(n - 1, 0) for n in left]
             if previous is not None:
@@ -74,8 +87,8 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
                 previous = None
             if not queue:
                 break
-    return {"steps": steps, "frames": frames, "busy": frames / (steps * slots), "waiting": waiting,
-            "ragged": ragged}
+    return {"steps": steps, "frames": frames, "busy": frames / slot_steps, "waiting": waiting,
+            "ragged": ragged, "graph_steps": graph_steps}
 
 
 def main() -> None:
@@ -83,10 +96,15 @@ def main() -> None:
     parser.add_argument("--concurrency", default="64,128,256,512")
     parser.add_argument("--requests", type=int, default=None, help="default: tts bench's on CUDA")
     parser.add_argument("--window", type=int, default=4)
+    parser.add_argument("--step-ms", help="'ROWS:MS,...': a step's wall time by graph rows (every c and what it "
+                        "halves to), to price the halved tail in audio-s/s (80 ms of audio a frame)")
     args = parser.parse_args()
+    step_ms = {int(r): float(t) for r, t in (item.split(":") for item in args.step_ms.split(","))} \
+        if args.step_ms else None
     print("| c | requests | steps | slots busy | idle: waiting / ragged end | longest first | shortest first "
-          "| every step | longest first, every step | bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| every step | longest first, every step | tail halved to 64 rows | bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    priced = []
     for slots in (int(c) for c in args.concurrency.split(",")):
         lengths = bench_lengths(args.requests or default_requests(slots))
         now = simulate(lengths, slots, args.window)
@@ -94,10 +112,17 @@ def main() -> None:
         rules = [simulate(sorted(lengths, reverse=True), slots, args.window),
                  simulate(sorted(lengths), slots, args.window),
                  simulate(lengths, slots, args.window, admit_every=1),
-                 simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1)]
+                 simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1),
+                 simulate(lengths, slots, args.window, halve_to=64)]
         bound = sum(lengths) / (max(max(lengths), math.ceil(sum(lengths) / slots)) * slots)
         print(f"| {slots} | {len(lengths)} | {now['steps']} | {now['busy']:.1%} | {now['waiting'] / idle:.0%} / "
               f"{now['ragged'] / idle:.0%} | " + " | ".join(f"{r['busy']:.1%}" for r in rules) + f" | {bound:.1%} |")
+        if step_ms:
+            audio_s = now["frames"] * 0.08
+            wall_s = [sum(step_ms[g] * n for g, n in r["graph_steps"].items()) / 1000 for r in (now, rules[-1])]
+            priced.append(f"c{slots}: {audio_s / wall_s[0]:.0f} audio-s/s, tail halved {audio_s / wall_s[1]:.0f}")
+    for line in priced:
+        print(line)
 
 
 if __name__ == "__main__":

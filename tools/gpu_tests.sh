@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/test_gpu.py on a GPU in parts. Its 102 tests took 507 s on the H200 at 296d7f7 (128, 201, 178 s; the kernels
-# compiled by an earlier command), and a device command gets at most 600 s, so it runs as several commands:
+# compiled by an earlier command; at 2d8ea8e, 105 tests, parts 1 and 2 at once: 304 and 238 s, then 196), and a device
+# command gets at most 600 s, so it runs as several commands:
 #
 #     bash tools/gpu_tests.sh OUT_DIR 1 3    # the first third of the collected tests
 #     bash tools/gpu_tests.sh OUT_DIR 2 3    # ... PARTS defaults to 3

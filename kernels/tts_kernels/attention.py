@@ -285,7 +285,8 @@ DECODE_BLOCK_K, DECODE_WARPS, DECODE_MIN_ROWS, DECODE_MAX_CAPACITY = 8, 1, 64, 3
 # The general kernel's key steps loaded one ahead (2 stages) for one token per row from 64 rows. H200,
 # the 1.7B talker's shapes at positions 20-140 (tools/attention_bench.py, 2026-12-04): 58.7 us against
 # 66.2 at 512 rows, 32.0 against 36.5 at 256, 11.7 against 13.0 at 64, the same outputs; 3 stages
-# (72 KB of shared memory a program) 65.7 / 35.4 / 12.6. Not measured: fewer rows, the prefill's tiles.
+# (72 KB of shared memory a program) 65.7 / 35.4 / 12.6. End to end +0.8% at c256 and c512 (docs/bench.md).
+# Not measured: fewer rows, the prefill's tiles.
 ATTENTION_STAGES, STAGES_MIN_ROWS = 2, 64
 
 

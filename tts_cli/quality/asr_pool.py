@@ -50,15 +50,20 @@ class AsrPool:
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_load_in_worker, initargs=(str(model_path), cpu_threads_per_worker))
         self._futures: dict[str, Future] = {}
+        self._broken: BrokenProcessPool | None = None   # met by a submit: results() reports it
         for _ in range(workers if start_now else 0):
             self._executor.submit(_nothing)
 
     def submit(self, key: str, audio: Path | str | AudioSource, text: str, language: str) -> None:
-        """audio: a file's path, an encoded audio file's bytes, or (float samples, sample rate)."""
+        """audio: a file's path, an encoded audio file's bytes, or (float samples, sample rate).
+        Never fails for a dead worker: the caller is synthesizing, and results() reports it."""
         if key in self._futures:
             raise ValueError(f"row {key!r} submitted twice")
         source = Path(audio) if isinstance(audio, str) else audio
-        self._futures[key] = self._executor.submit(_transcribe_in_worker, source, text, language)
+        try:
+            self._futures[key] = self._executor.submit(_transcribe_in_worker, source, text, language)
+        except BrokenProcessPool as e:   # a worker died and the pool has noticed it already
+            self._broken = self._broken or e
 
     def results(self) -> dict[str, Transcript | str]:
         """Every submitted row: its Transcript, or the error text of a row whose file could not be
@@ -66,6 +71,8 @@ class AsrPool:
         heard: dict[str, Transcript | str] = {}
         try:
             with stops_here():
+                if self._broken is not None:
+                    raise self._broken
                 for key, future in self._futures.items():
                     heard[key] = future.result()
         except BrokenProcessPool as e:

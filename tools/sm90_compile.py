@@ -158,7 +158,8 @@ def attention_launch(rows: int, tokens: int, capacity: int, warps: int | None, s
         torch.ones(head_dim), torch.ones(head_dim), 1e-6, table, table, cache, cache.clone(), torch.arange(rows),
         torch.zeros(rows, dtype=torch.long), tokens, head_dim ** -0.5, dtype=dtype,
         **({} if one_token else {"stages": stages})))
-    return kernel, args, launch_options(kwargs, warps, None if not one_token else stages)
+    # --stages: the general kernel's key loop (its STAGES), the one-token kernel's num_stages
+    return kernel, args, launch_options(kwargs, warps, stages if one_token else None)
 
 
 PROJECTIONS = ("gemv", "gemv-silu", "gemm-rows", "gemm-rows-silu")

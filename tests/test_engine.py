@@ -7,8 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
-from tts_cli.engine import codec_stream_for
+from tts_cli.engine import codec_stream_for, tail_rows_for
+from tts_cli.engine.step import PaddedGEMMs
 from tts_cli.engine.runner import Engine, EngineRequest, PromptSource
 from tts_cli.engine.slots import talker_kv_bytes
 from tts_cli.errors import NonFiniteError, RequestError
@@ -229,6 +232,73 @@ def test_windows_read_late_give_the_same_requests_the_same_audio(synth, window):
     for a, b in zip(late, in_time):
         assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm)
         assert a.pcm.shape == (len(a.codes) * synth.codec.samples_per_frame,)
+
+
+def test_tail_steps_give_each_request_the_codes_and_audio_of_the_full_step(synth):
+    """Once the queue is empty the requests still speaking move into the first slots of a step of
+    fewer rows (8 -> 4 -> 2 here): the same codes and audio as the 8-row step alone gives them, in
+    fewer slot-steps. The longer requests hold slots 3, 4, 5 and 7 when the queue empties, so they move."""
+    frames = [5, 5, 5, 5, 5, 5, 5, 40, 6, 6, 6, 14, 14, 30]
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i % len(TEXTS)), seed=100 + i, max_frames=f,
+                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    sampling = synth.ckpt.sampling
+
+    def run(tail_rows):
+        engine = Engine(synth.model, synth.codec, rows=8, context=192, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), codec_window=4, tail_rows=tail_rows)
+        return engine, engine.run(requests)
+    full, full_results = run(())
+    tails, tail_results = run((4, 2))
+    assert full.stats.steps_by_rows == {8: full.stats.steps}
+    assert tails.stats.steps == full.stats.steps and set(tails.stats.steps_by_rows) == {8, 4, 2}
+    assert tails.stats.slot_steps < full.stats.slot_steps
+    for i, (a, b) in enumerate(zip(tail_results, full_results)):
+        assert len(a.codes) == frames[i]
+        assert np.array_equal(a.codes, b.codes), f"request {i}"
+        assert np.array_equal(a.pcm, b.pcm), f"request {i}"
+
+
+def test_tail_rows_that_the_engine_cannot_run_are_refused(synth):
+    sampling = synth.ckpt.sampling
+    for tail_rows in ((2, 4), (8,), (4, 4), (0,), (3,)):
+        with pytest.raises(ValueError, match="tail_rows must decrease, each a divisor of rows"):
+            Engine(synth.model, synth.codec, rows=8, context=192, talker_defaults=talker_settings(sampling),
+                   cp_defaults=code_predictor_settings(sampling), tail_rows=tail_rows)
+
+
+class _GEMMShapes(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.mm, F.linear, torch.addmm):
+            self.seen.append((func.__name__, tuple(args[1 if func is torch.addmm else 0].shape)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_padded_gemms_run_on_zero_rows_added_and_give_the_rows_their_outputs():
+    """What a tail step's GEMMs see (recorded below the padding): torch.mm padded to min_rows rows,
+    F.linear and addmm to scale times theirs; the outputs are the unpadded rows'."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(3, 5, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, generator=g)
+    flat = x.flatten(0, 1)
+    with _GEMMShapes() as shapes, PaddedGEMMs(min_rows=32, scale=4):
+        outputs = [torch.mm(flat, w.t()), F.linear(x, w, b), torch.addmm(b, flat, w.t()), torch.mm(flat[:1], w.t())]
+    assert shapes.seen == [("mm", (32, 8)), ("linear", (12, 5, 8)), ("addmm", (60, 8)), ("mm", (32, 8))]
+    expected = [flat @ w.t(), F.linear(x, w, b), b + flat @ w.t(), flat[:1] @ w.t()]
+    for out, want in zip(outputs, expected):
+        assert out.shape == want.shape and torch.allclose(out, want, atol=1e-5)
+    with _GEMMShapes() as shapes, PaddedGEMMs(min_rows=4):
+        torch.mm(flat, w.t()), F.linear(x, w, b)
+    assert shapes.seen == [("mm", (15, 8)), ("linear", (3, 5, 8))]
+
+
+def test_tail_steps_by_default_on_cuda_from_256_rows_only():
+    assert tail_rows_for(512, cuda=True) == (256, 128)
+    assert tail_rows_for(256, cuda=True) == (128,)
+    assert tail_rows_for(128, cuda=True) == tail_rows_for(64, cuda=True) == ()
+    assert tail_rows_for(512, cuda=False) == ()
 
 
 def _sourced(synth, i, built: list, **fields) -> EngineRequest:

@@ -584,6 +584,35 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     assert np.array_equal(crowded.pcm, alone.pcm)
 
 
+def test_tail_steps_give_every_request_the_codes_and_audio_of_the_full_step_at_512_rows():
+    """At the real 1.7B shapes (random fp16 weights), 512 slots: 900 requests of 6-45 frames with the
+    engine's tail steps (256 then 128 rows, their GEMMs padded to 256 rows) and without: the same
+    codes and PCM for every request, bit for bit."""
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
+    sampling = synth.ckpt.sampling
+    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    requests = [EngineRequest(key=key, prompt_embeds=embeds[key % len(embeds)], seed=11 + key,
+                              max_frames=6 + (7 * key) % 40, min_new_tokens=47) for key in range(900)]
+
+    def run(tail_rows):
+        engine = Engine(model, codec, rows=512, context=128, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), tail_rows=tail_rows)
+        results = engine.run(requests)
+        steps = dict(engine.stats.steps_by_rows)
+        del engine
+        return results, steps
+    full, full_steps = run(())
+    tails, tail_steps = run(None)
+    assert set(full_steps) == {512} and set(tail_steps) == {512, 256, 128}
+    assert sum(tail_steps.values()) == full_steps[512]
+    for a, b in zip(tails, full):
+        assert len(a.codes) == 6 + (7 * a.key) % 40
+        assert np.array_equal(a.codes, b.codes), f"request {a.key}"
+        assert np.array_equal(a.pcm, b.pcm), f"request {a.key}"
+
+
 @pytest.mark.parametrize("rows", [64, 512])
 def test_attention_with_keys_loaded_ahead_gives_the_same_output_and_caches(rows):
     """The talker's attention in a decode step (one token per row, fp16 caches of 256 positions at

@@ -19,19 +19,21 @@ from tts_cli.synthesizer import Synthesizer, code_predictor_settings, longest_fi
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 
-@pytest.mark.parametrize("rows,count,window", [(8, 24, 4), (4, 13, 4), (1, 3, 16)])
-def test_the_model_takes_the_engines_steps(rows, count, window):
+@pytest.mark.parametrize("rows,count,window,tail_rows", [(8, 24, 4, ()), (4, 13, 4, ()), (1, 3, 16, ()),
+                                                          (8, 24, 4, (4, 2))])
+def test_the_model_takes_the_engines_steps(rows, count, window, tail_rows):
     synth = Synthesizer.from_pretrained(BUNDLED_MODEL_DIR)
     requests = make_requests(synth, read_sentences(), count, None, "vivian")
     assert [r.max_frames for r in requests] == bench_lengths(count)
     sampling = synth.ckpt.sampling
     for queue in (requests, longest_first(requests)):
         engine = Engine(synth.model, synth.codec, rows=rows, context=128, talker_defaults=talker_settings(sampling),
-                        cp_defaults=code_predictor_settings(sampling), codec_window=window)
+                        cp_defaults=code_predictor_settings(sampling), codec_window=window, tail_rows=tail_rows)
         with torch.no_grad():
             results = engine.run(queue)
-        model = simulate([r.max_frames for r in queue], rows, window)
+        model = simulate([r.max_frames for r in queue], rows, window, halve_to=tail_rows[-1] if tail_rows else None)
         assert model["steps"] == engine.stats.steps
+        assert model["graph_steps"] == engine.stats.steps_by_rows
         assert model["frames"] == sum(len(r.codes) for r in results)
 
 
@@ -43,16 +45,18 @@ def test_the_model_takes_the_steps_of_the_h200_runs():
         assert round(model["busy"], 3) == level["slots_busy"]
 
 
-def test_a_halved_tail_counts_the_smaller_graphs_rows_and_changes_no_step():
-    """simulate's halve_to (a rule the engine does not have): once the queue is empty the busy slots
-    run in the smallest halved graph that holds them, so the same steps and frames count fewer
-    slot-steps."""
+def test_tail_steps_count_their_rows_and_change_no_step():
+    """simulate's halve_to (the engine's tail steps): once the queue is empty the slots still speaking
+    run, from the next window boundary, in the smallest halved step that holds them, so the same
+    steps and frames count fewer slot-steps."""
     lengths = [20] + [2] * 7          # one long request; the others end in the first window
     plain = simulate(lengths, 8)
     halved = simulate(lengths, 8, halve_to=2)
     assert (halved["steps"], halved["frames"]) == (plain["steps"], plain["frames"]) == (20, 34)
     assert plain["graph_steps"] == {8: 20}
-    # the host reads the short ones' stops a step late; then one slot is held: 8 -> 4 -> 2, not below halve_to
-    assert halved["graph_steps"] == {8: 3, 2: 17}
-    assert halved["busy"] == 34 / (8 * 3 + 2 * 17) > plain["busy"] == 34 / (8 * 20)
+    # the host reads the short ones' stops at the first boundary (after 4 steps); then one slot is
+    # held: 8 -> 4 -> 2 at once, not below halve_to
+    assert halved["graph_steps"] == {8: 4, 2: 16}
+    assert halved["busy"] == 34 / (8 * 4 + 2 * 16) > plain["busy"] == 34 / (8 * 20)
+    assert simulate(lengths, 8, halve_to=4)["graph_steps"] == {8: 4, 4: 16}
     assert simulate(lengths, 8, halve_to=8) == plain

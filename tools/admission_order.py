@@ -39,7 +39,7 @@ def main() -> None:
         for call in [int(n) for n in args.calls.split(",") if n] or [count]:
             line = [f"{count} requests, {frames} frames, {args.rows} rows, calls of {call}:"]
             for name in args.orders.split(","):
-                steps = 0
+                steps = slot_steps = 0
                 for start in range(0, count, call):
                     engine = Engine(synth.model, synth.codec, rows=args.rows, context=256,
                                     talker_defaults=talker_settings(sampling),
@@ -47,7 +47,8 @@ def main() -> None:
                     with torch.no_grad():
                         engine.run(orders[name](requests[start:start + call]))
                     steps += engine.stats.steps
-                line.append(f"{name} {steps} steps ({frames / (steps * args.rows):.1%} of slot-steps busy)")
+                    slot_steps += engine.stats.slot_steps
+                line.append(f"{name} {steps} steps ({frames / slot_steps:.1%} of slot-steps busy)")
             print("  ".join(line), flush=True)
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ Per concurrency it prints slots busy (frames / (steps x c)) for the engine's rul
 queue (sentence k % 360 for request k), the share of idle slot-steps spent waiting for a boundary
 (requests still queued) and in the ragged end (queue empty), and the same work with the queue
 longest first (what `tts synth` does), shortest first, admission at every step (the codec window
-still K), both, the tail halved (simulate's halve_to: the busy rows moved into a graph of half the
-rows, and again, down to 64, once the queue is empty), and the bound max(longest, ceil(frames / c))
-steps. With --step-ms (a step's wall time by graph rows) it also prices the halved tail.
+still K), both, without the engine's tail steps (simulate's halve_to: once the queue is empty, the
+requests still speaking move at a window boundary into a step of half the rows, and again, down to
+tts_cli.engine.TAIL_MIN_ROWS), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
+step's wall time by rows) it also prices the tail steps.
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
                                    [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6]
@@ -25,6 +26,7 @@ import argparse
 import math
 
 from tts_cli.bench import auto_frames, default_requests, read_sentences
+from tts_cli.engine import TAIL_MIN_ROWS
 
 
 def bench_lengths(count: int, frames: int | None = None) -> list[int]:
@@ -36,10 +38,10 @@ def bench_lengths(count: int, frames: int | None = None) -> list[int]:
 def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int | None = None,
              halve_to: int | None = None) -> dict:
     """Steps, frames and idle slot-steps of one engine run over `lengths` (queue order).
-    admit_every: steps between admissions (default: the window). halve_to: a rule the engine does
-    not have: once the queue is empty, each step runs in the smallest graph of slots / 2^k rows (at
-    least halve_to) that holds the slots still busy, as if they were moved there; slot-steps then
-    count that graph's rows. graph_steps: steps by graph rows."""
+    admit_every: steps between admissions (default: the window). halve_to: the engine's tail steps
+    (Engine tail_rows slots / 2, slots / 4 ... down to halve_to; None: none): once the queue is
+    empty, at each window boundary the steps go on in the smallest of them that holds the slots still
+    speaking; slot-steps then count its rows. graph_steps: steps by the rows of the step."""
     every = admit_every or window
     queue = list(reversed(lengths))
     left = [0] * slots          # frames each slot still makes
@@ -48,6 +50,7 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
     graph_steps: dict[int, int] = {}
     previous = None             # stop flags of the last step, not read yet
     column = 0
+    graph = slots               # the rows of the step that runs
 
     def read_stops(flags):
         for slot, stopped in enumerate(flags):
@@ -61,14 +64,14 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
                 previous = None
             for slot in [s for s in range(slots) if not held[s]][:len(queue)]:
                 left[slot], held[slot] = queue.pop(), True
+        if column == 0:
+            while halve_to and not queue and graph // 2 >= halve_to and sum(held) <= graph // 2:
+                graph //= 2
         if any(held):
             column = (column + 1) % window
             steps += 1
             busy = sum(n > 0 for n in left)
             frames += busy
-            graph = slots
-            while halve_to and not queue and graph // 2 >= halve_to and sum(held) <= graph // 2:
-                graph //= 2
             graph_steps[graph] = graph_steps.get(graph, 0) + 1
             slot_steps += graph
             if queue:
@@ -96,31 +99,31 @@ def main() -> None:
     parser.add_argument("--concurrency", default="64,128,256,512")
     parser.add_argument("--requests", type=int, default=None, help="default: tts bench's on CUDA")
     parser.add_argument("--window", type=int, default=4)
-    parser.add_argument("--step-ms", help="'ROWS:MS,...': a step's wall time by graph rows (every c and what it "
-                        "halves to), to price the halved tail in audio-s/s (80 ms of audio a frame)")
+    parser.add_argument("--step-ms", help="'ROWS:MS,...': a step's wall time by its rows (every c and its tails'), "
+                        "to price the tail steps in audio-s/s (80 ms of audio a frame)")
     args = parser.parse_args()
     step_ms = {int(r): float(t) for r, t in (item.split(":") for item in args.step_ms.split(","))} \
         if args.step_ms else None
     print("| c | requests | steps | slots busy | idle: waiting / ragged end | longest first | shortest first "
-          "| every step | longest first, every step | tail halved to 64 rows | bound |")
+          "| every step | longest first, every step | no tail steps | bound |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     priced = []
     for slots in (int(c) for c in args.concurrency.split(",")):
         lengths = bench_lengths(args.requests or default_requests(slots))
-        now = simulate(lengths, slots, args.window)
+        now = simulate(lengths, slots, args.window, halve_to=TAIL_MIN_ROWS)
         idle = now["waiting"] + now["ragged"]
-        rules = [simulate(sorted(lengths, reverse=True), slots, args.window),
-                 simulate(sorted(lengths), slots, args.window),
-                 simulate(lengths, slots, args.window, admit_every=1),
-                 simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1),
-                 simulate(lengths, slots, args.window, halve_to=64)]
+        rules = [simulate(sorted(lengths, reverse=True), slots, args.window, halve_to=TAIL_MIN_ROWS),
+                 simulate(sorted(lengths), slots, args.window, halve_to=TAIL_MIN_ROWS),
+                 simulate(lengths, slots, args.window, admit_every=1, halve_to=TAIL_MIN_ROWS),
+                 simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1, halve_to=TAIL_MIN_ROWS),
+                 simulate(lengths, slots, args.window)]
         bound = sum(lengths) / (max(max(lengths), math.ceil(sum(lengths) / slots)) * slots)
         print(f"| {slots} | {len(lengths)} | {now['steps']} | {now['busy']:.1%} | {now['waiting'] / idle:.0%} / "
               f"{now['ragged'] / idle:.0%} | " + " | ".join(f"{r['busy']:.1%}" for r in rules) + f" | {bound:.1%} |")
         if step_ms:
             audio_s = now["frames"] * 0.08
             wall_s = [sum(step_ms[g] * n for g, n in r["graph_steps"].items()) / 1000 for r in (now, rules[-1])]
-            priced.append(f"c{slots}: {audio_s / wall_s[0]:.0f} audio-s/s, tail halved {audio_s / wall_s[1]:.0f}")
+            priced.append(f"c{slots}: {audio_s / wall_s[0]:.0f} audio-s/s, without tail steps {audio_s / wall_s[1]:.0f}")
     for line in priced:
         print(line)
 

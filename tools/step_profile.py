@@ -49,7 +49,7 @@ def filled_engine(synth, rows: int, depth: str = DEFAULT_DEPTH) -> Engine:
     """An engine of `rows` slots (its stage graphs captured) that has run one request per slot,
     8 frames each, so that its state holds real values."""
     sampling = synth.ckpt.sampling
-    engine = Engine(synth.model, synth.codec, rows=rows, context=256, depth=depth,
+    engine = Engine(synth.model, synth.codec, rows=rows, context=256, depth=depth, tail_rows=(),   # full step only
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling))
     with torch.no_grad():
         engine.run(make_requests(synth, read_sentences(), rows, 8, "vivian"))

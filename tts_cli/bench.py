@@ -184,7 +184,7 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
         rtf=round(statistics.mean(1 / x for x in xrts), 4),
         first_audio_p50_s=round(_percentile(first, 0.5), 4), first_audio_p99_s=round(_percentile(first, 0.99), 4),
         ms_per_step=ms_per_step, steps=engine.stats.steps,
-        slots_busy=round(frames / max(1, engine.stats.steps * concurrency), 3),
+        slots_busy=round(frames / max(1, engine.stats.slot_steps), 3),
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         depth="kernel" if engine.step.depth_frame is not None else "loop", codec_window=engine.codec_window,
         codec_stream=codec_stream, bound_by=bounding_stage(ms_per_step, codec_stream),

@@ -45,6 +45,11 @@ CAP_BASE_FRAMES = 50
 CAP_FRAMES_PER_TOKEN = 15
 # An engine's talker context is the call's rounded up to this many positions (fewer rebuilds).
 ENGINE_CONTEXT_STEP = 256
+# The engine's tail steps (tts_cli.engine.tail_rows_for) are not built here: the queue goes longest
+# first (longest_first), so the last requests are short and few slots idle at a call's end, while the
+# tails' graphs add to each engine build (H200, 4096 rows x 100 frames at 512 rows, 2026-12-04: build
+# 2.84 s against 1.95 without; docs/bench.md).
+SYNTH_TAIL_ROWS = ()
 # The talker KV cache may take this share of the GPU memory free when an engine is built; the rest
 # is for CUDA graphs, activations and the codec's state.
 KV_MEMORY_FRACTION = 0.5
@@ -62,7 +67,7 @@ class SynthesisTiming:
     prompt_vector_seconds: float = 0.0  # of those, building the prompts' vectors (mostly while the GPU works)
     pcm_copy_seconds: float = 0.0       # of those, copying the windows' PCM to the rows' arrays (likewise)
     steps: int = 0
-    slot_steps: int = 0                 # steps x the engine's slots
+    slot_steps: int = 0                 # steps x the slots they ran (a tail step's fewer)
     frames: int = 0
     stage_ms: dict = field(default_factory=dict)   # GPU ms per stage (CUDA events), prefill included
 
@@ -403,7 +408,7 @@ class Synthesizer:
         timing.prompt_vector_seconds += stats.prompt_s
         timing.pcm_copy_seconds += stats.pcm_s
         timing.steps += stats.steps
-        timing.slot_steps += stats.steps * engine.rows
+        timing.slot_steps += stats.slot_steps
         timing.frames += stats.frames
         if stages:
             for name, ms in [*stats.stage_ms.items(), ("prefill", stats.prefill_ms)]:
@@ -455,7 +460,7 @@ class Synthesizer:
                                   talker_defaults=talker_settings(s), cp_defaults=code_predictor_settings(s),
                                   top_p=s.top_p < 1 or s.subtalker_top_p < 1, depth=self.depth,
                                   codec_precision=self.codec_precision, trailing_text=trailing_text,
-                                  time_stages=True)
+                                  time_stages=True, tail_rows=SYNTH_TAIL_ROWS)
         return self._engine_now
 
     def _most_context(self, rows: int, trailing_text: bool = False) -> int | None:

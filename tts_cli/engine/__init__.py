@@ -32,6 +32,29 @@ def codec_stream_for(rows: int, cuda: bool) -> bool:
     return cuda and rows <= CODEC_STREAM_MAX_ROWS
 
 
+# Once a run's queue is empty, the requests still speaking are moved at a window boundary into the
+# first rows / 2 (then rows / 4 ...) slots, and the steps run on graphs of that many rows: the ragged
+# end of a run then steps half-empty graphs at most, not a 512-row graph for a few rows. A row's
+# numbers must stay those of the full step (batch invariance), so: not below TAIL_MIN_ROWS, down to
+# which every kernel of ours picks its variant as at more rows (tts_kernels picks by rows up to 64);
+# the talker's and code predictor's cuBLAS GEMMs (M = rows) padded to TAIL_PADDED_GEMM_ROWS rows, from
+# which they give a row the same sums (probed on the H200, 2026-12-04); the codec's (F.linear, addmm)
+# padded to the full step's shapes, since at 128 rows of a 256-row engine one of them gave a row other
+# sums (its PCM, not its codes, differed: tests/test_gpu.py, 2026-12-04).
+TAIL_MIN_ROWS = 128
+TAIL_PADDED_GEMM_ROWS = 256
+
+
+def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
+    """The tails' row counts of an engine of `rows` slots (largest first): on CUDA, rows / 2, rows / 4
+    ... down to TAIL_MIN_ROWS; none elsewhere (off CUDA the engine is a reference, not a speed path)."""
+    tails = []
+    while cuda and rows % 2 == 0 and rows // 2 >= TAIL_MIN_ROWS:
+        rows //= 2
+        tails.append(rows)
+    return tuple(tails)
+
+
 # The engine's slots in `tts synth`: every call runs this many rows whatever it holds, so that a
 # seeded row's audio does not depend on what else is synthesized with it (batch invariance holds
 # for one rows setting). 64: the batch the engine issue fixes; more rows raise throughput (c128,

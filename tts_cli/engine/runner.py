@@ -19,6 +19,13 @@ decodes the window: else they would idle a whole window (a quarter of the reques
 one slot-step per request). When no slot emits anymore (the run's end, or every slot stopped while
 requests wait), the window is decoded at once instead of stepping idle slots to its end.
 
+Once the queue is empty, the ragged end of a run (a few long requests still speaking while the
+other slots idle) runs on tail steps: at a window boundary the requests still speaking move into the
+first slots (SlotState.move) of the smallest tail step that holds them, rows / 2, rows / 4 ... (by
+default on CUDA from 256 rows, down to 128: tts_cli.engine.tail_rows_for), a DecodeStep over the first
+slots' views (SlotState.head) whose graphs share the full step's memory pool. A request's numbers are
+the same in either step, so its audio is too (tests: test_engine.py, test_gpu.py).
+
 With `codec_stream` (CUDA; by default up to 64 rows: codec_stream_for) the codec runs on a stream
 of its own, beside the next window's steps: the window's codes are first copied to the codec's own
 buffer (the next steps overwrite the window), admission resets a slot's codec state on that stream
@@ -48,11 +55,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, codec_stream_for,
-                            codec_window_for)
+from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, TAIL_MIN_ROWS,
+                            TAIL_PADDED_GEMM_ROWS, codec_stream_for, codec_window_for, tail_rows_for)
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
-from tts_cli.engine.step import STAGES, DecodeStep
+from tts_cli.engine.step import STAGES, DecodeStep, PaddedGEMMs
 from tts_cli.errors import NonFiniteError, RequestError, SynthesisCancelled
 from tts_cli.model.codec import CodecState
 from tts_cli.model.host import copy_keeping_gil, to_device
@@ -166,8 +173,22 @@ class _Run:
 
 
 @dataclass
+class _Level:
+    """The decode step at one row count, the engine's or a tail's (module doc), and the pinned host
+    buffers its launches copy their outputs to."""
+    step: DecodeStep
+    host: list                      # two sets of a step's outputs (codes, emit flags, counts), used in turn
+    pcm_host: list                  # two sets of a window's PCM (by window parity)
+
+    @property
+    def rows(self) -> int:
+        return self.step.st.rows
+
+
+@dataclass
 class EngineStats:
     steps: int = 0
+    steps_by_rows: dict = field(default_factory=dict)   # decode steps by the rows of the step that ran (tails)
     stage_ms: dict = field(default_factory=lambda: {name: 0.0 for name in STAGES})
     prefill_ms: float = 0.0
     wall_s: float = 0.0
@@ -176,6 +197,11 @@ class EngineStats:
     callback_s: float = 0.0         # in on_result, handing finished requests over
     prompt_s: float = 0.0           # building prompts from their PromptSource
     pcm_s: float = 0.0              # copying windows' PCM to the requests' arrays (the ends it allows included)
+
+    @property
+    def slot_steps(self) -> int:
+        """Slots stepped: each step's rows (a tail's fewer), busy or not."""
+        return sum(rows * steps for rows, steps in self.steps_by_rows.items())
 
     def per_step(self) -> dict:
         n = max(self.steps, 1)
@@ -211,7 +237,10 @@ class Engine:
                  cp_defaults: SamplerSettings, use_graphs: bool | None = None, top_p: bool = False,
                  time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int | None = None,
                  depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
-                 codec_stream: bool | None = None, trailing_text: bool = False):
+                 codec_stream: bool | None = None, trailing_text: bool = False,
+                 tail_rows: tuple[int, ...] | None = None):
+        """tail_rows: the row counts of the tail steps, largest first (module doc); None: on CUDA with
+        the codec in line, tts_cli.engine.tail_rows_for's."""
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -251,27 +280,45 @@ class Engine:
             log.info("engine: the codec runs on its own CUDA stream, beside the next window's steps")
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, kernels=kernels, depth=depth,
                                codec_stream=self.codec_stream)
+        if tail_rows is None:
+            tail_rows = () if codec_stream else tail_rows_for(rows, device.type == "cuda")
+        if tail_rows and codec_stream:
+            raise ValueError("tail steps need the codec in line (codec_stream=False)")
+        if list(tail_rows) != sorted(set(tail_rows), reverse=True) or not all(0 < n < rows and rows % n == 0
+                                                                               for n in tail_rows):
+            raise ValueError(f"tail_rows must decrease, each a divisor of rows ({rows}) below it, got {tail_rows}")
+        if device.type == "cuda" and tail_rows and tail_rows[-1] < TAIL_MIN_ROWS:
+            raise ValueError(f"tail_rows below {TAIL_MIN_ROWS} on CUDA: there a row's numbers may differ from the "
+                             f"full step's (tts_cli.engine.TAIL_MIN_ROWS), got {tail_rows}")
+        pin = device.type == "cuda"
+        self._levels = [self._new_level(self.step, pin)]
+        for n in tail_rows:
+            projections = PaddedGEMMs(min_rows=TAIL_PADDED_GEMM_ROWS)
+            padded = {"depth": projections, "talker": projections, "codec": PaddedGEMMs(scale=rows // n)}
+            step = DecodeStep(model, codec, self.state.head(n), use_graphs, top_p, kernels=kernels, depth=depth,
+                              pool=self.step.pool, padded_gemms=padded)
+            self._levels.append(self._new_level(step, pin))
+        self._level = self._levels[0]   # the step launched now
+        if tail_rows:
+            log.info("engine: the ragged end of a run steps %s rows", " then ".join(map(str, tail_rows)))
         self.prefill = Prefill(model, self.state, max(1, rows // 8), use_graphs)   # tiles of rows / 8 prompts
         self.time_stages = time_stages and device.type == "cuda"
-        pin = device.type == "cuda"
-        self._host = [self._host_buffers(pin) for _ in range(2)]
-        self._pcm_host = [self._pcm_buffers(pin) for _ in range(2)]   # by window parity
         self._windows_launched = 0
         self._codec_done = None   # the event after the last window's codec and copies
         self.stats = EngineStats()
         self._pending_times: list = []
         self._unbuilt: deque = deque()   # a run's requests with a PromptSource, in queue order
 
-    def _host_buffers(self, pin: bool):
-        st = self.state
-        outputs = [("codes", st.out_codes), ("emit", st.out_emit), ("nonfinite", st.nonfinite)]
-        return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in outputs}
+    def _new_level(self, step: DecodeStep, pin: bool) -> _Level:
+        st = step.st
 
-    def _pcm_buffers(self, pin: bool):
-        outputs = [("pcm", self.state.out_pcm)]
+        def pinned(outputs):
+            return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in outputs}
+        pcm = [("pcm", st.out_pcm)]
         if self._vocoder_overflow() is not None:
-            outputs.append(("overflow", self._vocoder_overflow()))
-        return {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for name, t in outputs}
+            pcm.append(("overflow", self._vocoder_overflow()))
+        return _Level(step, [pinned([("codes", st.out_codes), ("emit", st.out_emit), ("nonfinite", st.nonfinite)])
+                             for _ in range(2)], [pinned(pcm) for _ in range(2)])
 
     def _vocoder_overflow(self):
         """The fused fp16 vocoder's count of values beyond fp16's range, or None (no such count)."""
@@ -393,6 +440,7 @@ class Engine:
         queue = deque(requests)
         self._unbuilt = deque(r for r in requests if r.prompt_embeds is None)
         run = _Run(running=[None] * self.rows, results={}, on_result=on_result)
+        self._level = self._levels[0]
         previous = None   # the launch whose outputs are unread
         parity = 0
         column = 0        # steps launched in the current codec window
@@ -403,21 +451,23 @@ class Engine:
                 if previous is not None:
                     self._mark_stops(previous, run)
                 self._admit(queue, run.running)
+                if not queue:
+                    self._enter_tail(run.running)
             launched = None
             emitting = any(r is not None and not r.stopped for r in run.running)
             if emitting or column > 0:
-                buffers = self._host[parity]
+                buffers = self._level.host[parity]
                 parity ^= 1
                 window = None
                 if emitting:
                     column = (column + 1) % self.codec_window
                     flags_event = self._launch_step(buffers)
                 else:
-                    self.step.close_window(column)
+                    self._level.step.close_window(column)
                     column, flags_event = 0, None
                 if column == 0:
                     window = self._launch_codec(run)
-                launched = _Launch(buffers, flags_event, self._record_event(), list(run.running),
+                launched = _Launch(buffers, flags_event, self._record_event(), run.running[:self._level.rows],
                                    stepped=emitting, window=window)
             if previous is not None:
                 self._drain(previous, run)
@@ -457,13 +507,34 @@ class Engine:
                                      reference_tail=tail)
         self._add_time("prefill", t0)
 
+    def _enter_tail(self, running: list) -> None:
+        """With the queue empty, at a window boundary: moves the requests still speaking into the first
+        slots of the smallest tail step that holds them all (slots.py move), which then runs the steps."""
+        speaking = [slot for slot, r in enumerate(running) if r is not None and not r.stopped]
+        below = self._levels[self._levels.index(self._level) + 1:]
+        fitting = [level for level in below if len(speaking) <= level.rows]
+        if not fitting:
+            return
+        level = fitting[-1]
+        movers = [slot for slot in speaking if slot >= level.rows]
+        free = [slot for slot in range(level.rows) if running[slot] is None or running[slot].stopped]
+        if movers:
+            pairs = torch.tensor([movers, free[:len(movers)]], dtype=torch.int64)
+            source, target = to_device(pairs, self.device).unbind(0)
+            self.state.move(source, target)
+            for slot, to in zip(movers, free):
+                # a stopped request it replaces still has its last window's PCM to read (_Window.owners)
+                running[to], running[slot] = running[slot], None
+        self._level = level
+
     def _launch_step(self, buffers):
         """Launches a decode step and the copies of its outputs; returns the event after the codes,
         emit flags and counts."""
-        st = self.state
+        st = self._level.step.st
         self._run_stage("depth")
         self._run_stage("talker")
         self.stats.steps += 1
+        self.stats.steps_by_rows[st.rows] = self.stats.steps_by_rows.get(st.rows, 0) + 1
         buffers["codes"].copy_(st.out_codes, non_blocking=True)
         buffers["emit"].copy_(st.out_emit, non_blocking=True)
         buffers["nonfinite"].copy_(st.nonfinite, non_blocking=True)
@@ -472,12 +543,12 @@ class Engine:
     def _launch_codec(self, run: _Run) -> _Window:
         """At a window's end: its codes to the codec's own buffer, then the codec and the copy of
         its PCM, on the codec stream where there is one."""
-        st = self.state
+        st = self._level.step.st
         if self.codec_stream is not None and self._codec_done is not None:
             # the last window's codec may still be reading the codes these overwrite
             torch.cuda.current_stream(self.device).wait_event(self._codec_done)
         st.codec_codes.copy_(st.window_codes)
-        buffers = self._pcm_host[self._windows_launched % 2]
+        buffers = self._level.pcm_host[self._windows_launched % 2]
         self._windows_launched += 1
         self._read_windows(run, freeing=buffers)   # the window two before copied its PCM there
         with self._on_codec_stream():
@@ -517,7 +588,7 @@ class Engine:
 
     def _run_stage(self, name: str) -> None:
         t0 = self._event()
-        self.step.run_stage(name)
+        self._level.step.run_stage(name)
         self._add_time(name, t0)
 
     def _mark_stops(self, launch: _Launch, run: _Run | None = None) -> None:

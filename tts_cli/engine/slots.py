@@ -18,8 +18,14 @@ vectors in `trailing_text` [rows, context, H], written at admission; frame f of 
 its vectors while f < `trailing_length`, tts_pad's after (and always, for a request without any).
 Indexing by the slot's frame count keeps the step free of host work and its shapes fixed; a
 request never has more frames than its slot has positions, so `context` vectors always suffice.
+
+A tail step (runner: the ragged end of a run) runs on `head(n)`, the first n slots: views of the
+same buffers, with outputs of its own; `move` first brings the requests still speaking there.
 """
 from __future__ import annotations
+
+import copy
+from dataclasses import fields, replace
 
 import torch
 
@@ -108,6 +114,48 @@ class SlotState:
         else:
             self.trailing_text[slots, :trailing_text.shape[1]] = trailing_text
             self.trailing_length[slots] = trailing_lengths
+
+    def _slot_tensors(self) -> list[torch.Tensor]:
+        """Every tensor that holds per-slot state, slots along dim 0 (outputs and scratch excluded)."""
+        tensors = [self.g0, self.hidden, self.position, self.frame, self.cap, self.min_new_tokens, self.seeds,
+                   self.active, self.seen, self.trailing_length, self.window_codes, self.codec.position,
+                   *self.codec.history.values()]
+        tensors += [getattr(sampling, f.name) for sampling in (self.talker_sampling, self.cp_sampling)
+                    for f in fields(sampling)]
+        tensors += [t for kv in self.talker_kv for t in (kv.k, kv.v)]
+        if self.trailing_text is not None:
+            tensors.append(self.trailing_text)
+        return tensors
+
+    def move(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """The state of slots `source` [n] (int64, on the device) to slots `target` [n], none in both;
+        the source slots end inactive. The code predictor's caches are not moved: each frame rewrites
+        them before reading."""
+        for t in self._slot_tensors():
+            t.index_copy_(0, target, t.index_select(0, source))
+        self.active.index_fill_(0, source, False)
+
+    def head(self, rows: int) -> "SlotState":
+        """The first `rows` slots as a SlotState of their own: views of these buffers (so a step on it
+        updates them), with outputs of its own (the runner copies each step's outputs whole)."""
+        head = copy.copy(self)
+        head.rows = rows
+        for name in ("g0", "hidden", "position", "frame", "cap", "min_new_tokens", "seeds", "active", "seen",
+                     "trailing_length", "window_codes", "codec_codes"):
+            setattr(head, name, getattr(self, name)[:rows])
+        if self.trailing_text is not None:
+            head.trailing_text = self.trailing_text[:rows]
+        head.talker_sampling, head.cp_sampling = (
+            replace(s, **{f.name: getattr(s, f.name)[:rows] for f in fields(s)})
+            for s in (self.talker_sampling, self.cp_sampling))
+        head.talker_kv = [kv.first_rows(rows) for kv in self.talker_kv]
+        head.cp_kv = [kv.first_rows(rows) for kv in self.cp_kv]
+        head.codec = replace(self.codec, position=self.codec.position[:rows],
+                             history={name: t[:rows] for name, t in self.codec.history.items()})
+        head.out_codes = torch.zeros_like(self.out_codes[:rows])
+        head.out_pcm = torch.zeros_like(self.out_pcm[:rows])
+        head.out_emit = torch.zeros_like(self.out_emit[:, :rows])
+        return head
 
     def release(self, slot: int) -> None:
         self.active.narrow(0, slot, 1).fill_(False)   # not `active[slot] = False`: see admit

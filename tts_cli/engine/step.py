@@ -14,9 +14,13 @@ lands in output buffers that the runner copies to pinned memory and reads one st
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from tts_cli.engine import DEFAULT_DEPTH, DEPTH_CHOICES
 from tts_cli.engine.graphs import capture
@@ -47,6 +51,34 @@ def auto_prefers_loop(weights: torch.dtype, rows: int) -> str | None:
         return "auto: at one row the loop, its kernels launched as programmatic dependents, measured faster " \
                "(docs/bench.md)"
     return None
+
+
+class PaddedGEMMs(TorchFunctionMode):
+    """Inside it, cuBLAS GEMMs run on inputs padded with zero rows, the padding's outputs dropped:
+    torch.mm of fewer than `min_rows` rows (the talker's and code predictor's projections,
+    tts_kernels.linear) on `min_rows`, and F.linear and torch.addmm (the codec's) on `scale` times
+    their rows. cuBLAS picks its kernel, and so a row's summation order, by shape; a tail step
+    (runner) runs in it so that its rows get the sums the full step gives them (tts_cli.engine)."""
+
+    def __init__(self, min_rows: int = 0, scale: int = 1):
+        super().__init__()
+        self.min_rows, self.scale = min_rows, scale
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.mm and args[0].shape[0] < self.min_rows:
+            return self._padded(func, args, 0, self.min_rows, kwargs)
+        if func is F.linear and self.scale > 1:
+            return self._padded(func, args, 0, args[0].shape[0] * self.scale, kwargs)
+        if func is torch.addmm and self.scale > 1:
+            return self._padded(func, args, 1, args[1].shape[0] * self.scale, kwargs)
+        return func(*args, **kwargs)
+
+    @staticmethod
+    def _padded(func, args, which: int, rows: int, kwargs):
+        x = args[which]
+        padded = torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
+        return func(*args[:which], padded, *args[which + 1:], **kwargs)[:x.shape[0]]
 
 
 def emits_next(st: SlotState, eos: int) -> torch.Tensor:
@@ -103,9 +135,13 @@ def advance_slots(st: SlotState, emit: torch.Tensor, g0: torch.Tensor, hidden: t
 
 class DecodeStep:
     def __init__(self, model: Qwen3TTS, codec, state: SlotState, use_graphs: bool, top_p: bool,
-                 kernels: bool = False, depth: str = DEFAULT_DEPTH, codec_stream: torch.cuda.Stream | None = None):
+                 kernels: bool = False, depth: str = DEFAULT_DEPTH, codec_stream: torch.cuda.Stream | None = None,
+                 pool=None, padded_gemms: dict[str, PaddedGEMMs] | None = None):
+        """pool: a CUDA graph memory pool to capture into (a tail step shares its engine's: the steps
+        never run at once); padded_gemms: stage name -> the padding its GEMMs run with (a tail step's)."""
         self.model, self.codec, self.st = model, codec, state
         self.codec_stream = codec_stream
+        self.pool, self.padded_gemms = pool, padded_gemms or {}
         cfg = model.cfg
         device = state.g0.device
         self.eos = cfg.codec_eos_id
@@ -133,6 +169,11 @@ class DecodeStep:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         if use_graphs:
             self._capture()
+
+    def _run_fn(self, name: str) -> None:
+        """Stage `name`'s work, launched now (eagerly, or into a capture)."""
+        with self.padded_gemms.get(name) or contextlib.nullcontext():
+            self.stage_fns[name]()
 
     def _depth_frame(self, depth: str, rows: int):
         """The persistent depth kernel for `depth` (tts_cli.engine.DEPTH_CHOICES), or None for the
@@ -252,21 +293,21 @@ class DecodeStep:
         with torch.cuda.stream(stream):
             for _ in range(2):
                 for name in STAGES:
-                    self.stage_fns[name]()
+                    self._run_fn(name)
         torch.cuda.current_stream().wait_stream(stream)
-        pool = None
+        pool = self.pool
         for name in STAGES:
             if name == "codec" and self.codec_stream is not None:
                 # Replayed beside the others: a memory pool of its own, and warmed up and captured on
                 # its stream, so that its cuBLAS workspace is that stream's (one per stream), not the steps'.
                 self.codec_stream.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(self.codec_stream):
-                    self.stage_fns[name]()
+                    self._run_fn(name)
                 torch.cuda.current_stream().wait_stream(self.codec_stream)
-                self.graphs[name], _ = capture(self.stage_fns[name], stream=self.codec_stream)
+                self.graphs[name], _ = capture(functools.partial(self._run_fn, name), stream=self.codec_stream)
                 continue
-            graph, _ = capture(self.stage_fns[name], pool)
-            pool = graph.pool()
+            graph, _ = capture(functools.partial(self._run_fn, name), pool)
+            pool = self.pool = graph.pool()
             self.graphs[name] = graph
         self.st.window_column.zero_()   # the warm-up steps moved it; the host counts from column 0
 
@@ -283,4 +324,4 @@ class DecodeStep:
         if self.graphs:
             self.graphs[name].replay()
         else:
-            self.stage_fns[name]()
+            self._run_fn(name)

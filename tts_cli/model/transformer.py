@@ -120,6 +120,12 @@ class StaticKV:
         view.rows, view.at = rows, at
         return view
 
+    def first_rows(self, rows: int) -> "StaticKV":
+        """The first `rows` cache rows as a cache of their own (views of these buffers)."""
+        view = copy.copy(self)
+        view.k, view.v, view.all_rows = self.k[:rows], self.v[:rows], self.all_rows[:rows]
+        return view
+
     def row_index(self) -> torch.Tensor:
         return self.all_rows if self.rows is None else self.rows
 

@@ -3,6 +3,10 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -295,6 +299,46 @@ def test_synthesizer_on_cuda_clones_and_designs_voices_like_the_plain_model(exac
     cfg = Synthesizer.from_pretrained(TINY_BASE).cfg
     _assert_graphed_engine_like_the_plain_model(TINY_BASE, clone_requests(cfg, long_frames=70), frames=11, rows=4)
     _assert_graphed_engine_like_the_plain_model(TINY_VOICE_DESIGN, design_requests(), rows=4)
+
+
+PRELOAD_PROCESS = """
+import json
+import sys
+
+import torch
+
+from tts_cli.request import Request
+from tts_cli.synthesizer import Synthesizer
+from tts_kernels import preload
+
+synth = Synthesizer.from_pretrained(sys.argv[1], device="cuda", dtype=torch.float32, engine_rows=4)
+requests = [Request(id=str(i), text=text, speaker="vivian", seed=i) for i, text in enumerate(json.loads(sys.argv[2]))]
+results = synth.synthesize(requests, max_frames=8, min_new_tokens=9)
+print(json.dumps({"loaded": preload.loaded(), "at_launch": preload.loaded_at_launch(),
+                  "codes": [result.codes.tolist() for result in results]}))
+"""
+
+
+def test_a_new_process_preloads_the_kernels_an_earlier_one_compiled(tmp_path):
+    """Two processes on one new Triton cache (tts_kernels.preload): the first compiles each kernel at
+    its launch and records them at exit; the second loads them while its checkpoint loads, so that
+    none of its engine's launches loads a kernel itself, and computes the same codes."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), TTS_KERNEL_PRELOAD="1",
+               PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    runs = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", PRELOAD_PROCESS, str(TINY), json.dumps(TEXTS[:2])], env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        runs.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    print({"first": first["loaded"], "compiled at launch": len(first["at_launch"]), "second": second["loaded"]})
+    assert len(list((tmp_path / "triton").glob("tts-kernels-*.json"))) == 1
+    assert first["loaded"] == 0 and first["at_launch"]
+    assert second["loaded"] > 0
+    assert second["at_launch"] == [], "kernels the preload did not load"
+    assert second["codes"] == first["codes"]
 
 
 def test_clone_icl_engine_audio_follows_full_fp32_decode_at_real_shapes():

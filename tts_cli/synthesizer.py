@@ -205,6 +205,20 @@ def engine_audio(result: EngineResult, prime: torch.Tensor | None, samples_per_f
     return np.concatenate((tail, result.pcm)).astype(np.float32)
 
 
+def kernel_preload(device: str):
+    """On CUDA with the fused kernels: tts_kernels.preload, started. It loads the kernels that earlier
+    runs launched on a thread of its own while the checkpoint loads, where a new process's first
+    engine build would load them one by one at their first launches. Else None."""
+    if torch.device(device).type != "cuda":
+        return None
+    import tts_kernels
+    if not tts_kernels.available("cuda")[0]:
+        return None
+    from tts_kernels import preload
+    preload.start(device)
+    return preload
+
+
 def longest_first(requests: list[EngineRequest]) -> list[EngineRequest]:
     """The engine's queue with the longest prompts (so the longest texts, which speak longest)
     first, ties in their given order: the slots that free up last then hold short requests, and
@@ -244,10 +258,13 @@ class Synthesizer:
                         talker_precision: str = DEFAULT_TALKER_PRECISION) -> "Synthesizer":
         """dtype of the talker and code predictor weights; default: weights_dtype(device, talker_precision)."""
         dtype = dtype or weights_dtype(device, talker_precision)
-        ckpt = open_checkpoint(model_dir)
+        ckpt = open_checkpoint(model_dir)   # first: a folder that is no checkpoint starts nothing
+        preload = kernel_preload(device)
         tokenizer = load_tokenizer(ckpt.root)
         model = Qwen3TTS.from_checkpoint(ckpt, device=device, dtype=dtype)
         codec = load_codec(ckpt.speech_tokenizer_dir, device=device, dtype=torch.float32)
+        if preload is not None:
+            preload.finish()   # before any engine is built, so that no first launch races the preload
         return cls(ckpt, model, tokenizer, codec, engine=engine, engine_rows=engine_rows, depth=depth,
                    codec_precision=codec_precision)
 

@@ -36,7 +36,7 @@ def gpu_result(label_model="random:1.7b"):
         "codec_window": "auto (16 at one row, else 4)",
         "rows": [_row(1, 28.19, _stages(1.641, 1.019, 0.17, 0.089), codec_stream=True),
                  _row(64, 742.1, _stages(2.65, 1.6, 1.9, 1.5, 0.3), codec_stream=True),
-                 _row(512, 12345.6, _stages(10.12, 12.34, 15.27, 11.59, 0.12))],
+                 _row(512, 12345.6, _stages(10.12, 12.34, 15.27, 11.59, 0.12), tail_steps={"128": 17, "256": 9})],
     }
 
 
@@ -71,6 +71,7 @@ def test_bench_table_fits_100_columns_and_cuts_nothing():
         assert value in row_512.split(), value
     assert "bound: the stage with the largest share of a step" in text
     assert "ms per step" in text and "GiB: peak GPU memory" in text
+    assert "c512 26 of 9999 steps (on 256 then 128 rows)" in text   # keys as the JSON has them: strings
 
 
 def test_plot_draws_a_line_per_run_and_stacked_stage_bars_per_timed_run(tmp_path):

@@ -17,8 +17,9 @@ Reported per concurrency:
   bound by: the stage with the largest share of the step time (bounding_stage)
   GPU wait (JSON only, gpu_wait_ms_per_step): ms per step the host spent blocked on the GPU's events;
   near 0, the host and not the GPU sets the pace
-  slots busy: frames / (steps x c), the share of slot-steps that made a frame (the rest: slots
-  waiting for a window boundary, and the ragged end of the last requests)
+  slots busy: frames / slot-steps (each step's rows: c, or a tail step's fewer), the share of
+  slot-steps that made a frame (the rest: slots waiting for a window boundary, and the ragged end
+  of the last requests); tail steps (JSON tail_steps: rows -> steps) ran that ragged end
   peak GPU memory (torch.cuda.max_memory_allocated)
 """
 from __future__ import annotations
@@ -74,6 +75,7 @@ class BenchRow:
     codec_stream: bool  # the codec ran on its own stream beside the steps: the stage times overlap
     bound_by: str | None  # the stage with the largest share of a step (bounding_stage); None: stages not timed
     gpu_wait_ms_per_step: float = 0.0   # the host blocked on the GPU's events (0 on CPU)
+    tail_steps: dict = dataclasses.field(default_factory=dict)   # rows -> steps run by the engine's tail steps
 
 
 def load_synthesizer(spec: str, device: str, dtype: torch.dtype, kind: str = CUSTOM_VOICE) -> Synthesizer:
@@ -188,7 +190,8 @@ def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest
         peak_gpu_gib=round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None,
         depth="kernel" if engine.step.depth_frame is not None else "loop", codec_window=engine.codec_window,
         codec_stream=codec_stream, bound_by=bounding_stage(ms_per_step, codec_stream),
-        gpu_wait_ms_per_step=round(engine.stats.gpu_wait_s * 1000 / max(1, engine.stats.steps), 3))
+        gpu_wait_ms_per_step=round(engine.stats.gpu_wait_s * 1000 / max(1, engine.stats.steps), 3),
+        tail_steps={rows: n for rows, n in engine.stats.steps_by_rows.items() if rows < concurrency})
     del engine
     return row
 

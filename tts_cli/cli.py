@@ -761,11 +761,17 @@ def bench_notes(result: dict, depth: str) -> list[str]:
         "c: rows in flight; req: requests; audio-s/s: audio seconds made per wall second; xRT, RTF: per "
         "request, means; p50, p99: seconds from admission to first audio; "
         f"{', '.join(STEP_STAGES)}: ms per step (host: what the timed stages leave of the wall); bound: "
-        "the stage with the largest share of a step; busy: share of slot-steps that made a frame; GiB: "
-        "peak GPU memory.",
+        "the stage with the largest share of a step; busy: share of slot-steps (a tail step's rows) that made "
+        "a frame; GiB: peak GPU memory.",
         f"--depth {depth}: the code predictor ran as " +
         "; ".join(f"{path} at {', '.join(levels)} rows" for path, levels in paths.items()) + ".",
     ]
+    tails = [f"c{r['concurrency']} {sum(r['tail_steps'].values())} of {r['steps']} steps (on "
+             f"{' then '.join(str(n) for n in sorted(map(int, r['tail_steps']), reverse=True))} rows)"
+             for r in rows if r.get("tail_steps")]
+    if tails:
+        notes.append("Tail steps: once a level's queue was empty, the requests still speaking moved into steps of "
+                     "fewer rows, and its stage times are means over both: " + "; ".join(tails) + ".")
     if any(r["codec_stream"] for r in rows):
         notes.append("The codec ran on its own stream beside the steps: its ms/step overlap the others', and host "
                      "is what the wall leaves after their sum (0 when they overlap more).")

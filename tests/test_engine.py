@@ -236,8 +236,9 @@ def test_windows_read_late_give_the_same_requests_the_same_audio(synth, window):
 
 def test_tail_steps_give_each_request_the_codes_and_audio_of_the_full_step(synth):
     """Once the queue is empty the requests still speaking move into the first slots of a step of
-    fewer rows (8 -> 4 -> 2 here): the same codes and audio as the 8-row step alone gives them, in
-    fewer slot-steps. The longer requests hold slots 3, 4, 5 and 7 when the queue empties, so they move."""
+    fewer rows (8 -> 4 -> 2 here): the same codes as the 8-row step alone gives them and the same
+    audio within float rounding (torch's CPU convolutions may sum differently at another batch size;
+    on CUDA, where tails run, tests/test_gpu.py holds it bit for bit), in fewer slot-steps. The longer requests hold slots 3, 4, 5 and 7 when the queue empties, so they move."""
     frames = [5, 5, 5, 5, 5, 5, 5, 40, 6, 6, 6, 14, 14, 30]
     requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i % len(TEXTS)), seed=100 + i, max_frames=f,
                               min_new_tokens=f + 1) for i, f in enumerate(frames)]
@@ -255,7 +256,7 @@ def test_tail_steps_give_each_request_the_codes_and_audio_of_the_full_step(synth
     for i, (a, b) in enumerate(zip(tail_results, full_results)):
         assert len(a.codes) == frames[i]
         assert np.array_equal(a.codes, b.codes), f"request {i}"
-        assert np.array_equal(a.pcm, b.pcm), f"request {i}"
+        np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
 
 
 def test_tail_rows_that_the_engine_cannot_run_are_refused(synth):

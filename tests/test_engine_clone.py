@@ -2,6 +2,7 @@
 rows (ICL and x-vector only, both text modes) and VoiceDesign rows, mixed in one call, give the
 plain path's codes and waveforms (tests/test_engine.py holds CustomVoice to the same), whatever
 their batch mates and slots."""
+import dataclasses
 import json
 
 import numpy as np
@@ -94,6 +95,34 @@ def test_cloned_row_is_bit_identical_whatever_its_batch_mates_and_slot(base):
         assert np.array_equal(other[0].codes, alone[0].codes)
         assert np.array_equal(other[0].pcm, alone[0].pcm)
         assert np.array_equal(other[0].reference_tail, alone[0].reference_tail)
+
+
+def test_cloned_rows_moved_into_tail_steps_keep_their_codes_and_audio(base):
+    """Streaming-text and ICL rows (trailing text, primed codec states) through 4 slots with tail steps
+    of 2 and 1 rows: the longest, a streaming-text row 12 frames into its 17 text vectors, moves from slot
+    2 to slot 0 (runner._enter_tail) and runs on alone; every
+    row's codes and reference tail as without tails, its PCM within float rounding (torch's CPU
+    convolutions may sum differently at another batch size; on CUDA, where tails run, tests/test_gpu.py
+    holds the PCM bit for bit)."""
+    requests = _engine_requests(base, clone_requests(base.cfg, LONG_REFERENCE), frames=1)
+    requests = [dataclasses.replace(r, max_frames=f, min_new_tokens=f + 1)
+                for r, f in zip(requests, [4, 4, 20, 4, 6, 18])]
+    assert requests[2].trailing_text.shape[0] == 17 and requests[5].codec_prime is not None
+
+    def run(tail_rows):
+        sampling = base.ckpt.sampling
+        engine = Engine(base.model, base.codec, rows=4, context=192, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), top_p=True, codec_window=4,
+                        trailing_text=True, tail_rows=tail_rows)
+        return engine.run(requests), engine.stats.steps_by_rows
+    full, full_steps = run(())
+    tails, tail_steps = run((2, 1))
+    assert set(full_steps) == {4} and set(tail_steps) == {4, 2, 1}
+    for a, b in zip(tails, full):
+        assert np.array_equal(a.codes, b.codes), f"request {a.key}"
+        np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6)
+        assert (a.reference_tail is None) == (b.reference_tail is None)
+        assert a.reference_tail is None or np.array_equal(a.reference_tail, b.reference_tail)
 
 
 def test_trailing_text_reaches_the_talker_frame_by_frame(base):

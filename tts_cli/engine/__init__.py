@@ -39,8 +39,8 @@ def codec_stream_for(rows: int, cuda: bool) -> bool:
 # which every kernel of ours picks its variant as at more rows (tts_kernels picks by rows up to 64);
 # the talker's and code predictor's cuBLAS GEMMs (M = rows) padded to TAIL_PADDED_GEMM_ROWS rows, from
 # which they give a row the same sums (probed on the H200, 2026-12-04); the codec's (F.linear, addmm)
-# padded to the full step's shapes, since at 128 rows of a 256-row engine one of them gave a row other
-# sums (its PCM, not its codes, differed: tests/test_gpu.py, 2026-12-04).
+# padded to the full step's shapes: without that, a 128-row tail of a 256-row engine gave a seeded row
+# the same codes and other PCM (tests/test_gpu.py on the H200, 2026-12-04).
 TAIL_MIN_ROWS = 128
 TAIL_PADDED_GEMM_ROWS = 256
 

@@ -238,7 +238,8 @@ def test_tail_steps_give_each_request_the_codes_and_audio_of_the_full_step(synth
     """Once the queue is empty the requests still speaking move into the first slots of a step of
     fewer rows (8 -> 4 -> 2 here): the same codes as the 8-row step alone gives them and the same
     audio within float rounding (torch's CPU convolutions may sum differently at another batch size;
-    on CUDA, where tails run, tests/test_gpu.py holds it bit for bit), in fewer slot-steps. The longer requests hold slots 3, 4, 5 and 7 when the queue empties, so they move."""
+    on CUDA, where tails run, tests/test_gpu.py holds it bit for bit), in fewer slot-steps. The longer
+    requests hold slots 3, 4, 5 and 7 when the queue empties, so they move."""
     frames = [5, 5, 5, 5, 5, 5, 5, 40, 6, 6, 6, 14, 14, 30]
     requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i % len(TEXTS)), seed=100 + i, max_frames=f,
                               min_new_tokens=f + 1) for i, f in enumerate(frames)]

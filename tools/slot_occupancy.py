@@ -8,11 +8,11 @@ step's stop flags; elsewhere it learns of a stop one step late, so a run whose l
 on a boundary ends with one step that makes nothing. tests/test_slot_occupancy.py holds it to the
 engine's own step counts; it reproduces the H200 runs' step counts in bench/results.
 
-Per concurrency it prints slots busy (frames / (steps x c)) for the engine's rule on the bench's
+Per concurrency it prints slots busy (frames / slot-steps) for the engine's rule on the bench's
 queue (sentence k % 360 for request k), the share of idle slot-steps spent waiting for a boundary
-(requests still queued) and in the ragged end (queue empty), and the same work with the queue
-longest first (what `tts synth` does), shortest first, admission at every step (the codec window
-still K), both, without the engine's tail steps (simulate's halve_to: once the queue is empty, the
+(requests still queued) and in the ragged end (queue empty), and the same work, with the tail steps,
+with the queue longest first (`tts synth`'s order), shortest first, admission at every step (the
+codec window still K), both; then without the engine's tail steps (simulate's halve_to: once the queue is empty, the
 requests still speaking move at a window boundary into a step of half the rows, and again, down to
 tts_cli.engine.TAIL_MIN_ROWS), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
 step's wall time by rows) it also prices the tail steps.
@@ -115,7 +115,8 @@ def main() -> None:
         rules = [simulate(sorted(lengths, reverse=True), slots, args.window, halve_to=TAIL_MIN_ROWS),
                  simulate(sorted(lengths), slots, args.window, halve_to=TAIL_MIN_ROWS),
                  simulate(lengths, slots, args.window, admit_every=1, halve_to=TAIL_MIN_ROWS),
-                 simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1, halve_to=TAIL_MIN_ROWS),
+                 simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1,
+                          halve_to=TAIL_MIN_ROWS),
                  simulate(lengths, slots, args.window)]
         bound = sum(lengths) / (max(max(lengths), math.ceil(sum(lengths) / slots)) * slots)
         print(f"| {slots} | {len(lengths)} | {now['steps']} | {now['busy']:.1%} | {now['waiting'] / idle:.0%} / "

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from tts_cli.engine import codec_stream_for, tail_rows_for
+from tts_cli.engine import codec_stream_for, prefill_tiles_for, tail_rows_for
+from tts_cli.engine.prefill import split_tiles
 from tts_cli.engine.step import PaddedGEMMs
 from tts_cli.engine.runner import Engine, EngineRequest, PromptSource
 from tts_cli.engine.slots import talker_kv_bytes
@@ -501,3 +502,46 @@ def test_rows_auto_synthesizes_as_the_chosen_rows_do(synth):
     for a, b in zip(auto.synthesize(requests, max_frames=6), fixed.synthesize(requests, max_frames=6)):
         assert torch.equal(a.codes, b.codes) and np.array_equal(a.audio, b.audio)
     assert auto._engine_now.rows == 64 and auto.notes
+
+
+def test_prefill_tiles_of_several_sizes_give_each_request_the_codes_and_audio_of_whole_tiles(synth):
+    """An engine of 16 slots prefills in tiles of 2 prompts (rows / 8) or, given, of 8, 6, 4 and 2: a
+    request's codes are the same, its audio within float rounding (torch's CPU GEMMs may sum another
+    batch's rows differently; on CUDA tests/test_gpu.py holds it bit for bit), with fewer tile calls."""
+    frames = [6, 9, 6, 6, 7, 6, 12, 6, 6, 8, 6, 6, 6, 10, 6, 6, 9, 6, 6, 6]
+    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i % len(TEXTS)), seed=100 + i, max_frames=f,
+                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    sampling = synth.ckpt.sampling
+
+    def run(prefill_tiles):
+        engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), codec_window=4, prefill_tiles=prefill_tiles)
+        tiles, tile = [], engine.prefill._tile
+        engine.prefill._tile = lambda embeds, *rest: (tiles.append(embeds.shape[0]), tile(embeds, *rest))[1]
+        return tiles, engine.run(requests)
+    whole_tiles, whole = run(None)
+    tiles, sized = run((8, 6, 4, 2))
+    assert set(whole_tiles) == {2} and sum(whole_tiles) == 16 + 4
+    assert tiles == [8, 8, 4] and sum(tiles) == 16 + 4
+    for i, (a, b) in enumerate(zip(sized, whole)):
+        assert len(a.codes) == frames[i]
+        assert np.array_equal(a.codes, b.codes), f"request {i}"
+        np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
+
+
+def test_prefill_tiles_on_cuda_are_the_multiples_of_8_prompts_up_to_rows_over_8():
+    assert prefill_tiles_for(512, cuda=True) == (64, 56, 48, 40, 32, 24, 16, 8)
+    assert prefill_tiles_for(128, cuda=True) == (16, 8)
+    assert prefill_tiles_for(64, cuda=True) == (8,) and prefill_tiles_for(16, cuda=True) == (2,)
+    assert prefill_tiles_for(512, cuda=False) == (64,) and prefill_tiles_for(4, cuda=False) == (1,)
+    sizes = prefill_tiles_for(512, cuda=True)
+    assert [split_tiles(n, sizes) for n in (1, 8, 9, 51, 64, 65, 200)] == \
+        [[8], [8], [16], [56], [64], [64, 8], [64, 64, 64, 8]]
+
+
+def test_prefill_tiles_that_the_engine_cannot_run_are_refused(synth):
+    sampling = synth.ckpt.sampling
+    for tiles in ((), (2, 4), (4, 4), (2, 0)):
+        with pytest.raises(ValueError, match="tile sizes must decrease from the largest"):
+            Engine(synth.model, synth.codec, rows=8, context=192, talker_defaults=talker_settings(sampling),
+                   cp_defaults=code_predictor_settings(sampling), prefill_tiles=tiles)

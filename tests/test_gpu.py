@@ -628,6 +628,40 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     assert np.array_equal(crowded.pcm, alone.pcm)
 
 
+def test_a_prompt_prefills_to_the_same_numbers_in_every_tile_size_at_512_rows():
+    """At the real 1.7B shapes (random fp16 weights), 512 slots: the prefill's tiles of 8 to 64 prompts
+    (tts_cli.engine.prefill_tiles_for) give a prompt (one of 2 chunks, one of 1) the same hidden state,
+    logits and cached keys and values, bit for bit, whatever the tile's size, the prompt's place in
+    it and its slot."""
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
+    sampling = synth.ckpt.sampling
+    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    engine = Engine(model, codec, rows=512, context=128, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling))
+    assert engine.prefill.sizes == (64, 56, 48, 40, 32, 24, 16, 8)
+    kv = engine.state.talker_kv
+
+    def prefill(prompts, probe_at, slot):
+        slots = [(slot + 1 + i) % 512 for i in range(len(prompts))]
+        slots[probe_at] = slot
+        hidden, logits = engine.prefill(prompts, torch.tensor(slots, device="cuda"),
+                                        torch.tensor([p.shape[0] for p in prompts], device="cuda"))
+        length = prompts[probe_at].shape[0]
+        return (hidden[probe_at].clone(), logits[probe_at].clone(),
+                [torch.cat([layer.k[slot, :, :length], layer.v[slot, :, :length]]).clone() for layer in kv])
+
+    for probe in (torch.cat(embeds[:2]), embeds[2]):
+        assert (probe.shape[0] > 32) == (probe is not embeds[2])
+        alone = prefill([probe], 0, 0)
+        for n, probe_at, slot in ((9, 8, 300), (23, 5, 17), (51, 50, 511), (64, 0, 64), (70, 66, 129)):
+            others = [embeds[(i * 5) % len(embeds)] for i in range(n - 1)]
+            got = prefill(others[:probe_at] + [probe] + others[probe_at:], probe_at, slot)
+            for a, b in zip([*got[:2], *got[2]], [*alone[:2], *alone[2]]):
+                assert torch.equal(a, b), f"{n} prompts, the probe's place {probe_at}"
+
+
 def test_tail_steps_give_every_request_the_codes_and_audio_of_the_full_step_at_512_rows():
     """At the real 1.7B shapes (random fp16 weights), 512 slots: 900 requests of 6-45 frames with the
     engine's tail steps (256 then 128 rows, their GEMMs padded to 256 rows) and without: the same

@@ -1,5 +1,5 @@
 """tools/slot_occupancy.py's step model against the engine itself (the bundled tiny model on CPU):
-the same steps and frames for the bench's queue and for it longest first, and the step counts of the
+the same steps, frames and admissions for the bench's queue and for it longest first, and the step counts of the
 H200 runs in bench/results."""
 import json
 import sys
@@ -29,9 +29,12 @@ def test_the_model_takes_the_engines_steps(rows, count, window, tail_rows):
     for queue in (requests, longest_first(requests)):
         engine = Engine(synth.model, synth.codec, rows=rows, context=128, talker_defaults=talker_settings(sampling),
                         cp_defaults=code_predictor_settings(sampling), codec_window=window, tail_rows=tail_rows)
+        admissions, prefill = [], engine._prefill
+        engine._prefill = lambda admitted: (admissions.append(len(admitted)), prefill(admitted))[1]
         with torch.no_grad():
             results = engine.run(queue)
         model = simulate([r.max_frames for r in queue], rows, window, halve_to=tail_rows[-1] if tail_rows else None)
+        assert model["admissions"] == admissions
         assert model["steps"] == engine.stats.steps
         assert model["graph_steps"] == engine.stats.steps_by_rows
         assert model["frames"] == sum(len(r.codes) for r in results)

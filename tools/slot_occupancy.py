@@ -15,10 +15,12 @@ with the queue longest first (`tts synth`'s order), shortest first, admission at
 codec window still K), both; then without the engine's tail steps (simulate's halve_to: once the queue is empty, the
 requests still speaking move at a window boundary into a step of half the rows, and again, down to
 tts_cli.engine.TAIL_MIN_ROWS), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
-step's wall time by rows) it also prices the tail steps.
+step's wall time by rows) it also prices the tail steps. With --prefill, the prompt rows the
+admissions' prefill tiles hold (padding included) in tiles of rows / 8 prompts alone and in the
+tile sizes the engine runs on CUDA (tts_cli.engine.prefill_tiles_for).
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
-                                   [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6]
+                                   [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6] [--prefill]
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ import argparse
 import math
 
 from tts_cli.bench import auto_frames, default_requests, read_sentences
-from tts_cli.engine import TAIL_MIN_ROWS
+from tts_cli.engine import TAIL_MIN_ROWS, prefill_tiles_for
+from tts_cli.engine.prefill import split_tiles
 
 
 def bench_lengths(count: int, frames: int | None = None) -> list[int]:
@@ -41,13 +44,15 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
     admit_every: steps between admissions (default: the window). halve_to: the engine's tail steps
     (Engine tail_rows slots / 2, slots / 4 ... down to halve_to; None: none): once the queue is
     empty, at each window boundary the steps go on in the smallest of them that holds the slots still
-    speaking; slot-steps then count its rows. graph_steps: steps by the rows of the step."""
+    speaking; slot-steps then count its rows. graph_steps: steps by the rows of the step; admissions:
+    the requests admitted at each boundary that admits any."""
     every = admit_every or window
     queue = list(reversed(lengths))
     left = [0] * slots          # frames each slot still makes
     held = [False] * slots      # the host's view: the slot holds a request that has not stopped
     steps = frames = waiting = ragged = slot_steps = 0
     graph_steps: dict[int, int] = {}
+    admissions = []
     previous = None             # stop flags of the last step, not read yet
     column = 0
     graph = slots               # the rows of the step that runs
@@ -62,8 +67,11 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
             if previous is not None:
                 read_stops(previous)
                 previous = None
-            for slot in [s for s in range(slots) if not held[s]][:len(queue)]:
+            free = [s for s in range(slots) if not held[s]][:len(queue)]
+            for slot in free:
                 left[slot], held[slot] = queue.pop(), True
+            if free:
+                admissions.append(len(free))
         if column == 0:
             while halve_to and not queue and graph // 2 >= halve_to and sum(held) <= graph // 2:
                 graph //= 2
@@ -91,7 +99,7 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
             if not queue:
                 break
     return {"steps": steps, "frames": frames, "busy": frames / slot_steps, "waiting": waiting,
-            "ragged": ragged, "graph_steps": graph_steps}
+            "ragged": ragged, "graph_steps": graph_steps, "admissions": admissions}
 
 
 def main() -> None:
@@ -101,6 +109,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--step-ms", help="'ROWS:MS,...': a step's wall time by its rows (every c and its tails'), "
                         "to price the tail steps in audio-s/s (80 ms of audio a frame)")
+    parser.add_argument("--prefill", action="store_true", help="the prompt rows of the prefill's tiles")
     args = parser.parse_args()
     step_ms = {int(r): float(t) for r, t in (item.split(":") for item in args.step_ms.split(","))} \
         if args.step_ms else None
@@ -125,6 +134,12 @@ def main() -> None:
             audio_s = now["frames"] * 0.08
             wall_s = [sum(step_ms[g] * n for g, n in r["graph_steps"].items()) / 1000 for r in (now, rules[-1])]
             priced.append(f"c{slots}: {audio_s / wall_s[0]:.0f} audio-s/s, without tail steps {audio_s / wall_s[1]:.0f}")
+        if args.prefill:
+            whole, sized = (sum(sum(split_tiles(n, sizes)) for n in now["admissions"])
+                            for sizes in (prefill_tiles_for(slots, False), prefill_tiles_for(slots, True)))
+            priced.append(f"c{slots}: {len(now['admissions'])} admissions of {sum(now['admissions'])} prompts; "
+                          f"prefill tiles hold {whole} prompt rows in tiles of {slots // 8 or 1}, {sized} in "
+                          f"tiles of {', '.join(map(str, prefill_tiles_for(slots, True)))} ({sized / whole:.2f}x)")
     for line in priced:
         print(line)
 

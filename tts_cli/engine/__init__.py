@@ -32,17 +32,20 @@ def codec_stream_for(rows: int, cuda: bool) -> bool:
     return cuda and rows <= CODEC_STREAM_MAX_ROWS
 
 
+# From this many GEMM rows up, cuBLAS gave every projection of the talker and code predictor the same
+# sums for a row whatever the product's rows (probed on the H200 from 2048 down to 256, 2026-12-04;
+# at 128 the two down projections differed): the least rows of a GEMM whose shape may vary.
+INVARIANT_GEMM_ROWS = 256
+
 # Once a run's queue is empty, the requests still speaking are moved at a window boundary into the
 # first rows / 2 (then rows / 4 ...) slots, and the steps run on graphs of that many rows: the ragged
 # end of a run then steps half-empty graphs at most, not a 512-row graph for a few rows. A row's
 # numbers must stay those of the full step (batch invariance), so: not below TAIL_MIN_ROWS, down to
 # which every kernel of ours picks its variant as at more rows (tts_kernels picks by rows up to 64);
-# the talker's and code predictor's cuBLAS GEMMs (M = rows) padded to TAIL_PADDED_GEMM_ROWS rows, from
-# which they give a row the same sums (probed on the H200, 2026-12-04); the codec's (F.linear, addmm)
-# padded to the full step's shapes: without that, a 128-row tail of a 256-row engine gave a seeded row
-# the same codes and other PCM (tests/test_gpu.py on the H200, 2026-12-04).
+# the talker's and code predictor's cuBLAS GEMMs (M = rows) padded to INVARIANT_GEMM_ROWS; the codec's
+# (F.linear, addmm) padded to the full step's shapes: without that, a 128-row tail of a 256-row engine
+# gave a seeded row the same codes and other PCM (tests/test_gpu.py on the H200, 2026-12-04).
 TAIL_MIN_ROWS = 128
-TAIL_PADDED_GEMM_ROWS = 256
 
 
 def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
@@ -53,6 +56,21 @@ def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
         rows //= 2
         tails.append(rows)
     return tuple(tails)
+
+
+# The prefill's tiles (prefill.py) hold rows / 8 prompts x 32 positions. On CUDA an admission's last
+# tile may also hold any multiple of PREFILL_TILE_STEP prompts below that, so that a few prompts run a
+# tile of a few (at 512 slots on the bench's Harvard work a third fewer prompt rows than whole tiles:
+# tools/slot_occupancy.py --prefill). Such a tile's GEMMs still have INVARIANT_GEMM_ROWS rows or more.
+PREFILL_TILE_STEP = INVARIANT_GEMM_ROWS // 32
+
+
+def prefill_tiles_for(rows: int, cuda: bool) -> tuple[int, ...]:
+    """The prefill's tile sizes in prompts (largest first) for an engine of `rows` slots."""
+    tile = max(1, rows // 8)
+    if not cuda or tile <= PREFILL_TILE_STEP or tile % PREFILL_TILE_STEP:
+        return (tile,)
+    return tuple(range(tile, 0, -PREFILL_TILE_STEP))
 
 
 # The engine's slots in `tts synth`: every call runs this many rows whatever it holds, so that a

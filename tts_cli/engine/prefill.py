@@ -2,15 +2,22 @@
 and values straight into their slots' static caches, and returning each prompt's last hidden
 state and codebook-0 logits.
 
-Always in tiles of the same shape, `tile_rows` prompts x COLUMNS positions (prompts right-padded,
-rows padded by repeating the first prompt of the tile), one tile call per COLUMNS positions, the
-later ones attending to the cached keys of the earlier ones. Two reasons:
+In tiles of a few fixed shapes, n prompts x COLUMNS positions (prompts right-padded, rows padded
+by repeating the first prompt of the tile), one tile call per COLUMNS positions, the later ones
+attending to the cached keys of the earlier ones. An admission runs tiles of the largest size, then
+one of the smallest size that holds the rest (tts_cli.engine.prefill_tiles_for: on CUDA the
+multiples of 8 prompts up to rows / 8). Fixed shapes for two reasons:
 - batch invariance: GEMM libraries choose their kernels, and so their summation order, by shape;
-  a fixed shape makes a prompt's numbers independent of what else is admitted with it;
-- CUDA graphs: one graph per column offset serves every admission (an eager call launches some
-  400 kernels from Python: 24 ms for 8 prompts on the H200, more than the GPU work).
+  a prompt's numbers must not depend on what else is admitted with it. One shape ensures that;
+  several do where each has enough GEMM rows that the library sums a row alike in all of them
+  (on CUDA: tts_cli.engine.INVARIANT_GEMM_ROWS);
+- CUDA graphs: one graph per size and column offset serves every admission (an eager call launches
+  some 400 kernels from Python: 24 ms for 8 prompts on the H200, more than the GPU work). Each is
+  captured when first needed (`tts bench` warms every size up before it times a run).
 Padding writes stay harmless: padded positions lie beyond every prompt and are overwritten
-before any query sees them; repeated rows write the same values to the same cache row.
+before any query sees them; repeated rows write the same values to the same cache row. The
+codebook-0 head runs on the largest tile's rows at a time whatever the tiles' sizes (its GEMM's
+kernel, too, is chosen by shape).
 """
 from __future__ import annotations
 
@@ -23,12 +30,22 @@ from tts_cli.model.generate import prefill_batch
 COLUMNS = 32
 
 
+def split_tiles(n: int, sizes: tuple[int, ...]) -> list[int]:
+    """The tiles (their sizes) that prefill n prompts: full tiles, then the smallest size holding the rest."""
+    full, rest = divmod(n, sizes[0])
+    return [sizes[0]] * full + ([min(size for size in sizes if size >= rest)] if rest else [])
+
+
 class Prefill:
-    def __init__(self, model, state: SlotState, tile_rows: int, use_graphs: bool):
+    def __init__(self, model, state: SlotState, sizes: tuple[int, ...], use_graphs: bool):
+        """sizes: the tiles' sizes in prompts, largest first."""
         if state.context % COLUMNS:
             raise ValueError(f"the talker context ({state.context}) must be a multiple of {COLUMNS}")
-        self.talker, self.state, self.tile_rows, self.use_graphs = model.talker, state, tile_rows, use_graphs
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
+        if not sizes or list(sizes) != sorted(set(sizes), reverse=True) or sizes[-1] < 1:
+            raise ValueError(f"the prefill's tile sizes must decrease from the largest, got {sizes}")
+        self.talker, self.state, self.use_graphs = model.talker, state, use_graphs
+        self.sizes, self.tile_rows = tuple(sizes), sizes[0]
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
         self.pool = None
 
     @torch.no_grad()
@@ -37,19 +54,21 @@ class Prefill:
         n = len(prompts)
         columns = -(-max(p.shape[0] for p in prompts) // COLUMNS) * COLUMNS
         embeds, _, positions, mask = prefill_batch(prompts, left_pad=False, columns=columns)
-        hidden, logits = [], []
-        for start in range(0, n, self.tile_rows):
-            rows = torch.arange(start, min(start + self.tile_rows, n), device=slots.device)
-            rows = torch.cat([rows, rows[:1].expand(self.tile_rows - rows.shape[0])])
-            last = self._tile(embeds[rows], positions[rows], mask[rows], slots[rows], lengths[rows])
-            hidden.append(last)
-            logits.append(self.talker.codec_head(last).float())
-        return torch.cat(hidden)[:n], torch.cat(logits)[:n]
+        hidden, start = [], 0
+        for size in split_tiles(n, self.sizes):
+            rows = _padded(torch.arange(start, min(start + size, n), device=slots.device), size)
+            hidden.append(self._tile(embeds[rows], positions[rows], mask[rows], slots[rows], lengths[rows]))
+            start += size
+        hidden = torch.cat(hidden)[:n]
+        logits = [self.talker.codec_head(hidden[_padded(torch.arange(start, min(start + self.tile_rows, n),
+                                                                     device=slots.device), self.tile_rows)]).float()
+                  for start in range(0, n, self.tile_rows)]
+        return hidden, torch.cat(logits)[:n]
 
     def _tile(self, embeds, positions, mask, slots, lengths) -> torch.Tensor:
         """Every column chunk of one tile; the hidden state at each prompt's last position."""
         last = None
-        rows = torch.arange(self.tile_rows, device=slots.device)
+        rows = torch.arange(embeds.shape[0], device=slots.device)
         for chunk in range(embeds.shape[1] // COLUMNS):
             cols = slice(chunk * COLUMNS, (chunk + 1) * COLUMNS)
             inputs = {"embeds": embeds[:, cols], "positions": positions[:, cols],
@@ -64,9 +83,10 @@ class Prefill:
     def _chunk(self, chunk: int, inputs: dict) -> torch.Tensor:
         if not self.use_graphs:
             return self._forward(chunk, **inputs)
-        if chunk not in self.graphs:
-            self.graphs[chunk] = self._capture(chunk, inputs)
-        graph, buffers, hidden = self.graphs[chunk]
+        key = (inputs["embeds"].shape[0], chunk)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(chunk, inputs)
+        graph, buffers, hidden = self.graphs[key]
         for name, t in inputs.items():
             buffers[name].copy_(t)
         graph.replay()
@@ -86,3 +106,8 @@ class Prefill:
         graph, hidden = capture(lambda: self._forward(chunk, **buffers), self.pool)
         self.pool = graph.pool()
         return graph, buffers, hidden
+
+
+def _padded(rows: torch.Tensor, size: int) -> torch.Tensor:
+    """rows, padded to `size` by repeating the first."""
+    return torch.cat([rows, rows[:1].expand(size - rows.shape[0])])

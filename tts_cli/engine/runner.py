@@ -55,9 +55,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, TAIL_MIN_ROWS,
-                            TAIL_PADDED_GEMM_ROWS, codec_stream_for, codec_window_for, tail_rows_for)
-from tts_cli.engine.prefill import Prefill
+from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, INVARIANT_GEMM_ROWS,
+                            TAIL_MIN_ROWS, codec_stream_for, codec_window_for, prefill_tiles_for, tail_rows_for)
+from tts_cli.engine.prefill import COLUMNS, Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep, PaddedGEMMs
 from tts_cli.errors import NonFiniteError, RequestError, SynthesisCancelled
@@ -238,9 +238,10 @@ class Engine:
                  time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int | None = None,
                  depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
                  codec_stream: bool | None = None, trailing_text: bool = False,
-                 tail_rows: tuple[int, ...] | None = None):
+                 tail_rows: tuple[int, ...] | None = None, prefill_tiles: tuple[int, ...] | None = None):
         """tail_rows: the row counts of the tail steps, largest first (module doc); None: on CUDA with
-        the codec in line, tts_cli.engine.tail_rows_for's."""
+        the codec in line, tts_cli.engine.tail_rows_for's. prefill_tiles: the prefill's tile sizes in
+        prompts, largest first (prefill.py); None: tts_cli.engine.prefill_tiles_for's."""
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:
@@ -293,7 +294,7 @@ class Engine:
         pin = device.type == "cuda"
         self._levels = [self._new_level(self.step, pin)]
         for n in tail_rows:
-            projections = PaddedGEMMs(min_rows=TAIL_PADDED_GEMM_ROWS)
+            projections = PaddedGEMMs(min_rows=INVARIANT_GEMM_ROWS)
             padded = {"depth": projections, "talker": projections, "codec": PaddedGEMMs(scale=rows // n)}
             step = DecodeStep(model, codec, self.state.head(n), use_graphs, top_p, kernels=kernels, depth=depth,
                               pool=self.step.pool, padded_gemms=padded)
@@ -301,7 +302,13 @@ class Engine:
         self._level = self._levels[0]   # the step launched now
         if tail_rows:
             log.info("engine: the ragged end of a run steps %s rows", " then ".join(map(str, tail_rows)))
-        self.prefill = Prefill(model, self.state, max(1, rows // 8), use_graphs)   # tiles of rows / 8 prompts
+        if prefill_tiles is None:
+            prefill_tiles = prefill_tiles_for(rows, device.type == "cuda")
+        if device.type == "cuda" and len(prefill_tiles) > 1 and prefill_tiles[-1] * COLUMNS < INVARIANT_GEMM_ROWS:
+            raise ValueError(f"prefill tiles below {INVARIANT_GEMM_ROWS // COLUMNS} prompts on CUDA: there a prompt's "
+                             f"numbers may differ from a full tile's (tts_cli.engine.INVARIANT_GEMM_ROWS), got "
+                             f"{prefill_tiles}")
+        self.prefill = Prefill(model, self.state, prefill_tiles, use_graphs)
         self.time_stages = time_stages and device.type == "cuda"
         self._windows_launched = 0
         self._codec_done = None   # the event after the last window's codec and copies

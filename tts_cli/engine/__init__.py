@@ -62,7 +62,7 @@ def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
 # tile may also hold any multiple of PREFILL_TILE_STEP prompts below that, so that a few prompts run a
 # tile of a few (at 512 slots on the bench's Harvard work a third fewer prompt rows than whole tiles:
 # tools/slot_occupancy.py --prefill). Such a tile's GEMMs still have INVARIANT_GEMM_ROWS rows or more.
-PREFILL_TILE_STEP = INVARIANT_GEMM_ROWS // 32
+PREFILL_TILE_STEP = INVARIANT_GEMM_ROWS // 32   # 32: prefill.COLUMNS, the positions of a tile's prompt
 
 
 def prefill_tiles_for(rows: int, cuda: bool) -> tuple[int, ...]:

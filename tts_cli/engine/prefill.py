@@ -56,13 +56,12 @@ class Prefill:
         embeds, _, positions, mask = prefill_batch(prompts, left_pad=False, columns=columns)
         hidden, start = [], 0
         for size in split_tiles(n, self.sizes):
-            rows = _padded(torch.arange(start, min(start + size, n), device=slots.device), size)
+            rows = _rows(start, n, size, slots.device)
             hidden.append(self._tile(embeds[rows], positions[rows], mask[rows], slots[rows], lengths[rows]))
             start += size
         hidden = torch.cat(hidden)[:n]
-        logits = [self.talker.codec_head(hidden[_padded(torch.arange(start, min(start + self.tile_rows, n),
-                                                                     device=slots.device), self.tile_rows)]).float()
-                  for start in range(0, n, self.tile_rows)]
+        logits = [self.talker.codec_head(hidden[_rows(first, n, self.tile_rows, slots.device)]).float()
+                  for first in range(0, n, self.tile_rows)]
         return hidden, torch.cat(logits)[:n]
 
     def _tile(self, embeds, positions, mask, slots, lengths) -> torch.Tensor:
@@ -108,6 +107,7 @@ class Prefill:
         return graph, buffers, hidden
 
 
-def _padded(rows: torch.Tensor, size: int) -> torch.Tensor:
-    """rows, padded to `size` by repeating the first."""
+def _rows(start: int, n: int, size: int, device) -> torch.Tensor:
+    """The indices start .. min(start + size, n) - 1, padded to `size` by repeating the first."""
+    rows = torch.arange(start, min(start + size, n), device=device)
     return torch.cat([rows, rows[:1].expand(size - rows.shape[0])])

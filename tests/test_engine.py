@@ -43,6 +43,12 @@ def _embeds(synth, i):
                              synth.prompt(Request(id=str(i), text=text, speaker=speaker, language=language)))
 
 
+def _forced(synth, frames: list[int]) -> list[EngineRequest]:
+    """Request i: TEXTS' prompt i (cycling), seed 100 + i, forced to frames[i] frames."""
+    return [EngineRequest(key=i, prompt_embeds=_embeds(synth, i % len(TEXTS)), seed=100 + i, max_frames=f,
+                          min_new_tokens=f + 1) for i, f in enumerate(frames)]
+
+
 def _plain(synth, i, seed, frames, greedy, min_new_tokens):
     sampling = synth.ckpt.sampling.greedy() if greedy else synth.ckpt.sampling
     return generate(synth.model, [RowInput(_embeds(synth, i), seed, frames)], talker_settings(sampling),
@@ -59,8 +65,7 @@ def _engine(synth, rows, greedy, codec_window=1):
 def test_engine_equals_the_plain_model_with_slot_refill(synth, greedy):
     # 6 requests through 4 slots, different lengths: slots are refilled while others run.
     frames = [12, 30, 7, 20, 25, 9]
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
-                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    requests = _forced(synth, frames)
     engine = _engine(synth, rows=4, greedy=greedy)
     results = engine.run(requests)
     for i, (result, f) in enumerate(zip(results, frames)):
@@ -131,8 +136,7 @@ WINDOW_CASES = {"4 slots, refilled": (4, [12, 30, 7, 20, 25, 5]), "1 slot": (1, 
 @pytest.fixture(scope="module", params=list(WINDOW_CASES))
 def window_case(synth, request):
     rows, frames = WINDOW_CASES[request.param]
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
-                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    requests = _forced(synth, frames)
     plain = [_plain(synth, i, 100 + i, f, False, f + 1) for i, f in enumerate(frames)]
     return rows, requests, plain, _engine(synth, rows, greedy=False).run(requests)
 
@@ -177,8 +181,7 @@ def test_a_slot_freed_at_a_window_end_is_refilled_for_the_next_step(synth, windo
     ends on a window's last column leaves no idle step (before, the host learnt it a step late:
     one step, and a window closed early, per request)."""
     frames = [4, 12, 8]
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
-                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    requests = _forced(synth, frames)
     engine = _engine(synth, rows=1, greedy=False, codec_window=window)
     results, closed = _run_counting_closes(engine, requests)
     assert [len(r.codes) for r in results] == frames
@@ -221,8 +224,7 @@ def test_windows_read_late_give_the_same_requests_the_same_audio(synth, window):
     bit for bit. 6 requests of different lengths through 4 slots, so slots are refilled while an
     earlier request's windows are still unread."""
     frames = [12, 30, 7, 20, 25, 9]
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
-                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    requests = _forced(synth, frames)
     in_time = _engine(synth, rows=4, greedy=False, codec_window=window).run(requests)
     engine = _engine(synth, rows=4, greedy=False, codec_window=window)
     counts = {"not yet": 0, "waited": 0}
@@ -244,8 +246,7 @@ def test_tail_steps_give_each_request_the_codes_and_audio_of_the_full_step(synth
     engine (as the bench's timed run follows its warm-up) starts from the full step again and gives
     the same audio as its first."""
     frames = [5, 5, 5, 5, 5, 5, 5, 40, 6, 6, 6, 14, 14, 30]
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i % len(TEXTS)), seed=100 + i, max_frames=f,
-                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    requests = _forced(synth, frames)
     sampling = synth.ckpt.sampling
 
     def run(tail_rows):
@@ -377,8 +378,7 @@ def test_windows_read_a_few_slots_at_a_time_while_the_gpu_works_give_the_same_au
     a run that read every window at once, bit for bit, and windows were read in pieces."""
     from tts_cli.engine import runner
     frames = [12, 30, 7, 20, 25, 9]
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=100 + i, max_frames=f,
-                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    requests = _forced(synth, frames)
     at_once = _engine(synth, rows=4, greedy=False, codec_window=4).run(requests)
     monkeypatch.setattr(runner, "WAIT_SLOTS", 1)
     engine = _engine(synth, rows=4, greedy=False, codec_window=4)
@@ -509,8 +509,7 @@ def test_prefill_tiles_of_several_sizes_give_each_request_the_codes_and_audio_of
     request's codes are the same, its audio within float rounding (torch's CPU GEMMs may sum another
     batch's rows differently; on CUDA tests/test_gpu.py holds it bit for bit), with fewer tile calls."""
     frames = [6, 9, 6, 6, 7, 6, 12, 6, 6, 8, 6, 6, 6, 10, 6, 6, 9, 6, 6, 6]
-    requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i % len(TEXTS)), seed=100 + i, max_frames=f,
-                              min_new_tokens=f + 1) for i, f in enumerate(frames)]
+    requests = _forced(synth, frames)
     sampling = synth.ckpt.sampling
 
     def run(prefill_tiles):

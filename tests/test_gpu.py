@@ -604,15 +604,21 @@ def test_seeded_clone_row_is_bit_identical_whatever_its_batch_mates_and_slot():
     _assert_row_bit_identical_whatever_its_batch_mates_and_slot(TINY_BASE, requests)
 
 
+def _random_1_7b_and_prompts():
+    """Random fp16 weights at the real 1.7B shapes on the GPU, the bundled model's sampling settings,
+    and TEXTS' CustomVoice prompts (vivian) through those weights."""
+    model, codec = build_random("1.7b", "cuda", torch.float16)
+    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
+    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
+              for i, t in enumerate(TEXTS)]
+    return model, codec, synth.ckpt.sampling, embeds
+
+
 def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     """At the real 1.7B shapes (random fp16 weights), 256 slots (the loop for the code predictor,
     the codec in line, the large-row GEMMs): a seeded request alone, then in slot 200 of a full
     engine among 299 others that refill slots as they end, gives the same codes and PCM, bit for bit."""
-    model, codec = build_random("1.7b", "cuda", torch.float16)
-    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
-    sampling = synth.ckpt.sampling
-    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
-              for i, t in enumerate(TEXTS)]
+    model, codec, sampling, embeds = _random_1_7b_and_prompts()
     engine = Engine(model, codec, rows=256, context=128, talker_defaults=talker_settings(sampling),
                     cp_defaults=code_predictor_settings(sampling))
 
@@ -633,11 +639,7 @@ def test_a_prompt_prefills_to_the_same_numbers_in_every_tile_size_at_512_rows():
     (tts_cli.engine.prefill_tiles_for) give a prompt (one of 2 chunks, one of 1) the same hidden state,
     logits and cached keys and values, bit for bit, whatever the tile's size, the prompt's place in
     it and its slot."""
-    model, codec = build_random("1.7b", "cuda", torch.float16)
-    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
-    sampling = synth.ckpt.sampling
-    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
-              for i, t in enumerate(TEXTS)]
+    model, codec, sampling, embeds = _random_1_7b_and_prompts()
     engine = Engine(model, codec, rows=512, context=128, talker_defaults=talker_settings(sampling),
                     cp_defaults=code_predictor_settings(sampling))
     assert engine.prefill.sizes == (64, 56, 48, 40, 32, 24, 16, 8)
@@ -666,11 +668,7 @@ def test_tail_steps_give_every_request_the_codes_and_audio_of_the_full_step_at_5
     """At the real 1.7B shapes (random fp16 weights), 512 slots: 900 requests of 6-45 frames with the
     engine's tail steps (256 then 128 rows, their GEMMs padded to 256 rows) and without: the same
     codes and PCM for every request, bit for bit."""
-    model, codec = build_random("1.7b", "cuda", torch.float16)
-    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
-    sampling = synth.ckpt.sampling
-    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
-              for i, t in enumerate(TEXTS)]
+    model, codec, sampling, embeds = _random_1_7b_and_prompts()
     requests = [EngineRequest(key=key, prompt_embeds=embeds[key % len(embeds)], seed=11 + key,
                               max_frames=6 + (7 * key) % 40, min_new_tokens=47) for key in range(900)]
 
@@ -825,11 +823,7 @@ def test_codec_on_its_own_stream_gives_the_audio_of_the_codec_in_line():
     that the codec runs long enough to overlap the steps): 96 requests of 6-40 frames through 64
     slots (refills reset a slot's codec state on the codec's stream), the same codes and PCM, bit
     for bit."""
-    model, codec = build_random("1.7b", "cuda", torch.float16)
-    synth = Synthesizer.from_pretrained(TINY)   # tokenizer and prompt rules only
-    sampling = synth.ckpt.sampling
-    embeds = [prompt_embeddings(model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
-              for i, t in enumerate(TEXTS)]
+    model, codec, sampling, embeds = _random_1_7b_and_prompts()
     frames = [6 + (7 * i) % 35 for i in range(96)]
     requests = [EngineRequest(key=i, prompt_embeds=embeds[i % len(embeds)], seed=i, max_frames=f,
                               min_new_tokens=f + 1) for i, f in enumerate(frames)]

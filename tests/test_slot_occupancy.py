@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from slot_occupancy import bench_lengths, simulate  # noqa: E402
+from slot_occupancy import bench_lengths, packed_token_rows, prompt_positions, simulate  # noqa: E402
 
 from tts_cli.bench import make_requests, read_sentences  # noqa: E402
 from tts_cli.cli import BUNDLED_MODEL_DIR  # noqa: E402
@@ -63,3 +63,17 @@ def test_tail_steps_count_their_rows_and_change_no_step():
     assert halved["busy"] == 34 / (8 * 4 + 2 * 16) > plain["busy"] == 34 / (8 * 20)
     assert simulate(lengths, 8, halve_to=4)["graph_steps"] == {8: 4, 4: 16}
     assert simulate(lengths, 8, halve_to=8) == plain
+
+
+def test_packed_token_rows_fill_whole_tiles_per_admission():
+    """Request k takes positions[k % 4]: admissions of 3 (270 tokens: 2 tiles) and 2 (170: 1 tile);
+    less 20 shared positions each, 210 and 130 tokens: a tile each."""
+    assert packed_token_rows([3, 2], [100, 90, 80, 70]) == 3 * 256
+    assert packed_token_rows([3, 2], [100, 90, 80, 70], shared=20) == 2 * 256
+
+
+def test_the_bench_prompts_share_their_first_8_positions():
+    """The bench's CustomVoice prompts (vivian) of the 360 bundled sentences: 18-30 positions, of which
+    the first 8 (the assistant turn's opening, the think tokens, the speaker, tts_bos) are the same."""
+    positions, shared = prompt_positions()
+    assert len(positions) == 360 and (min(positions), max(positions), shared) == (18, 30, 8)

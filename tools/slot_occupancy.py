@@ -17,7 +17,9 @@ requests still speaking move at a window boundary into a step of half the rows, 
 tts_cli.engine.TAIL_MIN_ROWS), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
 step's wall time by rows) it also prices the tail steps. With --prefill, the prompt rows the
 admissions' prefill tiles hold (padding included) in tiles of rows / 8 prompts alone and in the
-tile sizes the engine runs on CUDA (tts_cli.engine.prefill_tiles_for).
+tile sizes the engine runs on CUDA (tts_cli.engine.prefill_tiles_for), and the token rows of two
+rules the engine does not have: each admission's prompts packed back to back in tiles of 256 tokens,
+and so packed after the leading positions every bench prompt shares (computed once, cached).
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
                                    [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6] [--prefill]
@@ -29,13 +31,40 @@ import math
 
 from tts_cli.bench import auto_frames, default_requests, read_sentences
 from tts_cli.engine import TAIL_MIN_ROWS, prefill_tiles_for
-from tts_cli.engine.prefill import split_tiles
+from tts_cli.engine.prefill import COLUMNS, split_tiles
 
 
 def bench_lengths(count: int, frames: int | None = None) -> list[int]:
     """The frames of `tts bench`'s requests, in queue order."""
     sentences = read_sentences()
     return [frames or auto_frames(sentences[k % len(sentences)]) for k in range(count)]
+
+
+def prompt_positions() -> tuple[list[int], int]:
+    """The talker positions of each bundled sentence's prompt as `tts bench` builds it (CustomVoice,
+    vivian, through the bundled model's tokenizer and prompt rules, the real checkpoints'), in the
+    sentences' order, and how many leading positions all of them share."""
+    from tts_cli.cli import BUNDLED_MODEL_DIR
+    from tts_cli.request import Request
+    from tts_cli.synthesizer import Synthesizer
+    synth = Synthesizer.from_pretrained(BUNDLED_MODEL_DIR)
+    prompts = [synth.prompt(Request(id=str(i), text=text, speaker="vivian"))
+               for i, text in enumerate(read_sentences())]
+    tracks = [list(zip(p.text_ids, p.codec_ids)) for p in prompts]
+    shortest = min(map(len, tracks))
+    shared = next((k for k in range(shortest) if len({t[k] for t in tracks}) > 1), shortest)
+    return [len(p) for p in prompts], shared
+
+
+def packed_token_rows(admissions: list[int], positions: list[int], shared: int = 0, tile: int = 256) -> int:
+    """The prefill's token rows if each admission's prompts (request k: positions[k % len]) went back to
+    back into tiles of `tile` tokens, each less its first `shared` positions."""
+    rows = first = 0
+    for n in admissions:
+        tokens = sum(positions[k % len(positions)] - shared for k in range(first, first + n))
+        rows += tile * math.ceil(tokens / tile)
+        first += n
+    return rows
 
 
 def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int | None = None,
@@ -113,6 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     step_ms = {int(r): float(t) for r, t in (item.split(":") for item in args.step_ms.split(","))} \
         if args.step_ms else None
+    positions, shared = prompt_positions() if args.prefill else ([], 0)
     print("| c | requests | steps | slots busy | idle: waiting / ragged end | longest first | shortest first "
           "| every step | longest first, every step | no tail steps | bound |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -140,6 +170,11 @@ def main() -> None:
             priced.append(f"c{slots}: {len(now['admissions'])} admissions of {sum(now['admissions'])} prompts; "
                           f"prefill tiles hold {whole} prompt rows in tiles of {slots // 8 or 1}, {sized} in "
                           f"tiles of {', '.join(map(str, prefill_tiles_for(slots, True)))} ({sized / whole:.2f}x)")
+            tokens = sized * COLUMNS
+            packed, after = (packed_token_rows(now["admissions"], positions, skip) for skip in (0, shared))
+            priced.append(f"c{slots}: {tokens} token rows in those tiles; packed in 256-token tiles {packed} "
+                          f"({packed / tokens:.2f}x); packed after the {shared} positions all prompts share {after} "
+                          f"({after / tokens:.2f}x)")
     for line in priced:
         print(line)
 

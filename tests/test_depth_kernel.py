@@ -245,7 +245,7 @@ def check_fp16(cfg, tiles=None) -> None:
 
 
 # attention tasks: 4 rows each (as at 64 rows; 5 rows make a full and a partial block), and one
-# row each (the default at few rows). Every frame costs the interpreter 20-50 s, more with more
+# row each (the default at few rows). Every frame costs the interpreter 10-25 s, more with more
 # tasks: few rows and runs.
 check(tiny, teacher_forced=True, tiles={"attn_rows": 4})
 check(as_06b, teacher_forced=False, rows=2)

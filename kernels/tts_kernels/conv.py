@@ -37,6 +37,9 @@ from triton.language.extra import libdevice
 
 from tts_kernels import compiled
 
+# The interpreter runs a launch's programs one after another, each op a numpy call: few tall tiles
+# (a sum over K runs in the same order at any BLOCK_M).
+INTERPRETER_BLOCK_M = 1024
 TWO_PI_HI = tl.constexpr(6.28125)        # 2 pi = hi + lo, hi with few bits: k * hi is exact
 TWO_PI_LO = tl.constexpr(1.9353071795864769253e-3)
 
@@ -233,6 +236,7 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     so_b, so_t = _rows_view(snake_out, frames, n_out, "snake_out") if snake_out is not None else (0, 0)
     if n_out == 1 and residual is None and snake_out is None:
         block_m, warps = to_one_tiles(c_in)
+        block_m = block_m if compiled() else INTERPRETER_BLOCK_M
         _causal_conv_to_one[(triton.cdiv(batch * frames, block_m),)](
             src, weight, bias, out, batch, frames, src.stride(0), src.stride(1), o_b,
             C_IN=c_in, C_PADDED=triton.next_power_of_2(c_in), TAPS=taps, DILATION=dilation, BM=block_m,
@@ -245,6 +249,7 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         return
     log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
     block_m, block_n, block_k, warps, stages = tiles(c_in, n_out, taps, src.dtype == torch.float16)
+    block_m = block_m if compiled() else INTERPRETER_BLOCK_M
     c_in_padded = triton.cdiv(c_in, block_k) * block_k
     # TF32 exactly when torch would use it for a convolution (cuDNN's switch), the operands rounded to
     # nearest first (on the GPU: the interpreter's products are exact fp32); fp16 inputs ignore it.

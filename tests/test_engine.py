@@ -280,23 +280,35 @@ def test_tail_rows_that_the_engine_cannot_run_are_refused(synth):
 class _GEMMShapes(TorchFunctionMode):
     def __init__(self):
         super().__init__()
-        self.seen = []
+        self.seen, self.nan_rows = [], []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in (torch.mm, F.linear, torch.addmm):
-            self.seen.append((func.__name__, tuple(args[1 if func is torch.addmm else 0].shape)))
+            x = args[1 if func is torch.addmm else 0]
+            self.seen.append((func.__name__, tuple(x.shape)))
+            self.nan_rows.append(int(x.isnan().flatten(1).all(1).sum()))
         return func(*args, **(kwargs or {}))
 
 
-def test_padded_gemms_run_on_zero_rows_added_and_give_the_rows_their_outputs():
+def test_padded_gemms_run_on_rows_added_and_give_the_rows_their_outputs():
     """What a tail step's GEMMs see (recorded below the padding): torch.mm padded to min_rows rows,
-    F.linear and addmm to scale times theirs; the outputs are the unpadded rows'."""
+    F.linear and addmm to scale times theirs; the outputs are the unpadded rows', whatever the
+    padding rows hold (they are not written: here NaN)."""
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(3, 5, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, generator=g)
     flat = x.flatten(0, 1)
-    with _GEMMShapes() as shapes, PaddedGEMMs(min_rows=32, scale=4):
-        outputs = [torch.mm(flat, w.t()), F.linear(x, w, b), torch.addmm(b, flat, w.t()), torch.mm(flat[:1], w.t())]
+    fill = torch.utils.deterministic.fill_uninitialized_memory
+    torch.use_deterministic_algorithms(True)   # with fill_uninitialized_memory: torch.empty's floats are NaN
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with _GEMMShapes() as shapes, PaddedGEMMs(min_rows=32, scale=4):
+            outputs = [torch.mm(flat, w.t()), F.linear(x, w, b), torch.addmm(b, flat, w.t()),
+                       torch.mm(flat[:1], w.t())]
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.utils.deterministic.fill_uninitialized_memory = fill
     assert shapes.seen == [("mm", (32, 8)), ("linear", (12, 5, 8)), ("addmm", (60, 8)), ("mm", (32, 8))]
+    assert shapes.nan_rows == [17, 9, 45, 31]
     expected = [flat @ w.t(), F.linear(x, w, b), b + flat @ w.t(), flat[:1] @ w.t()]
     for out, want in zip(outputs, expected):
         assert out.shape == want.shape and torch.allclose(out, want, atol=1e-5)

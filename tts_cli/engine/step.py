@@ -54,7 +54,7 @@ def auto_prefers_loop(weights: torch.dtype, rows: int) -> str | None:
 
 
 class PaddedGEMMs(TorchFunctionMode):
-    """Inside it, cuBLAS GEMMs run on inputs padded with zero rows, the padding's outputs dropped:
+    """Inside it, cuBLAS GEMMs run on inputs padded with rows, the padding's outputs dropped:
     torch.mm of fewer than `min_rows` rows (the talker's and code predictor's projections,
     tts_kernels.linear) on `min_rows`, and F.linear and torch.addmm (the codec's) on `scale` times
     their rows. cuBLAS picks its kernel, and so a row's summation order, by shape; a tail step
@@ -77,7 +77,10 @@ class PaddedGEMMs(TorchFunctionMode):
     @staticmethod
     def _padded(func, args, which: int, rows: int, kwargs):
         x = args[which]
-        padded = torch.cat([x, x.new_zeros(rows - x.shape[0], *x.shape[1:])])
+        # the padding rows are left unwritten (no fill kernel): an output row depends only on its own
+        # input row, and the padding's outputs are dropped
+        padded = x.new_empty(rows, *x.shape[1:])
+        padded[:x.shape[0]] = x
         return func(*args[:which], padded, *args[which + 1:], **kwargs)[:x.shape[0]]
 
 

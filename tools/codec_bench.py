@@ -160,11 +160,27 @@ def profile(codec, ref: torch.Tensor, codes: torch.Tensor, rows: int, window: in
           flush=True)
 
 
-def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only: set[int] | None = None) -> None:
+def cudnn_conv(args, kwargs):
+    """The same convolution through cuDNN (torch's conv2d, cudnn.benchmark): the time-major src
+    [B, L, C] is an NHWC image of height 1 as it lies, the weight [taps * C, N] laid out as NHWC
+    [N, C, 1, taps] once; no epilogue (bias only: no residual, no SnakeBeta)."""
+    import torch.nn.functional as F
+    src, weight, bias, frames = args[:4]
+    dilation = args[4] if len(args) > 4 else kwargs.get("dilation", 1)
+    c_in, n = src.shape[2], weight.shape[1]
+    taps = weight.shape[0] // c_in
+    image = src.unsqueeze(1).permute(0, 3, 1, 2)   # [B, C, 1, L], channels_last strides: no copy
+    kernel = weight.view(taps, c_in, n).permute(2, 1, 0).unsqueeze(2).contiguous(memory_format=torch.channels_last)
+    bias = bias.to(src.dtype)
+    return lambda: F.conv2d(image, kernel, bias, dilation=(1, dilation))
+
+
+def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only: set[int] | None = None,
+               cudnn: bool = False) -> None:
     """--convs: the tts_kernels.conv launches of one engine codec call (rows x window frames, fp16
     vocoder), recorded with their arguments, then each timed alone (those in `only`, if given):
     us (median of three runs of 10 launches), TFLOP/s, and TB/s of the bytes it must move (input
-    once, outputs, residual)."""
+    once, outputs, residual). cudnn: each also through cuDNN (cudnn_conv)."""
     import tts_kernels.conv as conv
     from step_profile import median_ms
     if conv.tma_available(torch.cuda.current_device())[0]:
@@ -194,7 +210,7 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
 
     print(f"{len(calls)} convolutions per call of {rows} rows x {window} frames (flags: r = adds the residual, "
           f"o = writes out, s = writes the next input's SnakeBeta)", flush=True)
-    total = 0.0
+    total = cudnn_total = 0.0
     for i, (args, kwargs) in enumerate(calls):
         if only is not None and i not in only:
             continue
@@ -227,9 +243,17 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
                     line += f"\n     {tiles}: {type(error).__name__}"
                 finally:
                     kernel.tiles = saved
+        if cudnn and n > 1:
+            torch.backends.cudnn.benchmark = True
+            run = cudnn_conv(args, kwargs)
+            run()
+            t_cudnn = median_ms(lambda: [run() for _ in range(10)], 3) * 100
+            cudnn_total += t_cudnn
+            line += f"\n     cuDNN NHWC: {t_cudnn:7.1f} us {2 * m * k * n / t_cudnn / 1e6:5.0f} TF/s"
         print(line, flush=True)
-    print(f"sum over the {'listed ' if only is not None else ''}launches at the tree's tiles: {total:.0f} us",
-          flush=True)
+    cudnn_sum = f"; cuDNN (more than one channel, no epilogue): {cudnn_total:.0f} us" if cudnn else ""
+    listed = "listed " if only is not None else ""
+    print(f"sum over the {listed}launches at the tree's tiles: {total:.0f} us{cudnn_sum}", flush=True)
 
 
 def round_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -291,6 +315,7 @@ def main() -> None:
     parser.add_argument("--tiles", nargs="*", default=[], metavar="BM,BN,BK,WARPS,STAGES",
                         help="with --convs: time every convolution at these tiles too")
     parser.add_argument("--only", help="with --convs: time only these convolutions (their numbers, e.g. 16,23)")
+    parser.add_argument("--cudnn", action="store_true", help="with --convs: each through cuDNN too (NHWC, no epilogue)")
     args = parser.parse_args()
     if args.emulate:
         emulate(args.rows or 2, args.window)
@@ -299,7 +324,7 @@ def main() -> None:
     _, codec32 = build_random("1.7b", "cuda", torch.bfloat16)
     if args.convs:
         conv_times(codec32, args.rows, args.window, [tuple(int(v) for v in t.split(",")) for t in args.tiles],
-                   {int(i) for i in args.only.split(",")} if args.only else None)
+                   {int(i) for i in args.only.split(",")} if args.only else None, cudnn=args.cudnn)
         return
     # the profile's SNR runs in calls of the timed shape, so that a compiled step compiles once
     shape = (args.rows, 6 * args.window, 16) if args.profile else (4, 96, 16)

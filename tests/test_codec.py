@@ -293,3 +293,20 @@ def test_golden_decode_matches_the_official_decoder():
     got = model.decode(codes[None].long())[0]
     assert got.shape == want.shape
     assert rel_l2(got, want.float()) < 1e-4
+
+
+def test_codec_bench_cudnn_arm_is_the_causal_convolution():
+    """tools/codec_bench.py --convs --cudnn times cuDNN on the time-major buffers seen as NHWC
+    images: the same convolution (here on the CPU) as the module's, history included."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from codec_bench import cudnn_conv
+    from tts_cli.model.codec import CausalConv1d
+    torch.manual_seed(0)
+    conv, frames = CausalConv1d(6, 5, 7, dilation=3), 11
+    src = torch.randn(2, conv.context + frames, 6)
+    with torch.no_grad():
+        expected = conv.conv(src.transpose(1, 2))                                      # [B, C_out, frames]
+        got = cudnn_conv((src, conv.tap_matrix(), conv.conv.bias, frames, 3), {})()    # [B, C_out, 1, frames]
+    assert got.shape == (2, 5, 1, frames)
+    torch.testing.assert_close(got[:, :, 0], expected, rtol=1e-5, atol=1e-5)

@@ -76,3 +76,15 @@ def test_the_bench_prompts_share_their_first_8_positions():
     the first 8 (the assistant turn's opening, the think tokens, the speaker, tts_bos) are the same."""
     positions, shared = prompt_positions()
     assert len(positions) == 360 and (min(positions), max(positions), shared) == (18, 30, 8)
+
+
+def test_tail_min_rows_is_a_rule_to_try(monkeypatch, capsys):
+    """--tail-min-rows: the same work with tail steps down to fewer rows than the engine's 128 keeps
+    more of c256's slot-steps busy (its default prints the engine's 85.0%)."""
+    import slot_occupancy
+    busy = {}
+    for rows in (128, 64):
+        monkeypatch.setattr(sys, "argv", ["slot_occupancy.py", "--concurrency", "256", "--tail-min-rows", str(rows)])
+        slot_occupancy.main()
+        busy[rows] = capsys.readouterr().out.splitlines()[2].split(" | ")[3]
+    assert busy == {128: "85.0%", 64: "89.9%"}

@@ -14,7 +14,7 @@ queue (sentence k % 360 for request k), the share of idle slot-steps spent waiti
 with the queue longest first (`tts synth`'s order), shortest first, admission at every step (the
 codec window still K), both; then without the engine's tail steps (simulate's halve_to: once the queue is empty, the
 requests still speaking move at a window boundary into a step of half the rows, and again, down to
-tts_cli.engine.TAIL_MIN_ROWS), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
+tts_cli.engine.TAIL_MIN_ROWS, or --tail-min-rows), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
 step's wall time by rows) it also prices the tail steps. With --prefill, the prompt rows the
 admissions' prefill tiles hold (padding included) in tiles of rows / 8 prompts alone and in the
 tile sizes the engine runs on CUDA (tts_cli.engine.prefill_tiles_for), and the token rows of two
@@ -23,6 +23,7 @@ and so packed after the leading positions every bench prompt shares (computed on
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
                                    [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6] [--prefill]
+                                   [--tail-min-rows 128]
 """
 from __future__ import annotations
 
@@ -139,6 +140,8 @@ def main() -> None:
     parser.add_argument("--step-ms", help="'ROWS:MS,...': a step's wall time by its rows (every c and its tails'), "
                         "to price the tail steps in audio-s/s (80 ms of audio a frame)")
     parser.add_argument("--prefill", action="store_true", help="the prompt rows of the prefill's tiles")
+    parser.add_argument("--tail-min-rows", type=int, default=TAIL_MIN_ROWS,
+                        help="the fewest rows a tail step runs (a rule for the engine to try; its own: %(default)s)")
     args = parser.parse_args()
     step_ms = {int(r): float(t) for r, t in (item.split(":") for item in args.step_ms.split(","))} \
         if args.step_ms else None
@@ -149,13 +152,13 @@ def main() -> None:
     priced = []
     for slots in (int(c) for c in args.concurrency.split(",")):
         lengths = bench_lengths(args.requests or default_requests(slots))
-        now = simulate(lengths, slots, args.window, halve_to=TAIL_MIN_ROWS)
+        now = simulate(lengths, slots, args.window, halve_to=args.tail_min_rows)
         idle = now["waiting"] + now["ragged"]
-        rules = [simulate(sorted(lengths, reverse=True), slots, args.window, halve_to=TAIL_MIN_ROWS),
-                 simulate(sorted(lengths), slots, args.window, halve_to=TAIL_MIN_ROWS),
-                 simulate(lengths, slots, args.window, admit_every=1, halve_to=TAIL_MIN_ROWS),
+        rules = [simulate(sorted(lengths, reverse=True), slots, args.window, halve_to=args.tail_min_rows),
+                 simulate(sorted(lengths), slots, args.window, halve_to=args.tail_min_rows),
+                 simulate(lengths, slots, args.window, admit_every=1, halve_to=args.tail_min_rows),
                  simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1,
-                          halve_to=TAIL_MIN_ROWS),
+                          halve_to=args.tail_min_rows),
                  simulate(lengths, slots, args.window)]
         bound = sum(lengths) / (max(max(lengths), math.ceil(sum(lengths) / slots)) * slots)
         print(f"| {slots} | {len(lengths)} | {now['steps']} | {now['busy']:.1%} | {now['waiting'] / idle:.0%} / "
@@ -163,7 +166,8 @@ def main() -> None:
         if step_ms:
             audio_s = now["frames"] * 0.08
             wall_s = [sum(step_ms[g] * n for g, n in r["graph_steps"].items()) / 1000 for r in (now, rules[-1])]
-            priced.append(f"c{slots}: {audio_s / wall_s[0]:.0f} audio-s/s, without tail steps {audio_s / wall_s[1]:.0f}")
+            priced.append(f"c{slots}: {audio_s / wall_s[0]:.0f} audio-s/s, "
+                          f"without tail steps {audio_s / wall_s[1]:.0f}")
         if args.prefill:
             whole, sized = (sum(sum(split_tiles(n, sizes)) for n in now["admissions"])
                             for sizes in (prefill_tiles_for(slots, False), prefill_tiles_for(slots, True)))

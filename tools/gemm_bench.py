@@ -82,25 +82,18 @@ def engine_tile(n: int, k: int, kind: str) -> RowsTile:
     return silu_tile(n, k) if kind == "silu" else rows_tile(n, k, kind == "partial")
 
 
-def candidates(n: int, k: int, kind: str, sweep: bool, rows: int) -> list[RowsTile]:
-    """The engine's tile first, then (--sweep) the others that cut the shape; above 64 rows, blocks of
-    64 or 128 of them per program."""
+def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
+    """The engine's tile first, then (--sweep) the others that cut the shape."""
     engine = engine_tile(n, k, kind)
     if not sweep:
         return [engine]
     slices = (1,) if kind == "silu" else (1, 2, 4, 8)
-    if rows <= 64:
-        tiles = [RowsTile(block_n, s, block_k, swap=swap) for block_n, s, block_k, swap
-                 in itertools.product((16, 32, 64, 128), slices, (64, 128), (False, True))]
-    else:
-        tiles = [RowsTile(block_n, s, 64, swap=swap, block_m=block_m) for block_n, s, swap, block_m
-                 in itertools.product((32, 64, 128), slices[:3], (False, True), (64, 128))]
-    # 64-512 programs (1024 over row blocks): fewer leave most of the 132 SMs idle, more re-read x
-    # from L2 for little; swapped, the weight rows are the product's M side, which wgmma takes 64 at a time
-    most = 512 if rows <= 64 else 1024
+    tiles = [RowsTile(block_n, s, block_k, swap=swap)
+             for block_n, s, block_k, swap in itertools.product((16, 32, 64, 128), slices, (64, 128), (False, True))]
+    # 64-512 programs: fewer leave most of the 132 SMs idle, more re-read x from L2 for little;
+    # swapped, the weight rows are the product's M side, which wgmma takes 64 at a time
     return [engine] + [t for t in tiles if t != engine and cuts(t, n, k, kind)
-                       and 64 <= (n // t.block_n) * t.slices * (-(-rows // t.block_m) if t.block_m else 1) <= most
-                       and (not t.swap or t.block_n >= 64)]
+                       and 64 <= (n // t.block_n) * t.slices <= 512 and (not t.swap or t.block_n >= 64)]
 
 
 def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int,
@@ -130,7 +123,7 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
         return time_us(project, x, weights, replays)
 
     result = dict(name=name, n=n, k=k, kind=kind, rows=rows, hot=hot, floor_us=round(floor_us, 2), cublas_us=run(None))
-    timed = [(us, tile) for tile in candidates(n, k, kind, sweep, rows) if (us := run(tile)) is not None]
+    timed = [(us, tile) for tile in candidates(n, k, kind, sweep) if (us := run(tile)) is not None]
     engine = timed[0] if timed and timed[0][1] == engine_tile(n, k, kind) else (None, None)
     if sweep and timed:
         best = min(timed, key=lambda item: item[0])[1]

@@ -225,15 +225,13 @@ def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl
 def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICES: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
                PDL: tl.constexpr):
-    """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for BLOCK_M rows m
-    (program_id(2)), BLOCK_N rows of w and K slice s = program_id(1) (of SLICES)."""
+    """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for every row m, BLOCK_N rows
+    of w and K slice s = program_id(1) (of SLICES)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(1)
-    first = tl.program_id(2) * BLOCK_M
     k_part: tl.constexpr = K // SLICES
-    acc = gemm_rows_sums(x_ptr + first * K, w_ptr, n, M - first, K, part * k_part, k_part, BLOCK_M, BLOCK_K, SWAP,
-                         PDL)
-    m = first + tl.arange(0, BLOCK_M)
+    acc = gemm_rows_sums(x_ptr, w_ptr, n, M, K, part * k_part, k_part, BLOCK_M, BLOCK_K, SWAP, PDL)
+    m = tl.arange(0, BLOCK_M)
     tl.store(out_ptr + (part * M + m[:, None]) * N + n[None, :], acc, mask=m[:, None] < M)
 
 
@@ -266,7 +264,6 @@ class RowsTile:
     warps: int = 4
     stages: int = 4
     swap: bool = False
-    block_m: int = 0   # rows per program; 0: all of them
 
 
 def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
@@ -288,12 +285,8 @@ def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
 
 def gemm_rows_launch(x: torch.Tensor, tile: RowsTile) -> dict:
     """The launch settings of a gemm_rows kernel: the row tile, the K chunk, warps, stages, PDL."""
-    return dict(BLOCK_M=tile.block_m or max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=tile.block_k,
-                SWAP=tile.swap, num_warps=tile.warps, num_stages=tile.stages, **programmatic(x))
-
-
-def row_blocks(x: torch.Tensor, tile: RowsTile) -> int:
-    return triton.cdiv(x.shape[0], tile.block_m) if tile.block_m else 1
+    return dict(BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=tile.block_k, SWAP=tile.swap,
+                num_warps=tile.warps, num_stages=tile.stages, **programmatic(x))
 
 
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False,
@@ -309,8 +302,8 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False,
     if n % tile.block_n or k % (tile.slices * tile.block_k) or (tile.slices > 1 and not partial_sums):
         raise ValueError(f"{tile} does not cut a [{n}, {k}] weight" + ("" if partial_sums else " into whole sums"))
     out = torch.empty(tile.slices * rows, n, device=x.device, dtype=torch.float32)
-    _gemm_rows[(n // tile.block_n, tile.slices, row_blocks(x, tile))](
-        x, weight, out, rows, n, k, tile.slices, BLOCK_N=tile.block_n, **gemm_rows_launch(x, tile))
+    _gemm_rows[(n // tile.block_n, tile.slices)](x, weight, out, rows, n, k, tile.slices, BLOCK_N=tile.block_n,
+                                                 **gemm_rows_launch(x, tile))
     return out
 
 

@@ -9,7 +9,7 @@ import triton.language as tl
 
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
 from tts_kernels.linear import (RowsTile, gemm_rows_fits, gemm_rows_launch, gemm_rows_sums, gemv_sums, gemv_tile,
-                                load_parts, parts_of, project, row_blocks, rows_tile, store_parts, takes_gemv)
+                                load_parts, parts_of, project, rows_tile, store_parts, takes_gemv)
 
 
 @triton.jit
@@ -80,10 +80,9 @@ def _gemm_rows_silu(x_ptr, w_ptr, out_ptr, M, I: tl.constexpr, K: tl.constexpr, 
     gemm_rows' sums over w's rows i and I + i, interleaved in the tile as in _gemv_silu."""
     j = tl.arange(0, 2 * BLOCK_I)
     i = tl.program_id(0) * BLOCK_I + j // 2
-    first = tl.program_id(1) * BLOCK_M
-    sums = gemm_rows_sums(x_ptr + first * K, w_ptr, i + (j % 2) * I, M - first, K, 0, K, BLOCK_M, BLOCK_K, SWAP, PDL)
+    sums = gemm_rows_sums(x_ptr, w_ptr, i + (j % 2) * I, M, K, 0, K, BLOCK_M, BLOCK_K, SWAP, PDL)
     gate, up = tl.split(tl.reshape(sums, (BLOCK_M, BLOCK_I, 2)))
-    m = first + tl.arange(0, BLOCK_M)
+    m = tl.arange(0, BLOCK_M)
     out = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
     tl.store(out_ptr + m[:, None] * I + out[None, :], _silu_times(gate, up).to(out_ptr.dtype.element_ty),
              mask=m[:, None] < M)
@@ -112,8 +111,8 @@ def gemm_rows_silu(x: torch.Tensor, gate_up_weight: torch.Tensor, tile: RowsTile
     if width % block_i or k % tile.block_k or tile.slices != 1:
         raise ValueError(f"{tile} does not cut a gate/up weight [{two_i}, {k}] into whole sums")
     out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
-    _gemm_rows_silu[(width // block_i, row_blocks(x, tile))](x, gate_up_weight, out, rows, width, k, BLOCK_I=block_i,
-                                                             **gemm_rows_launch(x, tile))
+    _gemm_rows_silu[(width // block_i,)](x, gate_up_weight, out, rows, width, k, BLOCK_I=block_i,
+                                         **gemm_rows_launch(x, tile))
     return out
 
 

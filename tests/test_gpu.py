@@ -469,7 +469,7 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
             torch.backends.cudnn.allow_tf32 = tf32
             out, snake_out = torch.empty(expected.shape, device="cuda"), torch.empty(expected.shape, device="cuda")
             causal_conv(src, conv.tap_matrix(), conv.conv.bias, frames, dilation, out=out,
-                        snake=act.kernel_args(), snake_out=snake_out)
+                        snake=act.kernel_factors(channels), snake_out=snake_out)
             error = ((out - expected).norm() / expected.norm()).item()
             print(f"conv C={channels} d={dilation} tf32={tf32}: relative error {error:.2e}")
             assert error < (2e-3 if tf32 else 1e-5)
@@ -489,7 +489,7 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
                 assert snake_error < 1e-5 and largest < 2e-4
         out16, snake16 = torch.empty(expected.shape, device="cuda"), torch.empty(expected.shape, device="cuda").half()
         causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, dilation, out=out16,
-                    snake=act.kernel_args(), snake_out=snake16)
+                    snake=act.kernel_factors(channels), snake_out=snake16)
         error = ((out16 - expected).norm() / expected.norm()).item()
         snake_error = ((snake16.float() - snaked).norm() / snaked.norm()).item()
         print(f"conv C={channels} d={dilation} fp16: relative error {error:.2e}, of the SnakeBeta {snake_error:.2e}")
@@ -520,8 +520,8 @@ def test_tma_conv_kernel_gives_the_triton_kernels_outputs(monkeypatch, c_in, n_o
     # a residual unit's 1x1 convolution reads and writes the residual stream in fp16 (the engine's)
     res = torch.randn(64, frames, n_out, device="cuda", generator=g).half() if residual else None
     out_dtype = torch.float16 if residual else torch.float32
-    snake = (torch.randn(n_out, device="cuda", generator=g) * 0.5, torch.randn(n_out, device="cuda", generator=g) * 0.5,
-             1e-9)
+    snake = conv.snake_factors(torch.randn(n_out, device="cuda", generator=g) * 0.5,
+                               torch.randn(n_out, device="cuda", generator=g) * 0.5, 1e-9, n_out)
     results = {}
     for tma in (False, True):
         monkeypatch.setattr(conv, "takes_tma", lambda *args, tma=tma: tma)

@@ -272,7 +272,7 @@ for dilation in (1, 3):
         expected = conv.conv(time_major(src))                                 # [B, C, frames]
     out = torch.full((batch, frames, channels), float("nan"))
     snaked = torch.zeros(batch, 5 + frames, channels)
-    causal_conv(src, conv.tap_matrix(), conv.conv.bias, frames, dilation, out=out, snake=act.kernel_args(),
+    causal_conv(src, conv.tap_matrix(), conv.conv.bias, frames, dilation, out=out, snake=act.kernel_factors(channels),
                 snake_out=snaked[:, 5:])
     torch.testing.assert_close(time_major(out), expected, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
@@ -307,12 +307,12 @@ conv = CausalConv1d(channels, channels, 7)
 with torch.no_grad():
     expected = act(F.conv1d(time_major(src.half().float()), conv.conv.weight.half().float(), conv.conv.bias))
 snaked = torch.empty(batch, frames, channels, dtype=torch.float16)
-causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, snake=act.kernel_args(),
+causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, snake=act.kernel_factors(channels),
             snake_out=snaked)
 torch.testing.assert_close(time_major(snaked.float()), expected, rtol=2e-3, atol=2e-3)
 with torch.no_grad():
     conv.conv.bias[3] = 1e6
-causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, snake=act.kernel_args(),
+causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, snake=act.kernel_factors(channels),
             snake_out=snaked)
 assert torch.isinf(snaked[:, :, 3]).all() and torch.isfinite(snaked[:, :, [0, 1, 2, 4]]).all()
 
@@ -322,6 +322,13 @@ except ValueError as e:
     assert "does not fit" in str(e), e
 else:
     raise AssertionError("a source one frame short was accepted")
+try:
+    causal_conv(src.half(), conv.tap_matrix().half(), conv.conv.bias, frames, snake=act.kernel_factors(channels - 1),
+                snake_out=snaked)
+except ValueError as e:
+    assert "factors [2, 20]" in str(e), e
+else:
+    raise AssertionError("SnakeBeta factors of the wrong width were accepted")
 print("conv ok")
 """
 

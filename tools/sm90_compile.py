@@ -201,7 +201,7 @@ def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None)
     weight, bias = torch.zeros(7 * channels, channels, dtype=torch.float16), torch.zeros(channels)
     args, kwargs = captured_launch(conv._causal_conv, lambda: conv.causal_conv(
         torch.zeros(rows, 54 + frames, channels, dtype=torch.float16), weight, bias, frames, 9,
-        snake=(bias, bias, 1e-9), snake_out=torch.zeros(rows, frames, channels, dtype=torch.float16)))
+        snake=torch.zeros(2, channels), snake_out=torch.zeros(rows, frames, channels, dtype=torch.float16)))
     return conv._causal_conv, args, launch_options(kwargs, warps, stages)
 
 
@@ -216,7 +216,7 @@ def conv_tma_launch(rows: int, channels: int, warps: int | None, stages: int | N
     snake_out = torch.zeros(rows, frames, channels, dtype=torch.float16)
     args, kwargs = captured_launch(conv_tma._conv_tma, lambda: conv_tma.conv_tma(
         torch.zeros(rows, 54 + frames, channels, dtype=torch.float16), weight, bias, frames, 9, 7,
-        (0, 0, 0, 0, snake_out.stride(0), channels), None, None, (bias, bias, 1e-9), snake_out, tile))
+        (0, 0, 0, 0, snake_out.stride(0), channels), None, None, torch.zeros(2, channels), snake_out, tile))
     return conv_tma._conv_tma, args, kwargs
 
 

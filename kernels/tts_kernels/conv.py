@@ -10,8 +10,9 @@ channels, so nothing is transposed, concatenated or converted: in the channel-fi
 reformatted every activation twice per convolution and the streamed histories were joined by copies.
 
 The epilogue adds the bias, then optionally the residual, stores the result (`out`) and/or its
-SnakeBeta (`snake_out`, per-channel factors indexed by n mod snake_channels): the consumer's input,
-written straight after the consumer's history. Accumulation over K runs in a fixed order that does
+SnakeBeta (`snake_out`): the consumer's input, written straight after the consumer's history. The
+SnakeBeta's factors e^alpha and 1 / (e^beta + eps) come per output column, computed once
+(`snake_factors`) with the functions the epilogue used to evaluate in every tile. Accumulation over K runs in a fixed order that does
 not depend on the rows in the tile, so a row's output does not depend on its batch mates.
 
 On Hopper (sm_90) the convolutions of more than one tap run as tts_kernels.conv_tma's kernel
@@ -67,21 +68,32 @@ def _round_to_tf32(x):
 
 
 @triton.jit
-def _snake_beta(v, log_alpha, log_beta, eps, LIBDEVICE: tl.constexpr):
-    """SnakeBeta in fp32 with torch's order of operations: v + (1 / (e^beta + eps)) * sin(v * e^alpha)^2.
-    The per-channel factors with libdevice's exp and division, like torch's (on the GPU tl.exp and
-    '/' are approximations); the interpreter has no libdevice and uses numpy's."""
+def _snake_factors(log_alpha_ptr, log_beta_ptr, factors_ptr, channels, n_out, eps, BLOCK: tl.constexpr,
+                   LIBDEVICE: tl.constexpr):
+    """factors [2, n_out]: e^alpha and 1 / (e^beta + eps) of channel n mod channels, with libdevice's
+    exp and division, like torch's (on the GPU tl.exp and '/' are approximations); the interpreter
+    has no libdevice and uses numpy's."""
+    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    valid = n < n_out
+    log_alpha = tl.load(log_alpha_ptr + n % channels, mask=valid, other=0.0)
+    log_beta = tl.load(log_beta_ptr + n % channels, mask=valid, other=0.0)
     if LIBDEVICE:
         alpha, inv_beta = libdevice.exp(log_alpha), libdevice.div_rn(1.0, libdevice.exp(log_beta) + eps)
     else:
         alpha, inv_beta = tl.exp(log_alpha), 1.0 / (tl.exp(log_beta) + eps)
+    tl.store(factors_ptr + n, alpha, mask=valid)
+    tl.store(factors_ptr + n_out + n, inv_beta, mask=valid)
+
+
+@triton.jit
+def _snake_beta(v, alpha, inv_beta, LIBDEVICE: tl.constexpr):
+    """SnakeBeta in fp32 with torch's order of operations: v + inv_beta * sin(v * alpha)^2."""
     sin = _sin(v * alpha, LIBDEVICE)
     return v + inv_beta * (sin * sin)
 
 
 @triton.jit
-def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
-                 rows, frames, n_out, snake_channels, eps,
+def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr, rows, frames, n_out,
                  s_b, s_t, r_b, r_t, o_b, o_t, so_b, so_t,
                  C_IN: tl.constexpr, C_IN_PADDED: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
                  RESIDUAL: tl.constexpr, OUT: tl.constexpr, SNAKE_OUT: tl.constexpr,
@@ -106,13 +118,13 @@ def _causal_conv(src_ptr, weight_ptr, bias_ptr, res_ptr, out_ptr, snake_out_ptr,
         if ROUND_TF32:
             a, w = _round_to_tf32(a), _round_to_tf32(w)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
-    epilogue(acc, b, t, n, m_valid, n_valid, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
-             snake_channels, eps, r_b, r_t, o_b, o_t, so_b, so_t, RESIDUAL, OUT, SNAKE_OUT, LIBDEVICE)
+    epilogue(acc, b, t, n, m_valid, n_valid, n_out, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr,
+             r_b, r_t, o_b, o_t, so_b, so_t, RESIDUAL, OUT, SNAKE_OUT, LIBDEVICE)
 
 
 @triton.jit
-def epilogue(acc, b, t, n, m_valid, n_valid, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
-             snake_channels, eps, r_b, r_t, o_b, o_t, so_b, so_t,
+def epilogue(acc, b, t, n, m_valid, n_valid, n_out, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr,
+             r_b, r_t, o_b, o_t, so_b, so_t,
              RESIDUAL: tl.constexpr, OUT: tl.constexpr, SNAKE_OUT: tl.constexpr, LIBDEVICE: tl.constexpr):
     """The sums acc [len(t), len(n)] of frames t of batch entries b (each frame's, or one for all)
     and output channels n, written as the module doc says. One piece for this kernel and
@@ -124,10 +136,9 @@ def epilogue(acc, b, t, n, m_valid, n_valid, bias_ptr, res_ptr, out_ptr, snake_o
     if OUT:
         tl.store(out_ptr + (b * o_b + t * o_t)[:, None] + n[None, :], v.to(out_ptr.dtype.element_ty), mask=valid)
     if SNAKE_OUT:
-        channel = n % snake_channels
-        log_alpha = tl.load(log_alpha_ptr + channel, mask=n_valid, other=0.0)[None, :]
-        log_beta = tl.load(log_beta_ptr + channel, mask=n_valid, other=0.0)[None, :]
-        v = _snake_beta(v, log_alpha, log_beta, eps, LIBDEVICE)
+        alpha = tl.load(factors_ptr + n, mask=n_valid, other=0.0)[None, :]
+        inv_beta = tl.load(factors_ptr + n_out + n, mask=n_valid, other=0.0)[None, :]
+        v = _snake_beta(v, alpha, inv_beta, LIBDEVICE)
         tl.store(snake_out_ptr + (b * so_b + t * so_t)[:, None] + n[None, :], v.to(snake_out_ptr.dtype.element_ty),
                  mask=valid)
 
@@ -208,13 +219,23 @@ def _rows_view(x: torch.Tensor, frames: int, n: int, name: str) -> tuple[int, in
     return x.stride(0), n
 
 
+def snake_factors(log_alpha: torch.Tensor, log_beta: torch.Tensor, eps: float, n_out: int) -> torch.Tensor:
+    """A SnakeBeta's factors for `causal_conv`: [2, n_out] fp32, e^alpha and 1 / (e^beta + eps) of
+    channel n mod len(log_alpha) (a transposed convolution's N is stride x its channels)."""
+    factors = torch.empty(2, n_out, device=log_alpha.device, dtype=torch.float32)
+    block = min(1024, triton.next_power_of_2(n_out))
+    _snake_factors[(triton.cdiv(n_out, block),)](log_alpha.float().contiguous(), log_beta.float().contiguous(),
+                                                 factors, log_alpha.shape[0], n_out, eps, BLOCK=block,
+                                                 LIBDEVICE=compiled())
+    return factors
+
+
 def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, frames: int, dilation: int = 1,
                 residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                snake: tuple[torch.Tensor, torch.Tensor, float] | None = None,
-                snake_out: torch.Tensor | None = None) -> None:
+                snake: torch.Tensor | None = None, snake_out: torch.Tensor | None = None) -> None:
     """src [B, context + frames, C_in] (history first) and weight [taps * C_in, N], both fp16 or
     both fp32; bias [N] fp32. Writes out = conv + bias (+ residual) and/or snake_out = SnakeBeta(that)
-    (snake = (log_alpha, log_beta, eps), per channel n mod len(log_alpha)), residual, out and
+    (snake: its factors [2, N] from `snake_factors`), residual, out and
     snake_out each fp32 or fp16 (the sums and the epilogue in fp32), each [B, frames, N] or the
     same memory seen as [B, frames * N / C, C] (a transposed convolution's samples), any batch
     stride; in an fp16 out or snake_out a value beyond fp16's range is an infinity (module doc). One
@@ -231,6 +252,10 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         raise ValueError("src must be contiguous along channels and weight contiguous")
     if out is None and snake_out is None:
         raise ValueError("nothing to write: give out and/or snake_out")
+    if (snake is None) != (snake_out is None) or (
+            snake is not None and (snake.shape != (2, n_out) or snake.dtype != torch.float32 or not snake.is_contiguous())):
+        raise ValueError(f"snake_out needs snake, the factors [2, {n_out}] float32 of snake_factors, and snake "
+                         f"needs snake_out")
     r_b, r_t = _rows_view(residual, frames, n_out, "residual") if residual is not None else (0, 0)
     o_b, o_t = _rows_view(out, frames, n_out, "out") if out is not None else (0, 0)
     so_b, so_t = _rows_view(snake_out, frames, n_out, "snake_out") if snake_out is not None else (0, 0)
@@ -247,7 +272,6 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         conv_tma(src, weight, bias, frames, dilation, taps, (r_b, r_t, o_b, o_t, so_b, so_t), residual, out,
                  snake, snake_out)
         return
-    log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
     block_m, block_n, block_k, warps, stages = tiles(c_in, n_out, taps, src.dtype == torch.float16)
     block_m = block_m if compiled() else INTERPRETER_BLOCK_M
     c_in_padded = triton.cdiv(c_in, block_k) * block_k
@@ -257,8 +281,7 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     n_blocks = triton.cdiv(n_out, block_n)
     _causal_conv[(triton.cdiv(batch * frames, block_m) * n_blocks,)](
         src, weight, bias, residual if residual is not None else bias, out if out is not None else bias,
-        snake_out if snake_out is not None else bias, log_alpha, log_beta,
-        batch, frames, n_out, log_alpha.shape[0], eps,
+        snake_out if snake_out is not None else bias, snake if snake is not None else bias, batch, frames, n_out,
         src.stride(0), src.stride(1), r_b, r_t, o_b, o_t, so_b, so_t,
         C_IN=c_in, C_IN_PADDED=c_in_padded, TAPS=taps, DILATION=dilation,
         RESIDUAL=residual is not None, OUT=out is not None, SNAKE_OUT=snake_out is not None,

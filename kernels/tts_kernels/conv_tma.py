@@ -34,8 +34,8 @@ MIN_FRAMES = 128
 
 
 @gluon.jit
-def _conv_tma(a_desc, w_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr,
-              frames, batch_rows, n_out, snake_channels, eps, r_b, r_t, o_b, o_t, so_b, so_t,
+def _conv_tma(a_desc, w_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr,
+              frames, batch_rows, n_out, r_b, r_t, o_b, o_t, so_b, so_t,
               C_IN: gl.constexpr, TAPS: gl.constexpr, DILATION: gl.constexpr,
               RESIDUAL: gl.constexpr, OUT: gl.constexpr, SNAKE_OUT: gl.constexpr, STAGES: gl.constexpr,
               EPILOGUE_ROWS: gl.constexpr, num_warps: gl.constexpr):
@@ -102,9 +102,9 @@ def _conv_tma(a_desc, w_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, log_alp
     n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, rows_layout))
     for r in gl.static_range(0, BM, EPILOGUE_ROWS):
         t = t0 + r + gl.arange(0, EPILOGUE_ROWS, layout=gl.SliceLayout(1, rows_layout))
-        epilogue(sums.slice(r, EPILOGUE_ROWS, dim=0).load(rows_layout), b, t, n, t < frames, n < n_out, bias_ptr,
-                 res_ptr, out_ptr, snake_out_ptr, log_alpha_ptr, log_beta_ptr, snake_channels, eps,
-                 r_b, r_t, o_b, o_t, so_b, so_t, RESIDUAL, OUT, SNAKE_OUT, True)
+        epilogue(sums.slice(r, EPILOGUE_ROWS, dim=0).load(rows_layout), b, t, n, t < frames, n < n_out, n_out,
+                 bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr, r_b, r_t, o_b, o_t, so_b, so_t,
+                 RESIDUAL, OUT, SNAKE_OUT, True)
 
 
 def shared_layout(block: list[int]) -> gl.NVMMASharedLayout:
@@ -167,11 +167,10 @@ def conv_tma(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, frames
     rows = src.as_strided(((batch - 1) * (src.stride(0) // c_in) + length, c_in), (c_in, 1))
     a_desc = TensorDescriptor.from_tensor(rows, [block_m, block_k], shared_layout([block_m, block_k]))
     w_desc = TensorDescriptor.from_tensor(weight, [block_k, block_n], shared_layout([block_k, block_n]))
-    log_alpha, log_beta, eps = snake if snake is not None else (bias, bias, 0.0)
     grid = (batch * triton.cdiv(frames, block_m) * triton.cdiv(n_out, block_n),)
     _conv_tma[grid](a_desc, w_desc, bias, residual if residual is not None else bias,
                     out if out is not None else bias, snake_out if snake_out is not None else bias,
-                    log_alpha, log_beta, frames, src.stride(0) // c_in, n_out, log_alpha.shape[0], eps, *strides,
+                    snake if snake is not None else bias, frames, src.stride(0) // c_in, n_out, *strides,
                     C_IN=c_in, TAPS=taps, DILATION=dilation, RESIDUAL=residual is not None, OUT=out is not None,
                     SNAKE_OUT=snake_out is not None, STAGES=stages, EPILOGUE_ROWS=EPILOGUE_ROWS,
                     num_warps=warps)

@@ -329,9 +329,10 @@ class SnakeBeta(nn.Module):
         beta = self.beta.exp()[:, None]
         return x + (1.0 / (beta + SNAKE_EPS)) * torch.sin(x * alpha).pow(2)
 
-    def kernel_args(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """What tts_kernels.conv.causal_conv takes as `snake`."""
-        return self.alpha, self.beta, SNAKE_EPS
+    def kernel_factors(self, n_out: int) -> torch.Tensor:
+        """What tts_kernels.conv.causal_conv takes as `snake` for an output of n_out columns."""
+        from tts_kernels.conv import snake_factors
+        return snake_factors(self.alpha.detach(), self.beta.detach(), SNAKE_EPS, n_out)
 
 
 class Chain(nn.ModuleList):
@@ -403,7 +404,7 @@ class TimeMajorConv:
     out_channels: int
     adds_residual: bool              # a residual unit's output: + the unit's input
     keeps_output: bool               # the output is read again (the next units' residual, the waveform)
-    snake: Optional[SnakeBeta]       # of the output, written as the next convolution's input
+    snake: Optional[torch.Tensor]    # the factors of the output's SnakeBeta (written as the next input)
 
 
 class Vocoder(Chain):
@@ -435,9 +436,10 @@ class Vocoder(Chain):
         dtype = torch.float16 if self.half else torch.float32
         self.overflow = torch.zeros(1, dtype=torch.int32, device=first.conv.weight.device)
 
-        def conv(module: CausalConv1d, **kind) -> TimeMajorConv:
+        def conv(module: CausalConv1d, snake: Optional[SnakeBeta], **kind) -> TimeMajorConv:
+            n_out = module.conv.out_channels
             return TimeMajorConv(module, module.tap_matrix().to(dtype), module.conv.bias, module.conv.dilation[0],
-                                 1, module.conv.out_channels, **kind)
+                                 1, n_out, snake=snake.kernel_factors(n_out) if snake is not None else None, **kind)
 
         convs = []
         acts = [block.block[0] for block in blocks] + [final_act]   # the SnakeBeta before each block's input
@@ -447,7 +449,7 @@ class Vocoder(Chain):
             weight, bias = upsample.block_matrix()
             convs.append(TimeMajorConv(upsample, weight.to(dtype), bias, 1, upsample.stride,
                                        upsample.conv.out_channels, adds_residual=False, keeps_output=True,
-                                       snake=units[0].act1))
+                                       snake=units[0].act1.kernel_factors(weight.shape[1])))
             for i, unit in enumerate(units):
                 last_unit = i + 1 == len(units)
                 convs.append(conv(unit.conv1, adds_residual=False, keeps_output=False, snake=unit.act2))
@@ -484,7 +486,7 @@ class Vocoder(Chain):
                 next_inputs = following.module.input_buffer(batch, conv.out_channels, out_frames, state, x, dtype)
             causal_conv(inputs, conv.weight, conv.bias, frames, conv.dilation,
                         residual=residual if conv.adds_residual else None, out=out,
-                        snake=conv.snake.kernel_args() if conv.snake is not None else None,
+                        snake=conv.snake,
                         snake_out=next_inputs[:, following.module.context:] if following is not None else None)
             if following is not None:
                 following.module.keep_history(next_inputs, state)

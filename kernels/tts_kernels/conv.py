@@ -173,6 +173,10 @@ def tiles(c_in: int, n_out: int, taps: int, half: bool) -> tuple[int, int, int, 
     channels allow."""
     block_k = 64 if half and c_in % 64 == 0 else 32
     block_k = max(16, min(block_k, triton.next_power_of_2(c_in)))
+    if half and taps < 7 and n_out >= 1024:
+        # the pre-convolution and the first transposed convolution, 16 frames a row (too few for
+        # conv_tma's M blocks): 15-20% faster at 64 and 256 rows (docs/bench.md, 2026-12-04)
+        return 128, 64, block_k, 4, 4
     if n_out == 96:
         return 128 if taps == 7 else 64, 32, block_k, 4, 4
     if taps == 7 and c_in in (384, 768, 1024):

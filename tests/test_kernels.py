@@ -666,3 +666,21 @@ def test_tma_convolution_takes_only_the_convolutions_it_fits():
     assert not fits(wide, torch.zeros(7 * 768, 768, dtype=half), 128)   # faster in conv.py's kernel
     assert fits(wide, torch.zeros(2 * 768, 1920, dtype=half), 128)      # the transposed one, as two taps
     assert not fits(src, torch.zeros(96, 96, dtype=half), 7680)         # a 1x1 convolution: conv.py's kernel
+
+
+def test_vocoder_epilogue_compiles_for_sm90_to_the_hardware_sine():
+    """The SnakeBeta in a convolution's epilogue (conv.py's, which tts_kernels.conv_tma shares),
+    compiled offline for sm_90 (tools/sm90_compile.py) for a 1x1 convolution: one hardware sine (MUFU)
+    per value a thread stores, and no local memory. tl.sin there compiled to libdevice's exact sinf,
+    whose large-argument path went through local memory, and took 13% of the vocoder's convolution
+    time at 256 rows (docs/bench.md, 2026-12-04)."""
+    import re
+    result = subprocess.run([sys.executable, "tools/sm90_compile.py", "conv-1x1", "--channels", "96", "--rows", "256"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels"),
+                                                                             str(ROOT / "tools")])))
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = re.search(r"MUFU \([^)]*\) (\d+), local memory loads / stores (\d+) / (\d+)", result.stdout)
+    assert found, result.stdout
+    mufu, local_loads, local_stores = map(int, found.groups())
+    assert mufu >= 16 and local_loads == local_stores == 0, result.stdout

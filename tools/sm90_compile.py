@@ -1,13 +1,14 @@
 """Compile a Triton kernel launch for the H200 (sm_90) on a machine without a GPU, and say what the
-compiler made of it: registers, stack and shared memory per CTA (cuobjdump), and counts of the
-instructions that matter (wgmma, cp.async, global and shared loads and stores, barriers).
+compiler made of it: registers, stack and shared memory per CTA (cuobjdump), its SASS instructions
+(with the hardware-function and local-memory ones), and counts of the PTX instructions that matter
+(wgmma, cp.async, global and shared loads and stores, barriers).
 
 The launch is captured from the real call on CPU tensors (its arguments intercepted before Triton
 would need a driver), then compiled with the specialization a launch would get (16-byte aligned
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler|conv|conv-tma|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
+    python tools/sm90_compile.py depth|attention|sampler|conv|conv-1x1|conv-tma|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
                                  [--rows 64] [--tokens 1] [--capacity 256]
                                  [--warps N] [--stages N] [--channels 96] [--shape 4096x2048]
                                  [--talker-precision fp16|bf16] [--maxnreg N] [--ptx OUT.ptx]
@@ -19,7 +20,8 @@ talker's shapes, `--tokens` new tokens per row against `--capacity` cached posit
 attention `--stages N`: the general kernel's key steps loaded N - 1 ahead (cached_attention's stages;
 default: the engine's, attention_stages);
 conv: the vocoder's dilated convolution with its SnakeBeta epilogue (tts_kernels.conv), `--channels`
-wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; conv-tma: the same
+wide (96 .. 768), over 4 frames' samples per row, fp16 as the engine runs it; conv-1x1: a residual
+unit's 1x1 convolution (the residual added, the output and its SnakeBeta written); conv-tma: the same
 convolution as the Hopper kernel in Gluon (tts_kernels.conv_tma); gemv: the one-row
 projection over an fp16 weight of `--shape`; gemv-silu: the one-row gate/up projection that does
 the SiLU * up (`--shape` 2I x K); gemm-rows, gemm-rows-silu: the same at `--rows` rows (2-64 in the
@@ -114,9 +116,13 @@ def report(kernel) -> str:
         cubin.flush()
         tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
         usage = subprocess.run([tool, "--dump-resource-usage", cubin.name], capture_output=True, text=True).stdout
+        sass = subprocess.run([tool, "-sass", cubin.name], capture_output=True, text=True).stdout
     resources = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", usage)
+    opcodes = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass, re.M))
     lines = [f"resources per thread / CTA: {resources.group(0) if resources else usage.strip()}, "
-             f"dynamic shared memory {kernel.metadata.shared} bytes, {kernel.metadata.num_warps} warps"]
+             f"dynamic shared memory {kernel.metadata.shared} bytes, {kernel.metadata.num_warps} warps",
+             f"SASS: {sum(opcodes.values())} instructions (in the code, not as run); MUFU (hardware exp, sine, "
+             f"reciprocal) {opcodes['MUFU']}, local memory loads / stores {opcodes['LDL']} / {opcodes['STL']}"]
     lines += [f"  {name:32s} {count}" for name, count in sorted(counts.items())]
     return "\n".join(lines)
 
@@ -205,6 +211,19 @@ def conv_launch(rows: int, channels: int, warps: int | None, stages: int | None)
     return conv._causal_conv, args, launch_options(kwargs, warps, stages)
 
 
+def conv_1x1_launch(rows: int, channels: int, warps: int | None, stages: int | None):
+    """A residual unit's 1x1 convolution as the engine's fp16 vocoder runs it: adds the residual,
+    writes the output and the next input's SnakeBeta."""
+    import tts_kernels.conv as conv
+    frames = 4 * 1920 * 96 // channels
+    weight, bias = torch.zeros(channels, channels, dtype=torch.float16), torch.zeros(channels)
+    stream = [torch.zeros(rows, frames, channels, dtype=torch.float16) for _ in range(4)]
+    args, kwargs = captured_launch(conv._causal_conv, lambda: conv.causal_conv(
+        stream[0], weight, bias, frames, residual=stream[1], out=stream[2], snake=torch.zeros(2, channels),
+        snake_out=stream[3]))
+    return conv._causal_conv, args, launch_options(kwargs, warps, stages)
+
+
 def conv_tma_launch(rows: int, channels: int, warps: int | None, stages: int | None):
     """The same convolution as Gluon's TMA kernel (tts_kernels.conv_tma) at its tiles (warps and
     stages replaced where given)."""
@@ -236,7 +255,7 @@ def window_launch(rows: int, tokens: int, warps: int | None, stages: int | None)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "conv-tma", "window",
+    parser.add_argument("kernel", choices=["depth", "attention", "sampler", "conv", "conv-1x1", "conv-tma", "window",
                                            *PROJECTIONS])
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=1)
@@ -269,6 +288,8 @@ def main() -> None:
         launch = sampler_launch(args.rows, args.warps, args.stages)
     elif args.kernel == "conv-tma":
         launch = conv_tma_launch(args.rows, args.channels, args.warps, args.stages)
+    elif args.kernel == "conv-1x1":
+        launch = conv_1x1_launch(args.rows, args.channels, args.warps, args.stages)
     else:
         launch = conv_launch(args.rows, args.channels, args.warps, args.stages)
     if args.maxnreg:

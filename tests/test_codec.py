@@ -310,3 +310,18 @@ def test_codec_bench_cudnn_arm_is_the_causal_convolution():
         got = cudnn_conv((src, conv.tap_matrix(), conv.conv.bias, frames, 3), {})()    # [B, C_out, 1, frames]
     assert got.shape == (2, 5, 1, frames)
     torch.testing.assert_close(got[:, :, 0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_codec_bench_sums_the_convolutions_by_kind():
+    """tools/codec_bench.py --convs ends with each kind's count, time and TFLOP/s (the total's from
+    the summed FLOPs and times, not a mean of rates)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from codec_bench import conv_kind, kind_sums
+    assert [conv_kind(0, 512, 1536, 1024), conv_kind(3, 96, 96, 96), conv_kind(9, 768, 1536, 1920),
+            conv_kind(24, 96, 672, 96), conv_kind(30, 96, 672, 1)] == \
+        ["pre-convolution", "1x1", "transposed", "7-tap", "one channel"]
+    lines = kind_sums([("1x1", 100.0, 2e9), ("7-tap", 200.0, 8e9), ("1x1", 50.0, 1e9)]).splitlines()
+    assert [line.split() for line in lines] == [["1x1", "2", "150", "us", "20", "TF/s"],
+                                                ["7-tap", "1", "200", "us", "40", "TF/s"],
+                                                ["all", "3", "350", "us", "31", "TF/s"]]

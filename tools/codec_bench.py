@@ -175,12 +175,34 @@ def cudnn_conv(args, kwargs):
     return lambda: F.conv2d(image, kernel, bias, dilation=(1, dilation))
 
 
+def conv_kind(index: int, c_in: int, k: int, n: int) -> str:
+    """What a vocoder convolution of --convs is, by its place and weight [k = taps * c_in, n]."""
+    taps = k // c_in
+    if index == 0:
+        return "pre-convolution"
+    if n == 1:
+        return "one channel"
+    return {1: "1x1", 2: "transposed"}.get(taps, f"{taps}-tap")
+
+
+def kind_sums(timed: list[tuple[str, float, float]]) -> str:
+    """timed: (kind, us, FLOPs) per convolution -> one line per kind and the total: count, us, TF/s."""
+    kinds: dict[str, list[float]] = {}
+    for kind, us, flops in timed:
+        count, total_us, total_flops = kinds.get(kind, [0, 0.0, 0.0])
+        kinds[kind] = [count + 1, total_us + us, total_flops + flops]
+    kinds["all"] = [len(timed), sum(t[1] for t in timed), sum(t[2] for t in timed)]
+    return "\n".join(f"  {kind:16s} {count:3d} {us:8.0f} us {flops / us / 1e6:5.0f} TF/s"
+                     for kind, (count, us, flops) in kinds.items())
+
+
 def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only: set[int] | None = None,
                cudnn: bool = False) -> None:
     """--convs: the tts_kernels.conv launches of one engine codec call (rows x window frames, fp16
     vocoder), recorded with their arguments, then each timed alone (those in `only`, if given):
     us (median of three runs of 10 launches), TFLOP/s, and TB/s of the bytes it must move (input
-    once, outputs, residual). cudnn: each also through cuDNN (cudnn_conv)."""
+    once, outputs, residual), then the sums by kind (kind_sums). cudnn: each also through cuDNN
+    (cudnn_conv)."""
     import tts_kernels.conv as conv
     from step_profile import median_ms
     if conv.tma_available(torch.cuda.current_device())[0]:
@@ -211,6 +233,7 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
     print(f"{len(calls)} convolutions per call of {rows} rows x {window} frames (flags: r = adds the residual, "
           f"o = writes out, s = writes the next input's SnakeBeta)", flush=True)
     total = cudnn_total = 0.0
+    timed = []
     for i, (args, kwargs) in enumerate(calls):
         if only is not None and i not in only:
             continue
@@ -229,6 +252,7 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
             kind = conv.tiles(c_in, n, k // c_in, src.dtype == torch.float16)
         t = us(args, kwargs)
         total += t
+        timed.append((conv_kind(i, c_in, k, n), t, 2 * m * k * n))
         line = (f"{i:2d} src {tuple(src.shape)} w {tuple(weight.shape)} d={args[4]} {flags:3s} {t:7.1f} us "
                 f"{2 * m * k * n / t / 1e6:5.0f} TF/s {moved / t / 1e6:5.2f} TB/s  {kind}")
         if n > 1:
@@ -254,6 +278,7 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
     cudnn_sum = f"; cuDNN (more than one channel, no epilogue): {cudnn_total:.0f} us" if cudnn else ""
     listed = "listed " if only is not None else ""
     print(f"sum over the {listed}launches at the tree's tiles: {total:.0f} us{cudnn_sum}", flush=True)
+    print(f"by kind (count, us, TF/s), at the tree's tiles:\n{kind_sums(timed)}", flush=True)
 
 
 def round_tf32(x: torch.Tensor) -> torch.Tensor:

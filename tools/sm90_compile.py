@@ -8,7 +8,8 @@ would need a driver), then compiled with the specialization a launch would get (
 pointers and integers divisible by 16), so kernel changes can be checked for spills or lost
 tensor-core or async-copy use before spending device time.
 
-    python tools/sm90_compile.py depth|attention|sampler|conv|conv-1x1|conv-tma|window|gemv|gemv-silu|gemm-rows|gemm-rows-silu
+    python tools/sm90_compile.py depth|attention|sampler|conv|conv-1x1|conv-tma|window
+                                 |gemv|gemv-silu|gemm-rows|gemm-rows-silu
                                  [--rows 64] [--tokens 1] [--capacity 256]
                                  [--warps N] [--stages N] [--channels 96] [--shape 4096x2048]
                                  [--talker-precision fp16|bf16] [--maxnreg N] [--ptx OUT.ptx]

@@ -11,9 +11,10 @@ reformatted every activation twice per convolution and the streamed histories we
 
 The epilogue adds the bias, then optionally the residual, stores the result (`out`) and/or its
 SnakeBeta (`snake_out`): the consumer's input, written straight after the consumer's history. The
-SnakeBeta's factors e^alpha and 1 / (e^beta + eps) come per output column, computed once
-(`snake_factors`) with the functions the epilogue used to evaluate in every tile. Accumulation over K runs in a fixed order that does
-not depend on the rows in the tile, so a row's output does not depend on its batch mates.
+SnakeBeta's factors e^alpha and 1 / (e^beta + eps) come from a table per output column, computed
+once per convolution (`snake_factors`), not in every tile. Accumulation over K runs in a fixed
+order that does not depend on the rows in the tile, so a row's output does not depend on its batch
+mates.
 
 On Hopper (sm_90) the convolutions of more than one tap run as tts_kernels.conv_tma's kernel
 instead (TMA loads, wgmma; the same sums and epilogue), for the shapes it was measured faster on
@@ -257,8 +258,9 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
         raise ValueError("src must be contiguous along channels and weight contiguous")
     if out is None and snake_out is None:
         raise ValueError("nothing to write: give out and/or snake_out")
-    if (snake is None) != (snake_out is None) or (
-            snake is not None and (snake.shape != (2, n_out) or snake.dtype != torch.float32 or not snake.is_contiguous())):
+    factors_fit = snake is not None and snake.shape == (2, n_out) and snake.dtype == torch.float32 \
+        and snake.is_contiguous()
+    if (snake is None) != (snake_out is None) or (snake is not None and not factors_fit):
         raise ValueError(f"snake_out needs snake, the factors [2, {n_out}] float32 of snake_factors, and snake "
                          f"needs snake_out")
     r_b, r_t = _rows_view(residual, frames, n_out, "residual") if residual is not None else (0, 0)

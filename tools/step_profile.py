@@ -89,7 +89,8 @@ def main() -> None:
     requests = make_requests(synth, read_sentences(), engine.prefill.tile_rows, 8, "vivian")
     admission = list(enumerate(requests))   # into slots 0, 1, ... (idle after filled_engine's run)
     launches = {f"{name} stage": graph.replay for name, graph in engine.step.graphs.items()}
-    launches["prefill tile (graph of its first 32 positions)"] = engine.prefill.graphs[0][0].replay
+    first_tile = engine.prefill.graphs[engine.prefill.tile_rows, 0][0]   # keyed (prompts, column chunk)
+    launches["prefill tile (graph of its first 32 positions)"] = first_tile.replay
     launches[f"admission of {len(admission)} prompts (tile and eager work)"] = lambda: engine._prefill(admission)
     with torch.no_grad():
         for name, launch in launches.items():

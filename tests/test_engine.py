@@ -269,6 +269,14 @@ def test_tail_steps_give_each_request_the_codes_and_audio_of_the_full_step(synth
         assert np.array_equal(a.codes, b.codes) and np.array_equal(a.pcm, b.pcm), f"request {a.key}"
 
 
+def test_an_engine_without_row_slots_is_refused(synth):
+    sampling = synth.ckpt.sampling
+    for rows in (0, -64):
+        with pytest.raises(ValueError, match=f"an engine needs at least one row slot, got rows={rows}"):
+            Engine(synth.model, synth.codec, rows=rows, context=192, talker_defaults=talker_settings(sampling),
+                   cp_defaults=code_predictor_settings(sampling))
+
+
 def test_tail_rows_that_the_engine_cannot_run_are_refused(synth):
     sampling = synth.ckpt.sampling
     for tail_rows in ((2, 4), (8,), (4, 4), (0,), (3,)):

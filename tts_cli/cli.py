@@ -655,8 +655,10 @@ def bench(
         cuda = device_choice.device.startswith("cuda")
         levels = [int(c) for c in (concurrency or BENCH_LEVELS["cuda" if cuda else "cpu"]).split(",")]
         forced = None if frames == "auto" else int(frames)
+        if min(levels) < 1 or (forced is not None and forced < 1):
+            raise ValueError
     except ValueError:
-        say("error: --concurrency takes integers like 1,8,64 and --frames auto or an integer", "red")
+        say("error: --concurrency takes positive integers like 1,8,64 and --frames auto or a positive integer", "red")
         raise typer.Exit(2)
     except TTSError as e:
         say(f"error: {e}", "red")

@@ -242,6 +242,8 @@ class Engine:
         """tail_rows: the row counts of the tail steps, largest first (module doc); None: on CUDA with
         the codec in line, tts_cli.engine.tail_rows_for's. prefill_tiles: the prefill's tile sizes in
         prompts, largest first (prefill.py); None: tts_cli.engine.prefill_tiles_for's."""
+        if rows < 1:   # else its loop would wait forever for a free slot
+            raise ValueError(f"an engine needs at least one row slot, got rows={rows}")
         device = model.talker.codec_embedding.weight.device
         dtype = model.talker.codec_embedding.weight.dtype
         if use_graphs is None:

@@ -156,7 +156,7 @@ def test_missing_tts_model_dir_names_the_path_and_the_variable(fake, tmp_path):
 
 def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monkeypatch):
     # (the device check is skipped: this machine may have no GPU; the fake synthesizer needs none)
-    monkeypatch.setattr(cli, "check_device", lambda device: None)
+    monkeypatch.setattr(cli, "check_device", lambda device, given_by: None)
     manifest = tmp_path / "m.txt"
     manifest.write_text("".join(f"Sentence {i}.\n" for i in range(50)))
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model",
@@ -170,7 +170,7 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
 
 
 def test_rows_auto_is_the_default_and_a_bad_rows_value_is_one_red_line(fake, tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "check_device", lambda device: None)
+    monkeypatch.setattr(cli, "check_device", lambda device, given_by: None)
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--device", "cuda")
@@ -245,11 +245,15 @@ def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("device, message", [
-    ("toaster", "--device 'toaster': Expected one of"),
-    pytest.param("cuda", "--device 'cuda': torch reports no CUDA device on this machine",
+    *[(d, f"device '{d}' (--device): auto, cpu, cuda or cuda:N") for d in ("toaster", "mps", "xpu", "meta", "CPU",
+                                                                          "cpu:0", "cuda:x", "cuda:")],
+    pytest.param("cuda", "device 'cuda' (--device): torch reports no CUDA device on this machine",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    pytest.param("cuda:7", "device 'cuda:7' (--device): torch reports no CUDA device on this machine",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
 ])
 def test_unusable_device_is_one_red_line(fake, tmp_path, device, message):
+    """Only the devices tts runs on: torch would take mps, xpu or meta and fail later with a traceback."""
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--device", device)
@@ -417,6 +421,12 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
     ("bogus: 1\n", "unknown key 'bogus'"),
     ("batch_size: many\n", "'batch_size' should be int"),
     ("[1, 2]\n", "expected a mapping"),
+    # the command line's bounds hold for a recipe's values too
+    ("max_frames: 0\n", "'max_frames' should be 1 or more, got 0"),
+    ("max_frames: -4\n", "'max_frames' should be 1 or more, got -4"),
+    ("batch_size: 0\n", "'batch_size' should be 1 or more, got 0"),
+    ("batch_size: -2\n", "'batch_size' should be 1 or more, got -2"),
+    ("seed: 9223372036854775808\n", "'seed' should be from -9223372036854775808 to 9223372036854775807"),
 ])
 def test_bad_recipe_is_named(fake, tmp_path, content, message):
     recipe = tmp_path / "r.yaml"
@@ -426,6 +436,15 @@ def test_bad_recipe_is_named(fake, tmp_path, content, message):
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--recipe", recipe)
     assert result.exit_code == 2
     assert message in result.stderr and str(recipe) in result.stderr
+
+
+@pytest.mark.parametrize("value", ["9223372036854775808", "-9223372036854775809"])
+def test_a_seed_beyond_64_bits_is_refused_before_the_run(fake, tmp_path, value):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--seed", value)
+    assert result.exit_code == 2 and "Invalid value for '--seed'" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_unknown_recipe_lists_the_known_names(fake, tmp_path):

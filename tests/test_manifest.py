@@ -91,6 +91,29 @@ def test_unknown_extension_names_accepted_ones(tmp_path):
         read_manifest(path, DEFAULTS)
 
 
+def test_a_folder_given_as_the_manifest_is_named_as_one(tmp_path):
+    for name in ("corpus", "corpus.txt"):
+        (tmp_path / name).mkdir()
+        with pytest.raises(TTSError, match=f"{name}: a folder, not a manifest file"):
+            read_manifest(tmp_path / name, DEFAULTS)
+
+
+def test_a_row_seed_beyond_64_bits_fails_that_row_only(tmp_path):
+    """Seeds are signed 64-bit integers: a base seed at the top of the range gives its first row that
+    seed, and the next rows (base + index) fail with the reason, as a parquet row's own seed past it."""
+    path = tmp_path / "m.txt"
+    path.write_text("One.\nTwo.\n")
+    top = 2**63 - 1
+    rows = read_manifest(path, RowDefaults(speaker="vivian", language="auto", base_seed=top)).rows
+    assert rows[0].problem is None and rows[0].request.seed == top
+    assert rows[1].problem == f"seed {top + 1} is not a signed 64-bit integer (from {-2**63} to {top})"
+    path = _write_parquet(tmp_path / "m.parquet", {"text": ["One.", "Two.", "Three."],
+                                                   "seed": pa.array([2**63, 5, 2**64 - 1], pa.uint64())})
+    rows = read_manifest(path, DEFAULTS).rows
+    assert [row.problem is None for row in rows] == [False, True, False] and rows[1].request.seed == 5
+    assert rows[0].problem.startswith(f"seed {2**63} is not a signed 64-bit integer")
+
+
 def test_missing_manifest_names_path(tmp_path):
     with pytest.raises(TTSError, match=r"manifest not found: .*nope\.txt"):
         read_manifest(tmp_path / "nope.txt", DEFAULTS)

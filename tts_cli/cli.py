@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -20,7 +21,7 @@ from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, ORDERS, WORKLOAD
 from .errors import TTSError
 from .logs import log_to_stderr
 from .processes import RunStopped, stop_on_signals
-from .recipe import AUTO_DEVICE, DEFAULTS, load_recipe, parse_rows
+from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_RANGES, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
@@ -105,9 +106,11 @@ def checkpoint_kind(model_dir: Path) -> str | None:
 
 
 def setting_option(name: str, **kwargs):
-    """The typer option of a RunSettings field: its default from tts_cli.recipe.DEFAULTS, so that
-    every command that takes it has the same default (and a recipe the same key)."""
-    return typer.Option(getattr(DEFAULTS, name), "--" + name.replace("_", "-"), **kwargs)
+    """The typer option of a RunSettings field: its default from tts_cli.recipe.DEFAULTS and its bounds
+    from SETTING_RANGES, so that every command that takes it has the same default and bounds (and a
+    recipe the same key)."""
+    low, high = SETTING_RANGES.get(name, (None, None))
+    return typer.Option(getattr(DEFAULTS, name), "--" + name.replace("_", "-"), min=low, max=high, **kwargs)
 
 
 # The engine options of synth and bench, declared once (typer copies an option for each command).
@@ -138,15 +141,18 @@ def load_synthesizer(model_dir: Path, device: str, engine_rows: int | None, dept
                                        codec_precision=codec_precision, talker_precision=talker_precision)
 
 
-def check_device(device: str) -> None:
+def check_device(device: str, given_by: str = "--device") -> None:
+    """cpu, cuda or cuda:N, where torch sees that GPU: the devices tts runs on (not torch's whole list)."""
     import torch
 
-    try:
-        parsed = torch.device(device)
-    except RuntimeError as e:
-        raise TTSError(f"--device {device!r}: {e}") from e
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise TTSError(f"--device {device!r}: torch reports no CUDA device on this machine")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise TTSError(f"device {device!r} ({given_by}): auto, cpu, cuda or cuda:N")
+    if device.startswith("cuda"):
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise TTSError(f"device {device!r} ({given_by}): torch reports no CUDA device on this machine")
+        if device != "cuda" and int(device[5:]) >= count:
+            raise TTSError(f"device {device!r} ({given_by}): torch sees {count} CUDA device{'s' if count != 1 else ''}")
 
 
 @dataclass
@@ -164,7 +170,7 @@ def resolve_device(option: str, given_by: str = "--device") -> DeviceChoice:
     import torch
 
     if option != AUTO_DEVICE:
-        check_device(option)
+        check_device(option, given_by)
         return DeviceChoice(option, given_by)
     if torch.cuda.is_available():
         count = torch.cuda.device_count()
@@ -225,11 +231,11 @@ def synth(
         help="No sampling: argmax in both the talker and the code predictor (the official "
              "do_sample=False, subtalker_dosample=False)."),
     max_frames: Optional[int] = setting_option(
-        "max_frames", metavar="N", min=1, show_default=False,
+        "max_frames", metavar="N", show_default=False,
         help="Stop each segment after N codec frames (12.5 frames per audio second) and flag its row "
              "hit_cap. Default: 50 + 15 frames per text token, within the checkpoint's max_new_tokens."),
     batch_size: Optional[int] = setting_option(
-        "batch_size", metavar="N", min=1, show_default=False,
+        "batch_size", metavar="N", show_default=False,
         help="Segments per synthesize call (fewer after a CUDA out-of-memory). Default: 8 on cpu (one "
              "lockstep batch); on cuda 16 x --rows, queued into the engine's slots longest text first and "
              "refilled as segments end (each call's end leaves slots idle: larger calls, fewer ends)."),

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TTSError
+from .recipe import SEED_RANGE
 from .request import Request
 from .voice.checks import voice_fields_problem
 from .voice.reference_audio import (ReferenceAudioError, check_reference, reference_value_problem,
@@ -85,6 +86,8 @@ class Manifest:
 def read_manifest(path: Path, defaults: RowDefaults) -> Manifest:
     path = Path(path)
     suffix = path.suffix.lower()
+    if path.is_dir():
+        raise TTSError(f"{path}: a folder, not a manifest file (.txt or .parquet)")
     if suffix not in FORMATS:
         raise TTSError(f"{path}: unsupported manifest type {path.suffix or '(no extension)'!r}; "
                        f"accepted: {', '.join(FORMATS)}")
@@ -188,9 +191,16 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars)
     ref_audio_problem = reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
     problem = (problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars) or flag_problem
-               or ref_audio_problem or (ref_text_problem and f"ref_text: {ref_text_problem}")
+               or seed_problem(request.seed) or ref_audio_problem or (ref_text_problem and f"ref_text: {ref_text_problem}")
                or voice_fields_problem(request))
     return ManifestRow(index, request, problem)
+
+
+def seed_problem(seed: int) -> str | None:
+    low, high = SEED_RANGE
+    if not low <= seed <= high:
+        return f"seed {seed} is not a signed 64-bit integer (from {low} to {high})"
+    return None
 
 
 def _reference_path(cell, defaults: RowDefaults, base_dir: Path) -> str | None:

@@ -37,6 +37,9 @@ class RunSettings:
 
 
 DEFAULTS = RunSettings()
+SEED_RANGE = (-2**63, 2**63 - 1)   # a signed 64-bit integer: the samplers' seeds (a row's own, or the base + its index)
+# The bounds of the numeric settings, for a recipe's keys as for the command line's options (cli.setting_option).
+SETTING_RANGES = {"seed": SEED_RANGE, "max_frames": (1, None), "batch_size": (1, None)}
 
 
 def _value_type(hint) -> type:
@@ -75,6 +78,10 @@ def load_recipe(name_or_path: str) -> dict:
         kind = RECIPE_KEYS[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TTSError(f"recipe {path}: '{key}' should be {kind.__name__}, got {value!r}")
+        low, high = SETTING_RANGES.get(key, (None, None))
+        if (low is not None and value < low) or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"{low} or more"
+            raise TTSError(f"recipe {path}: '{key}' should be {bounds}, got {value!r}")
     return data
 
 

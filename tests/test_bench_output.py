@@ -126,6 +126,9 @@ def test_plot_command_writes_the_png_and_names_what_it_cannot_read(tmp_path):
     other.write_text(json.dumps({"rows": [{"id": "a"}]}))
     result = runner.invoke(cli.app, ["plot", str(other), "--out", str(tmp_path / "y.png")])
     assert result.exit_code == 2 and f"{other}: no bench results in it" in result.stderr
+    result = runner.invoke(cli.app, ["plot", str(tmp_path / "x.png"), "--out", str(tmp_path / "z.png")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{tmp_path / 'x.png'}: not a text file (bench results are JSON or JSON lines)" in result.stderr
 
 
 def test_plotting_without_matplotlib_names_the_extra(tmp_path, monkeypatch):

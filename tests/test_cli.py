@@ -363,6 +363,30 @@ def test_bench_rejects_bad_options():
     assert result.exit_code == 2 and "unknown random model 'random:7b'" in result.stderr
 
 
+def test_bench_says_what_it_cannot_read_or_write_before_it_runs(tmp_path):
+    """One red line, exit 2, before any model loads or any concurrency runs: the sentences missing or
+    empty, a results or plot path that cannot be written, a workload the model cannot run."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    (tmp_path / "empty.txt").write_text("\n  \n")
+    cases = [
+        (["--sentences", tmp_path / "missing.txt"], f"cannot read the sentences {tmp_path / 'missing.txt'}"),
+        (["--sentences", tmp_path / "empty.txt"], f"{tmp_path / 'empty.txt'}: no sentences (one per line)"),
+        (["--json", tmp_path], f"cannot write the results {tmp_path}: it is a folder"),
+        (["--json", blocker / "b.json"], f"cannot write the results {blocker / 'b.json'}"),
+        (["--plot", blocker / "p.png"], f"cannot write the plot {blocker / 'p.png'}"),
+        (["--workload", "clone-icl"], f"--workload clone-icl needs a Base checkpoint, and {cli.BUNDLED_MODEL_DIR} is "
+                                      "CustomVoice (the bundled tiny model, the default on cpu): give --model "
+                                      "random:0.6b or a Base checkpoint folder"),
+    ]
+    for args, message in cases:
+        result = _invoke("bench", "--device", "cpu", "--concurrency", "1", "--requests", "1", "--frames", "3",
+                         *(["--json", tmp_path / "r.json"] if "--json" not in args else []), *args)
+        assert result.exit_code == 2 and "Traceback" not in result.output, (args, result.output)
+        assert message in " ".join(result.stderr.split()), (args, result.stderr)
+        assert "audio-s/s" not in result.stdout and not (tmp_path / "r.json").exists(), args
+
+
 def test_version_and_help():
     assert _invoke("--version").stdout.strip() == f"tts {__version__}"
     help_text = _invoke("synth", "--help").output

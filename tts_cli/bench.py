@@ -41,6 +41,7 @@ from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_c
 from tts_cli.engine import (CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                             DEFAULT_TALKER_PRECISION)
 from tts_cli.engine.runner import Engine, EngineRequest
+from tts_cli.errors import TTSError
 from tts_cli.request import Request, VoiceReference
 from tts_cli.synthesizer import (Synthesizer, allow_tf32, code_predictor_settings, icl_codes, load_tokenizer,
                                  numerics, talker_settings, weights_dtype)
@@ -91,7 +92,13 @@ def load_synthesizer(spec: str, device: str, dtype: torch.dtype, kind: str = CUS
 
 def read_sentences(path: Path = SENTENCES) -> list[str]:
     """The non-empty lines of a sentence list."""
-    return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise TTSError(f"cannot read the sentences {path}: {e}") from None
+    if not lines:
+        raise TTSError(f"{path}: no sentences (one per line)")
+    return lines
 
 
 def auto_frames(text: str) -> int:
@@ -229,10 +236,10 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
     cuda = device.startswith("cuda")
     if cuda:
         allow_tf32()
+    sentences = read_sentences(sentences_path)
     t0 = time.perf_counter()
     synth = load_synthesizer(spec, device, dtype, model_kind(workload))
     load_s = time.perf_counter() - t0
-    sentences = read_sentences(sentences_path)
     reference, workload_info = bench_reference(synth, workload, parse_spec(spec), ref_seconds, sentences)
     result = {
         "model": f"bundled {TINY.name}" if Path(spec).resolve() == TINY else spec, "device": device,
@@ -267,5 +274,8 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
 
 
 def write_json(result: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise TTSError(f"cannot write the results {path}: {e}") from None

@@ -109,6 +109,8 @@ def read_runs(path: Path) -> list[Run]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise TTSError(f"cannot read {path}: {e}") from None
+    except UnicodeDecodeError:
+        raise TTSError(f"{path}: not a text file (bench results are JSON or JSON lines)") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:

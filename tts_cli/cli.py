@@ -671,15 +671,19 @@ def bench(
         raise typer.Exit(2)
     try:
         check_engine_choices(depth, codec_precision, talker_precision)
+        spec = model or ("random:1.7b" if cuda else str(BUNDLED_MODEL_DIR))
+        check_bench_model(spec, workload, default=model is None)
+        check_writable(json_out, "the results")   # before the run, not after it
         if plot is not None:
             from .bench_plot import check_plotting
-            check_plotting()   # before the run, not after it
+            check_plotting()
+            check_writable(plot, "the plot")
         say(device_choice.line(), "bold")
         if not cuda:
             say("note: CPU figures, not GPU figures: the bench runs the engine's torch reference ops on cpu "
                 f"({'the bundled tiny model' if model is None else model}); docs/bench.md has GPU figures", "yellow")
         from .bench import SENTENCES, run_bench, write_json
-        result = run_bench(model or ("random:1.7b" if cuda else str(BUNDLED_MODEL_DIR)), levels,
+        result = run_bench(spec, levels,
                            sentences or SENTENCES, requests, forced, device_choice.device,
                            codec_window=codec_window, depth=depth, codec_precision=codec_precision,
                            talker_precision=talker_precision, codec_stream=codec_stream,
@@ -699,8 +703,41 @@ def bench(
     typer.echo(f"results: {json_out}")
     if plot is not None:
         from .bench_plot import plot_runs, runs_from
-        plot_runs(runs_from(result, json_out.stem), plot)
+        try:
+            plot_runs(runs_from(result, json_out.stem), plot)
+        except TTSError as e:
+            say(f"error: {e} (the results are in {json_out})", "red")
+            raise typer.Exit(2)
         typer.echo(f"plot: {plot}")
+
+
+def check_writable(path: Path, what: str) -> None:
+    """That a file can be written at `path` (its folder made if missing), without writing it."""
+    import tempfile
+
+    if path.is_dir():
+        raise TTSError(f"cannot write {what} {path}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path.parent).close()
+    except OSError as e:
+        raise TTSError(f"cannot write {what} {path}: {e}") from None
+
+
+def check_bench_model(spec: str, workload: str, default: bool) -> None:
+    """A checkpoint folder of the kind the workload needs (random:... builds the right kind)."""
+    from .bench_clone import model_kind
+    from .checkpoint import MODEL_KINDS
+
+    needed = model_kind(workload)
+    if spec.startswith("random:"):
+        return
+    kind = checkpoint_kind(Path(spec))
+    if kind is not None and kind != needed:
+        raise TTSError(f"--workload {workload} needs a {MODEL_KINDS[needed]} checkpoint, and {spec} is "
+                       f"{MODEL_KINDS.get(kind, kind)}" + (" (the bundled tiny model, the default on cpu): give "
+                                                          "--model random:0.6b or a Base checkpoint folder"
+                                                          if default else ""))
 
 
 @app.command("plot", short_help="Draw bench results (several runs on one chart) as a PNG.")

@@ -101,6 +101,38 @@ def test_no_space_on_the_fifth_file_stops_the_run_and_a_rerun_resumes(monkeypatc
         [f"r{i}" for i in range(8)]
 
 
+def test_no_space_for_one_file_of_a_batch_keeps_the_ledger_lines_of_the_others(monkeypatch, tmp_path):
+    """The rows of one batch are written at once: ENOSPC on r4's file stops the run, and the batch's
+    other rows, whose files are on disk, are recorded (they were lost to the rerun before); the rerun
+    makes r4 only."""
+    import errno
+    from pathlib import Path
+
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    real_write_bytes = Path.write_bytes
+
+    def write_bytes(path, data):
+        if ".r4.wav." in path.name and not (tmp_path / "full-once").exists():
+            (tmp_path / "full-once").write_text("")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_bytes(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", write_bytes)
+    manifest, out = tmp_path / "m.txt", tmp_path / "out"
+    manifest.write_text("".join(f"r{i}\tRow {i}.\n" for i in range(8)))
+    arguments = ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"), "--batch-size", "8"]
+    full = runner.invoke(cli.app, arguments)
+    assert full.exit_code == 2, full.output
+    assert f"error: cannot write {out / 'r4.wav'}: No space left on device; the run stopped" in full.stderr
+    recorded = [e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())]
+    assert recorded == [f"r{i}" for i in range(8) if i != 4]
+    assert all((out / f"{row_id}.wav").is_file() for row_id in recorded) and not (out / "r4.wav").exists()
+
+    rerun = runner.invoke(cli.app, arguments)
+    assert rerun.exit_code == 0, rerun.output
+    assert "8 rows ok (7 from an earlier run)" in rerun.stdout
+
+
 def test_a_ledger_append_that_fails_leaves_the_ledger_as_it_was(monkeypatch, tmp_path):
     import errno
     import os

@@ -66,6 +66,37 @@ def test_parquet_shards_are_a_datasets_audio_column(fake, tmp_path):
         assert row["duration"] == pytest.approx(len(audio) / 24000) and row["audio"]["path"] == f"{row['id']}.flac"
 
 
+def test_a_parquet_shard_is_written_once_its_first_row_has_waited_a_minute(tmp_path, monkeypatch):
+    """Rows wait in memory for their shard (and their ledger lines for it): a shard of whatever waits
+    is written once the first waiting row is PARQUET_MAX_WAIT_S old, so a kill loses about a minute
+    of finished rows, not up to a thousand."""
+    import numpy as np
+
+    from tts_cli.output import formats
+
+    clock = [100.0]
+    monkeypatch.setattr(formats.time, "monotonic", lambda: clock[0])
+    sink = formats.ParquetSink(tmp_path, 24000, set())
+    audio = np.zeros(2400, dtype=np.float32)
+
+    def add(row_id):
+        entry = {"id": row_id, "params": {"text": "Hi.", "speaker": "vivian", "language": "auto"}}
+        sink.add(entry, f"{row_id}.flac", sink.store(f"{row_id}.flac", audio))
+
+    add("a")
+    clock[0] += 30
+    add("b")
+    assert sink.durable_entries() == [] and not list(tmp_path.glob("*.parquet"))
+    clock[0] += formats.PARQUET_MAX_WAIT_S - 30
+    assert [(e["id"], e["file"]) for e in sink.durable_entries()] == [("a", "part-00000.parquet"),
+                                                                        ("b", "part-00000.parquet")]
+    assert pq.read_table(tmp_path / "part-00000.parquet").column("id").to_pylist() == ["a", "b"]
+    add("c")   # the next shard's clock starts with its first row
+    clock[0] += formats.PARQUET_MAX_WAIT_S - 1
+    assert sink.durable_entries() == []
+    assert [e["file"] for e in sink.durable_entries(final=True)] == ["part-00001.parquet"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="Hugging Face datasets is not installed")
 def test_parquet_shards_load_with_datasets(fake, tmp_path):
     import datasets

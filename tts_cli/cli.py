@@ -258,8 +258,8 @@ def synth(
     output_format: str = typer.Option(
         "wav", "--format", metavar="wav|flac|parquet",
         help="wav or flac: one 24 kHz 16-bit file per row. parquet: shards part-NNNNN.parquet of up to "
-             "1000 rows (id, text, speaker, language, audio as a Hugging Face datasets Audio column of "
-             "FLAC bytes, sampling_rate, duration)."),
+             "1000 rows, each written once 1000 rows or a minute's wait for it (id, text, speaker, language, "
+             "audio as a Hugging Face datasets Audio column of FLAC bytes, sampling_rate, duration)."),
     max_text_chars: int = typer.Option(
         10_000, "--max-text-chars", metavar="N", min=1,
         help="Rows with longer text fail (a manifest guard; long rows below it are split, see --segment-chars)."),

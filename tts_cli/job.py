@@ -11,8 +11,8 @@ left, write each finished row and record it, then rebuild the report from the le
   even alone fails with that error. Finished rows are on disk and in the ledger batch by batch,
   so nothing produced is lost to a later fault or a kill.
 - A worker process that dies fails the rows it held (tts_cli/scale/workers.py); an output that
-  cannot be written (disk full, I/O error, read-only folder) stops the run with OutputError, and
-  its row gets no ledger line.
+  cannot be written (disk full, I/O error, read-only folder) stops the run with OutputError: its row
+  gets no ledger line, the rows of its batch that were written keep theirs.
 - SIGTERM or Ctrl-C (tts_cli/processes.py) cuts short the wait for the next batch, never the
   writing and recording of a finished one; the run then returns what the ledger holds, with
   JobResult.stopped set.
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
-from .errors import RequestError, SynthesisCancelled, TTSError
+from .errors import OutputError, RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
 from .output.formats import make_sink, output_exists
 from .output.ledger import Ledger, changed_params, params_key, row_params
@@ -416,7 +416,10 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
             if finished is None:
                 break
             failed, records = [], []
-            for (plan, audio), entry in zip(finished, _store_rows(finished, sink, writers)):
+            entries, output_error = _store_rows(finished, sink, writers)
+            for (plan, audio), entry in zip(finished, entries):
+                if entry is None:   # its output could not be written: no ledger line, the run stops below
+                    continue
                 records.append(_record(plan.row, entry))
                 if entry["status"] == "failed":
                     failed.append(entry)
@@ -425,6 +428,8 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
                     on_output(replace(records[-1], file=written), audio, sink.sample_rate)
             ledger.append(failed + sink.durable_entries())
             on_rows_done(records)
+            if output_error is not None:   # the rows written before it are recorded (above), then the run stops
+                raise output_error
     ledger.append(sink.durable_entries(final=True))   # after a stop too: the rows finished before it are kept
     notes += getattr(executor, "notes", [])
     if getattr(executor, "limit", None) and executor.limit.shrinks:
@@ -475,26 +480,32 @@ def _joined_audio(plan: RowPlan, fade_samples: int) -> np.ndarray | str:
     return join_with_crossfade([o.audio for o in plan.outcomes], fade_samples)
 
 
-def _store_rows(finished: list[tuple[RowPlan, np.ndarray | str]], sink, writers: ThreadPoolExecutor) -> list[dict]:
+def _store_rows(finished: list[tuple[RowPlan, np.ndarray | str]], sink,
+                writers: ThreadPoolExecutor) -> tuple[list[dict | None], OutputError | None]:
     """Each finished row's entry, in order: failed, or ok after its audio went to the sink (which
-    hands the entry to the ledger once the output is durable). The rows are encoded and written
-    by the writer threads at once: one after the other (~3 ms to write and fsync a WAV), they kept
-    the GPU idle for 1.3-1.7 s per 512 rows on the H200's host (docs/bench.md)."""
+    hands the entry to the ledger once the output is durable), or None where the output could not
+    be written (disk full, I/O error: not the row's fault), with the first such error. The rows are
+    encoded and written by the writer threads at once: one after the other (~3 ms to write and fsync
+    a WAV), they kept the GPU idle for 1.3-1.7 s per 512 rows on the H200's host (docs/bench.md)."""
     stored = [None if isinstance(audio, str) else writers.submit(sink.store, plan.name, audio)
               for plan, audio in finished]
-    entries = []
+    entries, output_error = [], None
     for (plan, audio), result in zip(finished, stored):
         if result is None:
             entries.append(_entry(plan, error=audio))
             continue
         try:
             output = result.result()
+        except OutputError as e:
+            entries.append(None)
+            output_error = output_error or e
+            continue
         except OSError as e:
             entries.append(_entry(plan, error=f"cannot write {plan.name}: {e}"))
             continue
         entries.append(_entry(plan, audio_seconds=len(audio) / sink.sample_rate))
         sink.add(entries[-1], plan.name, output)
-    return entries
+    return entries, output_error
 
 
 def _entry(plan: RowPlan, error: str | None = None, audio_seconds: float | None = None) -> dict:

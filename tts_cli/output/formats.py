@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,9 @@ from .writer import encode_audio, sync_folder, write_atomically, write_audio
 
 FORMATS = ("wav", "flac", "parquet")
 PARQUET_ROWS_PER_FILE = 1000   # about 100 MB of FLAC at 5 s per row: few files, bounded memory
+# A shard is also written once its first row has waited this long, so that a kill loses at most about
+# this much finished work (rows wait in memory until their shard is on disk and in the ledger).
+PARQUET_MAX_WAIT_S = 60.0
 SHARD_PATTERN = re.compile(r"part-(\d{5,})\.parquet")
 
 
@@ -52,11 +56,14 @@ class FileSink:
 
 
 class ParquetSink:
-    """Rows buffered and written as parquet shards part-NNNNN.parquet of up to rows_per_file rows."""
+    """Rows buffered and written as parquet shards part-NNNNN.parquet of up to rows_per_file rows, a
+    shard as soon as rows_per_file rows wait or the first of them has waited max_wait_s."""
 
     def __init__(self, out_dir: Path, sample_rate: int, referenced_files: set[str],
-                 rows_per_file: int = PARQUET_ROWS_PER_FILE):
+                 rows_per_file: int = PARQUET_ROWS_PER_FILE, max_wait_s: float = PARQUET_MAX_WAIT_S):
         self.out_dir, self.sample_rate, self.rows_per_file = Path(out_dir), sample_rate, rows_per_file
+        self.max_wait_s = max_wait_s
+        self._first_waiting = 0.0   # time.monotonic() when the first row now waiting was added
         self.removed_orphans = remove_orphan_shards(self.out_dir, referenced_files)
         numbers = [int(m.group(1)) for p in self.out_dir.iterdir() if (m := SHARD_PATTERN.fullmatch(p.name))]
         self._next_number = max(numbers, default=-1) + 1
@@ -69,6 +76,8 @@ class ParquetSink:
 
     def add(self, entry: dict, name: str, stored: tuple[bytes, float]) -> None:
         flac, duration = stored
+        if not self._rows:
+            self._first_waiting = time.monotonic()
         self._rows.append({
             "id": entry["id"], "text": entry["params"]["text"], "speaker": entry["params"]["speaker"],
             "language": entry["params"]["language"], "audio": {"bytes": flac, "path": name},
@@ -77,8 +86,11 @@ class ParquetSink:
         self._entries.append(entry)
 
     def durable_entries(self, final: bool = False) -> list[dict]:
-        """Writes a shard when rows_per_file rows are waiting (or any, when final)."""
-        if not self._rows or (len(self._rows) < self.rows_per_file and not final):
+        """Writes a shard when rows_per_file rows are waiting, or the first has waited max_wait_s (or
+        any, when final)."""
+        due = (final or len(self._rows) >= self.rows_per_file
+               or time.monotonic() - self._first_waiting >= self.max_wait_s)
+        if not self._rows or not due:
             return []
         name = f"part-{self._next_number:05d}.parquet"
         write_atomically(self.out_dir / name, lambda tmp: write_shard(tmp, self._rows, self.sample_rate))

@@ -47,10 +47,10 @@ def _assert_outputs_consistent(out, report):
             assert row["file"] is None
             assert f"error: {row['error']}" in markdown
     totals = report["totals"]
-    assert totals["ok"] + totals["failed"] == totals["rows"] == len(report["rows"])
+    assert totals["ok"] + totals["failed"] == totals["rows"] == len(report["rows"]) and totals["not_synthesized"] == 0
     assert totals["audio_seconds"] == pytest.approx(sum(r["audio_seconds"] or 0 for r in report["rows"]), abs=1e-2)
     assert totals["xrt"] == totals["audio_seconds_per_second"]
-    assert f"| {totals['ok']} | {totals['failed']} | {totals['skipped_empty']} |" in markdown
+    assert f"| {totals['ok']} | {totals['failed']} | 0 | {totals['skipped_empty']} |" in markdown
     assert "xRT = audio_seconds_this_run / wall_seconds" in markdown
 
 

@@ -179,6 +179,9 @@ def test_sigterm_records_what_is_finished_exits_143_and_a_rerun_finishes(tmp_pat
     report = json.loads((out / "report.json").read_text())
     assert {r["id"] for r in report["rows"] if r["error"] is None} == done
     assert {r["error"] for r in report["rows"] if r["id"] not in done} == {"not synthesized: the run stopped before this row"}
+    # counted apart: the rows left for the rerun did not fail
+    assert report["totals"]["failed"] == 0 and report["totals"]["not_synthesized"] == rows - len(done)
+    assert f"0 failed, {rows - len(done)} not synthesized (the run stopped)" in stdout
     assert f"stopped by SIGTERM: {rows - len(done)} rows were not synthesized; rerun the same command to resume" in \
         report["notes"]
     assert sorted(p.name for p in out.glob("*.wav")) == sorted(f"{row_id}.wav" for row_id in done)
@@ -279,6 +282,23 @@ def test_a_stop_cuts_short_only_the_waits_marked_for_it():
         signal.raise_signal(signal.SIGTERM)          # a second signal: the stop is under way already
         assert stop.signum == signal.SIGINT
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before   # the handlers were put back
+
+
+def test_a_stop_keeps_what_the_asr_heard_before_it():
+    """The ASR's results after SIGINT: rows already transcribed keep their transcripts, only the
+    rows still waiting are 'not heard'."""
+    from concurrent.futures import Future
+
+    from tts_cli.processes import stop_on_signals
+    from tts_cli.quality.asr_pool import AsrPool
+
+    pool = AsrPool.__new__(AsrPool)   # its results() over futures of our own, no worker processes
+    heard, waiting = Future(), Future()
+    heard.set_result("a transcript")
+    pool._futures, pool._broken, pool.model_path = {"a": heard, "b": waiting}, None, "model"
+    with stop_on_signals() as stop:
+        stop._handle(signal.SIGINT, None)
+        assert pool.results() == {"a": "a transcript", "b": "not heard: the run was stopped by SIGINT"}
 
 
 @pytest.mark.parametrize("noticed", [False, True], ids=["row-first", "death-noticed-first"])

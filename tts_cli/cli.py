@@ -530,7 +530,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         from .quality.scoring import write_rows_parquet
         write_rows_parquet(out / "rows.parquet", wer_rows)
     totals = report["totals"]
-    typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
+    stopped = f"{totals['not_synthesized']} not synthesized (the run stopped), " if totals["not_synthesized"] else ""
+    typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, {stopped}"
                f"{totals['skipped_empty']} empty skipped; {totals['audio_seconds_this_run']:.2f} s audio made in "
                f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
     if report.get("synthesis"):
@@ -540,7 +541,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         typer.echo(f"references: {references_line(report['references'])}")
     if wer_section is not None:
         typer.echo(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
-    return 0 if totals["failed"] == 0 else 1
+    return 0 if totals["failed"] == totals["not_synthesized"] == 0 else 1
 
 
 def default_asr_workers(on_cuda: bool, synthesis_processes: int = 1) -> int:

@@ -35,7 +35,7 @@ from .errors import OutputError, RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
 from .output.formats import make_sink, output_exists
 from .output.ledger import Ledger, changed_params, params_key, row_params
-from .output.report import RowRecord
+from .output.report import NOT_SYNTHESIZED, RowRecord
 from .output.writer import remove_temporary_files
 from .processes import RunStopped, stops_here
 from .request import Request
@@ -525,7 +525,7 @@ def _record(row: ManifestRow, entry: dict | None) -> RowRecord:
     if row.problem is not None:
         record.error = row.problem
     elif entry is None:
-        record.error = "not synthesized: the run stopped before this row"
+        record.error = NOT_SYNTHESIZED
     else:
         for name in ("file", "frames", "segment_frames", "audio_seconds", "wall_seconds", "hit_cap", "error"):
             setattr(record, name, entry.get(name))

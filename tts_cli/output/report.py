@@ -41,6 +41,9 @@ DEFINITIONS = {
 }
 
 
+NOT_SYNTHESIZED = "not synthesized: the run stopped before this row"   # a row's error after SIGTERM, Ctrl-C
+
+
 @dataclass
 class RowRecord:
     """One manifest row: either a file (a parquet shard for --format parquet) or an error."""
@@ -57,6 +60,11 @@ class RowRecord:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def not_synthesized(self) -> bool:
+        """Left for a rerun by a stopped run: neither made nor failed."""
+        return self.error == NOT_SYNTHESIZED
 
 
 @dataclass
@@ -119,7 +127,8 @@ def build_report(info: RunInfo, rows: list[RowRecord], wer: dict | None = None) 
         "totals": {
             "rows": len(rows),
             "ok": sum(row.ok for row in rows),
-            "failed": sum(not row.ok for row in rows),
+            "failed": sum(not row.ok and not row.not_synthesized for row in rows),
+            "not_synthesized": sum(row.not_synthesized for row in rows),
             "skipped_empty": info.skipped_empty,
             "resumed": info.resumed,
             "hit_cap": sum(bool(row.hit_cap) for row in rows),
@@ -188,9 +197,11 @@ def render_markdown(report: dict) -> str:
         "",
         "## Totals",
         "",
-        "| rows ok | rows failed | empty rows skipped | rows at frame cap | resumed | audio s | wall s | audio-s/s | xRT |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {totals['ok']} | {totals['failed']} | {totals['skipped_empty']} | {totals['hit_cap']} | {totals['resumed']} "
+        "| rows ok | rows failed | not synthesized (run stopped) | empty rows skipped | rows at frame cap | resumed "
+        "| audio s | wall s | audio-s/s | xRT |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {totals['ok']} | {totals['failed']} | {totals['not_synthesized']} | {totals['skipped_empty']} "
+        f"| {totals['hit_cap']} | {totals['resumed']} "
         f"| {totals['audio_seconds']:.3f} | {totals['wall_seconds']:.3f} "
         f"| {_number(totals['audio_seconds_per_second'])} | {_number(totals['xrt'])} |",
         "",

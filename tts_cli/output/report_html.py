@@ -95,6 +95,8 @@ def synth_page_rows(report: dict, wer_rows: list[dict] | None, audio_names: dict
     relative link of each row that has audio."""
     if wer_rows is not None and [r["id"] for r in wer_rows] != [r["id"] for r in report["rows"]]:
         raise ValueError("the WER rows do not match the report's rows one for one")
+    from .report import NOT_SYNTHESIZED   # (report.py imports this module)
+
     rows = []
     for index, r in enumerate(report["rows"]):
         scored = wer_rows[index] if wer_rows is not None else None
@@ -106,7 +108,9 @@ def synth_page_rows(report: dict, wer_rows: list[dict] | None, audio_names: dict
             audio=audio_names.get(r["id"]) if r["error"] is None else None,
             hypothesis=scored and scored["hypothesis"], not_scored=scored and scored["not_scored"],
             wer=scored and scored["wer"], frames=r["frames"], audio_seconds=r["audio_seconds"],
-            wall_seconds=r["wall_seconds"], flags=flags + (["failed"] if error else []), error=error))
+            wall_seconds=r["wall_seconds"],
+            flags=flags + (["not synthesized"] if r["error"] == NOT_SYNTHESIZED else ["failed"] if error else []),
+            error=error))
     return rows
 
 
@@ -265,10 +269,10 @@ def _synth_summary(report: dict) -> str:
         ("tts", report["tts_version"]),
     ]
     totals_table = _summary_table(
-        ("rows ok", "rows failed", "empty rows skipped", "rows at frame cap", "resumed", "audio s", "wall s",
-         "load s", "audio-s/s (xRT)"),
-        (totals["ok"], totals["failed"], totals["skipped_empty"], totals["hit_cap"], totals["resumed"],
-         totals["audio_seconds"], totals["wall_seconds"], totals["load_seconds"], totals["xrt"]))
+        ("rows ok", "rows failed", "not synthesized (run stopped)", "empty rows skipped", "rows at frame cap",
+         "resumed", "audio s", "wall s", "load s", "audio-s/s (xRT)"),
+        (totals["ok"], totals["failed"], totals.get("not_synthesized", 0), totals["skipped_empty"], totals["hit_cap"],
+         totals["resumed"], totals["audio_seconds"], totals["wall_seconds"], totals["load_seconds"], totals["xrt"]))
     notes = "".join(f"<p class=\"note\">Note: {_e(note)}.</p>" for note in report["notes"])
     definitions = (f'<p class="note">xRT = {_e(report["definitions"]["xrt"])}. '
                    f'Wall seconds: {_e(report["definitions"]["wall_seconds"])}.</p>')

@@ -78,8 +78,10 @@ class AsrPool:
         except BrokenProcessPool as e:
             raise TTSError(f"an ASR worker died (model {self.model_path} could not be loaded, or a worker was "
                            f"killed or ran out of memory): {e}") from e
-        except RunStopped as stop:
-            heard.update((key, f"not heard: the run was {stop}") for key in self._futures if key not in heard)
+        except RunStopped as stop:   # what the workers heard before it is kept
+            heard.update((key, future.result() if future.done() and not future.cancelled()
+                          and future.exception() is None else f"not heard: the run was {stop}")
+                         for key, future in self._futures.items() if key not in heard)
         return heard
 
     def close(self) -> None:

@@ -48,8 +48,10 @@ class SynthWer:
         start = perf_counter()
         heard = self.pool.results()
         wait_seconds = perf_counter() - start
+        # a row a stopped run left for the rerun is not scored, not failed
         rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,
-                          seconds=r.audio_seconds, hit_cap=r.hit_cap, error=r.error) for r in records]
+                          seconds=r.audio_seconds, hit_cap=r.hit_cap, error=None if r.not_synthesized else r.error,
+                          not_scored=r.error if r.not_synthesized else None) for r in records]
         apply_transcripts(rows, heard, key=lambda row: row.id)   # ids of rows that ran are unique
         report = build_report(rows, {"settings": {
             "ASR model": str(self.asr.path), "ASR model source": self.asr.source,

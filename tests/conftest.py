@@ -20,4 +20,4 @@ def _synth_without_wer_unless_marked(request, monkeypatch):
     --no-wer; the tests marked `wer` keep the default."""
     if request.node.get_closest_marker("wer") is None:
         from tts_cli import cli
-        monkeypatch.setattr(cli, "resolve_synth_asr", lambda option: None)
+        monkeypatch.setattr(cli, "resolve_synth_asr", lambda option, required=False: None)

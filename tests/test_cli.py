@@ -273,6 +273,8 @@ def test_bench_runs_the_engine_and_writes_json(tmp_path):
     for r in report["rows"]:   # the share of slot-steps that made a frame
         assert 0 < r["slots_busy"] <= 1 and r["slots_busy"] == round(r["frames"] / (r["steps"] * r["concurrency"]), 3)
     assert report["forced_length"] and report["dtype"] == "float32" and report["codec_window"] == 2
+    from tts_cli.bench_plot import runs_from   # on CPU the weights are fp32, whatever --talker-precision says
+    assert report["talker_precision"] is None and runs_from(report, "b")[0].label.endswith(" fp32 (CPU)")
     assert report["sentences"] == "bundled harvard-sentences.txt" and report["sentence_count"] == 360
     assert "audio-s/s" in result.stdout and "busy: share of slot-steps (a tail step's rows) that made" in " ".join(result.stdout.split())
 
@@ -546,6 +548,7 @@ def test_gpus_replace_the_device_and_are_said(tmp_path, cuda_seen, monkeypatch):
     (tmp_path / "model").mkdir()
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--gpus", "cpu,cpu")
     assert result.stderr.splitlines()[0] == "device: cpu,cpu (--gpus: one worker per device)"
+    assert "rows: auto" not in result.stderr   # CPU workers run lockstep batches, no engine slots
 
 
 @pytest.mark.parametrize("available, dtype, line", [

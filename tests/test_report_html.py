@@ -80,7 +80,7 @@ def with_fake_asr(monkeypatch, tmp_path):
     from tts_cli.quality import asr, scoring, synth_wer
     use_fake_synthesizer(monkeypatch, tmp_path)
     choice = asr.AsrModelChoice(tmp_path, "a fake ASR (tests/test_report_html.py)")
-    monkeypatch.setattr(cli, "resolve_synth_asr", lambda option: choice)
+    monkeypatch.setattr(cli, "resolve_synth_asr", lambda option, required=False: choice)
     monkeypatch.setattr(asr, "resolve_asr_model", lambda option: choice)
     monkeypatch.setattr(synth_wer, "AsrPool", FakeAsrPool)
     monkeypatch.setattr(scoring, "AsrPool", FakeAsrPool)

@@ -140,6 +140,9 @@ def test_without_an_asr_model_synth_says_so_and_goes_on(monkeypatch, tmp_path):
     assert not (tmp_path / "out" / "rows.parquet").exists()
     bad = _synth(tmp_path, manifest, tmp_path / "out2", "--asr-model", tmp_path)
     assert bad.exit_code == 2 and "not a faster-whisper model folder" in bad.output
+    asked = _synth(tmp_path, manifest, tmp_path / "out3", "--wer")   # asked for explicitly: no run without it
+    assert asked.exit_code == 2 and "--wer: no ASR model installed" in asked.output
+    assert not (tmp_path / "out3").exists()
 
 
 def test_asr_workers_default_to_the_cores_synthesis_leaves(monkeypatch):

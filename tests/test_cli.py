@@ -357,7 +357,7 @@ def test_bench_order_longest_queues_the_longest_requests_first(tmp_path):
 
 def test_bench_rejects_bad_options():
     for option, value in (("--concurrency", "1,x"), ("--concurrency", "0"), ("--concurrency", "4,-1"),
-                          ("--frames", "0"), ("--frames", "x")):
+                          ("--concurrency", ""), ("--frames", "0"), ("--frames", "x")):
         result = _invoke("bench", "--device", "cpu", option, value)
         assert result.exit_code == 2 and "--concurrency takes positive integers like 1,8,64 and --frames auto or " \
                                          "a positive integer" in result.stderr, (option, value, result.output)

@@ -668,7 +668,8 @@ def bench(
     try:
         device_choice = resolve_device(device)
         cuda = device_choice.device.startswith("cuda")
-        levels = [int(c) for c in (concurrency or BENCH_LEVELS["cuda" if cuda else "cpu"]).split(",")]
+        levels = [int(c) for c in (BENCH_LEVELS["cuda" if cuda else "cpu"] if concurrency is None
+                                   else concurrency).split(",")]
         forced = None if frames == "auto" else int(frames)
         if min(levels) < 1 or (forced is not None and forced < 1):
             raise ValueError

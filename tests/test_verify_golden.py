@@ -101,3 +101,21 @@ def test_refusals_name_the_reason(tmp_path):
     assert result.exit_code == 2 and "float32 only" in result.output
     result = _invoke("--frames", "8")
     assert result.exit_code == 2 and "go with --record" in result.output
+    result = _invoke("--out", tmp_path)
+    assert result.exit_code == 2 and "--frames, --prompts and --out go with --record" in result.output
+    a_file = tmp_path / "corpus.txt"
+    a_file.write_text("")
+    result = _invoke("--record", "--model", TINY_06B, "--out", a_file)   # before the official model runs
+    assert result.exit_code == 2 and f"--out {a_file}: a file, not a folder for the records" in result.output
+
+
+def test_records_of_another_kind_or_size_are_refused_before_any_check(tmp_path):
+    fixtures = ROOT / "tests" / "fixtures"
+    bundled_records = ROOT / "tts_cli" / "assets" / "golden" / "tiny-1.7b-customvoice"
+    for model, golden, made_for, kind in (
+            (TINY_06B, bundled_records, "CustomVoice 1.7B", "CustomVoice 0.6B"),
+            (fixtures / "tiny-1.7b-base", fixtures / "golden" / "tiny-1.7b-voicedesign", "VoiceDesign 1.7B", "Base 1.7B"),
+            (fixtures / "tiny-1.7b-base", fixtures / "golden" / "tiny-0.6b-base", "Base 0.6B", "Base 1.7B")):
+        result = _invoke("--model", model, "--golden", golden)
+        assert result.exit_code == 2, result.output
+        assert f"were made for a {made_for} checkpoint, and {model} is {kind}" in " ".join(result.output.split())

@@ -64,6 +64,7 @@ class DecoderConfig:
 
 CUSTOM_VOICE, BASE, VOICE_DESIGN = "custom_voice", "base", "voice_design"
 MODEL_KINDS = {CUSTOM_VOICE: "CustomVoice", BASE: "Base", VOICE_DESIGN: "VoiceDesign"}
+MODEL_SIZES = {"1b7": "1.7B", "0b6": "0.6B"}   # config.json's tts_model_size, as messages say it
 SPEAKER_ENCODER_PREFIX = "speaker_encoder."
 
 
@@ -102,6 +103,11 @@ class ModelConfig:
     def kind_name(self) -> str:
         """"CustomVoice", "Base" or "VoiceDesign", for messages."""
         return MODEL_KINDS[self.model_type]
+
+    @property
+    def name(self) -> str:
+        """E.g. "CustomVoice 0.6B", for messages."""
+        return f"{self.kind_name} {MODEL_SIZES.get(self.model_size, self.model_size)}"
 
     @property
     def supports_instruct(self) -> bool:

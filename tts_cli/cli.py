@@ -942,7 +942,8 @@ def verify_golden(
              "instead of 160)."),
     prompts: Optional[int] = typer.Option(
         None, "--prompts", metavar="N", min=1, show_default=False,
-        help="With --record: only the first N of the model size's prompts (3 for 1.7B, 2 for 0.6B)."),
+        help="With --record: only the first N of the prompts recorded for the checkpoint's kind and size "
+             "(tts_cli/quality/reference.py: 3 for a CustomVoice 1.7B)."),
     device: str = setting_option(
         "device", metavar="auto|cpu|cuda[:N]",
         help=DEVICE_HELP + " Our model runs there for the checks (with --record: the official implementation); "
@@ -952,7 +953,7 @@ def verify_golden(
         help="float32: our model in fp32, held to relative L2 <= 1e-4 and exact codes. float16 (the engine's "
              "default on cuda, --talker-precision fp16) or bfloat16: the engine's numerics (16-bit weights, fp32 "
              "activations; on cuda the fused kernels, the vocoder's convolutions in fp16, on cpu the plain torch "
-             "path), held to the engine issue's thresholds: cosine >= 0.9999 (code "
+             "path), held to the thresholds of docs/numerics.md: cosine >= 0.9999 (code "
              "predictor 0.9995) and argmax agreement >= 0.9 for logits, SNR >= 35 dB for waveforms; free-running "
              "greedy codes are reported, not checked. Both against the same fp32 records."),
 ) -> None:
@@ -999,14 +1000,17 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
             raise TTSError("--record needs --model DIR (the checkpoint) and --out DIR (where the records go)")
         if dtype != "float32":
             raise TTSError("--record runs the official implementation in float32 only (golden records are fp32)")
+        if out.exists() and not out.is_dir():
+            raise TTSError(f"--out {out}: a file, not a folder for the records")
+        check_writable(out / "records.json", "the records")   # before the official model runs, not after
         device_choice = resolve_device(device)
         say(device_choice.line(), "bold")
         device = device_choice.device
         meta = record_golden(model_dir, out, device, frames, prompts)
         typer.echo(f"recorded {len(meta['prompts'])} prompts of {model_dir} on {device} into {out}")
         return 0
-    if frames is not None or prompts is not None:
-        raise TTSError("--frames and --prompts go with --record (the checks take the records' own)")
+    if frames is not None or prompts is not None or out is not None:
+        raise TTSError("--frames, --prompts and --out go with --record (the checks take the records' own)")
     if golden is None:
         if model_dir.resolve() != BUNDLED_MODEL_DIR.resolve():
             raise TTSError("--golden DIR is needed with --model: the bundled records fit only the bundled model")

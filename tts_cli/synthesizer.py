@@ -314,8 +314,10 @@ class Synthesizer:
             if self.supports_instruct:
                 instruct_ids = self.tokenize(instruct_text(request.instruct))
             elif not self._warned_instruct:
-                log.warning("this %s checkpoint does not support instructions; ignoring them "
-                            "(as the official implementation does)", self.cfg.model_size)
+                note = (f"instructions ignored: this {self.cfg.name} checkpoint does not support them (as the official "
+                        "implementation does)")
+                log.warning("%s", note)
+                self.notes.append(note)
                 self._warned_instruct = True
         reference = request.reference
         icl = reference is not None and not reference.x_vector_only

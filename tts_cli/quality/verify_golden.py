@@ -59,6 +59,7 @@ def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32
     if missing:
         raise TTSError(f"golden records not found: {golden_dir} lacks {', '.join(missing)}")
     tensors, meta = load_records(golden_dir)
+    check_records_fit(meta, model_dir, golden_dir)
     # Every kind goes through the engine on cuda, as `tts synth` runs it: the plain model's
     # projections take fp32 weights only (16-bit weights are the engine's fused kernels').
     synth = Synthesizer.from_pretrained(model_dir, device=device, dtype=getattr(torch, dtype))
@@ -73,6 +74,19 @@ def verify(model_dir: Path, golden_dir: Path, device: str, dtype: str = "float32
             return compare(synth, tensors, meta, NUMERICS[dtype])
     finally:
         torch.set_num_threads(threads)
+
+
+def check_records_fit(meta: dict, model_dir: Path, golden_dir: Path) -> None:
+    """Records made for one kind and size of checkpoint check only that kind and size: another
+    fails most checks, or refuses its prompts, for no fault of ours."""
+    from ..checkpoint import CUSTOM_VOICE, MODEL_KINDS, MODEL_SIZES, open_checkpoint
+
+    config = open_checkpoint(model_dir).config
+    kind, size = meta.get("tts_model_type", CUSTOM_VOICE), meta.get("tts_model_size")
+    if kind != config.model_type or (size is not None and size != config.model_size):
+        made_for = f"{MODEL_KINDS.get(kind, kind)} {MODEL_SIZES.get(size, size or '')}".strip()
+        raise TTSError(f"the records in {golden_dir} were made for a {made_for} checkpoint, and {model_dir} is "
+                       f"{config.name}: give --golden records of this checkpoint (tts verify-golden --record)")
 
 
 def record_golden(model_dir: Path, out_dir: Path, device: str = "cpu", frames: int | None = None,

@@ -106,3 +106,17 @@ def test_bad_parquet_schema_fails_whole_naming_file_and_column(tmp_path, columns
     pq.write_table(pa.table(columns), path)
     with pytest.raises(TTSError, match=f"m\\.parquet: {message}"):
         read_manifest(path, RowDefaults("vivian", "auto", 0))
+
+
+def test_unknown_parquet_columns_are_a_note_of_the_report(tmp_path, monkeypatch):
+    """A misspelled column (speakr) is ignored, and the saved report says so, not only the terminal."""
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": ["a"], "text": ["Hello there."], "speakr": ["ryan"]}), manifest)
+    out = tmp_path / "out"
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model")])
+    assert result.exit_code == 0, result.output
+    note = f"{manifest}: ignoring unknown columns speakr"
+    assert f"note: {note}" in " ".join(result.stderr.split())
+    assert json.loads((out / "report.json").read_text())["notes"] == [note]
+    assert f"{note}." in (out / "report.md").read_text()

@@ -275,6 +275,7 @@ def test_bench_runs_the_engine_and_writes_json(tmp_path):
     assert report["forced_length"] and report["dtype"] == "float32" and report["codec_window"] == 2
     from tts_cli.bench_plot import runs_from   # on CPU the weights are fp32, whatever --talker-precision says
     assert report["talker_precision"] is None and runs_from(report, "b")[0].label.endswith(" fp32 (CPU)")
+    assert report["codec_precision"] is None   # the CPU's vocoder is fp32 too
     assert report["sentences"] == "bundled harvard-sentences.txt" and report["sentence_count"] == 360
     assert "audio-s/s" in result.stdout and "busy: share of slot-steps (a tail step's rows) that made" in " ".join(result.stdout.split())
 

@@ -79,6 +79,7 @@ def test_200_rows_over_3_references_encode_each_once_and_clone_the_encoded_voice
         "references_used": 3, "references_encoded": 3, "references_from_cache_files": 0}
     assert report["references"]["reference_encode_seconds"] > report["references"]["reference_encoder_load_seconds"] > 0
     assert "References: 3 used, 3 encoded in" in (out / "report.md").read_text()
+    assert "References: 3 used, 3 encoded in" in (out / "report.html").read_text()
     _check_every_row_once(out)
     assert len(_cache_files(out)) == 3
 

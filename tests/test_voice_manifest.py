@@ -72,7 +72,7 @@ BAD_ROWS = [
     ("silence.wav", "Hi.", None, None, "is silent (digital silence"),
     ("quiet.wav", "Hi.", None, None, "is silent (RMS -73.0 dBFS"),
     ("half.wav", "Hi.", None, None, "is 0.50 s long, shorter than 1 s"),
-    ("long.wav", None, True, None, "is 61.0 s long, longer than 60 s"),
+    ("long.wav", None, True, None, "is 61.00 s long, longer than 60 s"),
     ("nan.wav", "Hi.", None, None, "non-finite samples (NaN or infinity; first at 0.500 s)"),
     ("inf.wav", None, True, None, "non-finite samples"),
     ("low-rate.wav", "Hi.", None, None, "sampled at 4000 Hz, below 8000 Hz"),
@@ -242,7 +242,7 @@ def test_split_rows_keep_their_voice():
 @pytest.mark.parametrize("columns, message", [
     ({"text": ["a"], "ref_audio": [3]}, "column 'ref_audio' has type int64; expected string \\(a path\\)"),
     ({"text": ["a"], "ref_text": [1.5]}, "column 'ref_text' has type double; expected string"),
-    ({"text": ["a"], "x_vector_only": ["yes"]}, "column 'x_vector_only' has type string; expected boolean"),
+    ({"text": ["a"], "x_vector_only": ["yes"]}, "column 'x_vector_only' has type string; expected boolean, or integers 1 and 0"),
 ])
 def test_voice_columns_of_the_wrong_type_fail_the_file(tmp_path, columns, message):
     path = tmp_path / "m.parquet"

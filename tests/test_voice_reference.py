@@ -90,7 +90,7 @@ def test_each_bad_file_names_its_reason(tmp_path):
         _write(tmp_path / "silence.wav", np.zeros(48000)): "silent (digital silence",
         _write(tmp_path / "quiet.wav", 3e-3 * signal(24000, 1)[:, 0], subtype="FLOAT"): "silent (RMS -61.2 dBFS",
         _write(tmp_path / "short.wav", signal(24000, 1, 0.5)[:, 0]): "is 0.50 s long, shorter than 1 s",
-        _write(tmp_path / "long.wav", signal(8000, 1, 60.5)[:, 0], 8000): "is 60.5 s long, longer than 60 s",
+        _write(tmp_path / "long.wav", signal(8000, 1, 60.5)[:, 0], 8000): "is 60.50 s long, longer than 60 s",
         _write(tmp_path / "nan.wav", nan, subtype="FLOAT"): "non-finite samples (NaN or infinity; first at 0.200 s)",
         _write(tmp_path / "low.wav", signal(4000, 1, 2)[:, 0], 4000): "sampled at 4000 Hz, below 8000 Hz",
     }
@@ -119,5 +119,12 @@ def test_unreadable_file(tmp_path):
 def test_an_over_long_file_is_refused_from_its_header_without_decoding(tmp_path, monkeypatch):
     path = _write(tmp_path / "hour.wav", np.zeros(8000 * 90, dtype=np.float32) + 0.1, 8000)
     monkeypatch.setattr(sf.SoundFile, "read", lambda *args, **kwargs: pytest.fail("decoded the samples"))
-    with pytest.raises(ReferenceAudioError, match="is 90.0 s long, longer than 60 s"):
+    with pytest.raises(ReferenceAudioError, match="is 90.00 s long, longer than 60 s"):
         check_reference(str(path))
+
+
+def test_a_length_just_past_a_limit_never_reads_as_within_it():
+    from tts_cli.voice.reference_audio import check_length
+    for seconds, said in ((0.99996, "is 0.99 s long, shorter than 1 s"), (60.001, "is 60.01 s long, longer than 60 s")):
+        with pytest.raises(ReferenceAudioError, match=said):
+            check_length(seconds, "r.wav")

@@ -207,6 +207,21 @@ def test_score_refuses_a_language_no_checkpoint_has(tmp_path):
 
 
 @needs_asr_model
+def test_score_with_no_audio_for_any_row_is_one_red_line(tmp_path):
+    """Nothing to score (an empty folder, or tts synth's parquet output, whose audio is inside its
+    shards): exit 2 before any ASR work, not a report of rows that all failed."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\n", encoding="utf-8")
+    (tmp_path / "audio").mkdir()
+    (tmp_path / "audio" / "part-00000.parquet").write_bytes(b"")
+    result = CliRunner().invoke(cli.app, ["score", str(tmp_path / "audio"), "--manifest", str(manifest),
+                                          "--out", str(tmp_path / "out"), "--asr-workers", "1"])
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'audio'}: no audio file for any of the manifest's 1 rows" in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()
+
+
+@needs_asr_model
 def test_score_fails_only_the_rows_without_audio(tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("a b\tHello there.\nmissing\tNobody wrote me.\n", encoding="utf-8")

@@ -255,7 +255,7 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         "codec_window": codec_window or f"auto ({CODEC_WINDOW_RULE})",
         "depth_setting": depth,
         "codec_stream_setting": f"own stream {CODEC_STREAM_RULE}" if codec_stream else "in line",
-        "codec_precision": codec_precision,
+        "codec_precision": codec_precision if cuda else None,   # on CPU the vocoder runs in fp32
         "talker_precision": talker_precision if cuda else None,   # on CPU the weights are fp32 (dtype)
         "order": order,
         "rows": [],

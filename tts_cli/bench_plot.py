@@ -6,7 +6,7 @@ Runs are read from:
   `ms_per_step`); also such results nested in a larger JSON object (a capture that keeps several
   tables), one run per key;
 - tools/arms.py's arms.json (`runs`: one row per arm, repeat and concurrency): one run per arm and repeat;
-- the peer benches' JSON lines (shared/peer_bench/results: `system`, `batch`, `audio_s_per_s`):
+- the peer benches' JSON lines (bench/results/peers-*.jsonl: `system`, `batch`, `audio_s_per_s`):
   one run per system, repeated measurements averaged; they have no stage times, so only (a).
 
 matplotlib (extra [plot]) is imported only to draw."""

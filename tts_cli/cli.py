@@ -210,7 +210,7 @@ def synth(
     out: Path = typer.Option(
         ..., "--out", metavar="DIR", show_default=False,
         help="Folder for the outputs (one file per row named by the sanitized row id, or parquet shards), "
-             "ledger.jsonl and report.json / report.md; created if missing. Rerunning the same command "
+             "ledger.jsonl and report.json / report.md / report.html; created if missing. Rerunning the same command "
              "skips the rows already done there."),
     model: Optional[Path] = setting_option(
         "model", metavar="DIR", show_default=False,
@@ -318,7 +318,7 @@ def synth(
         help="Clone from the reference's speaker embedding alone, without --ref-text (parquet column "
              "x_vector_only; the official x_vector_only_mode)."),
 ) -> None:
-    """Synthesize every row of MANIFEST into DIR, then write report.json and report.md.
+    """Synthesize every row of MANIFEST into DIR, then write report.json, report.md and report.html.
 
     Rows that cannot be synthesized (empty, over-long or non-UTF-8 text, control characters, unknown
     speaker or language, duplicate ids, ids with / \\ or .., a bad reference file: see --ref-audio) fail
@@ -413,8 +413,10 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
                                                         ref_audio and str(ref_audio), ref_text, x_vector_only))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
-    if manifest.ignored_columns:
-        say(f"note: {manifest_path}: ignoring unknown columns {', '.join(manifest.ignored_columns)}", "yellow")
+    manifest_notes = ([f"{manifest_path}: ignoring unknown columns {', '.join(manifest.ignored_columns)}"]
+                      if manifest.ignored_columns else [])
+    for note in manifest_notes:   # now, and in the report's notes
+        say(f"note: {note}", "yellow")
     # Names over the whole manifest, so that a row's file name does not depend on the shard.
     names = dict(zip((row.index for row in manifest.rows),
                      output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
@@ -512,6 +514,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
             synth_wer.close()
     for note in result.notes:
         say(f"note: {note}", "yellow")
+    result.notes[:0] = manifest_notes
 
     from .synthesizer import numerics, weights_dtype
     first_device = devices[0] if devices else device
@@ -755,7 +758,7 @@ def plot_command(
     results: list[Path] = typer.Argument(
         ..., metavar="RESULTS...", show_default=False,
         help="Result files: tts bench --json output, tools/arms.py's arms.json, or peer bench JSON lines "
-             "(system, batch, audio_s_per_s; shared/peer_bench/results)."),
+             "(system, batch, audio_s_per_s; bench/results/peers-*.jsonl)."),
     out: Path = typer.Option(..., "--out", metavar="FILE.png", show_default=False, help="The PNG to write."),
     title: str = typer.Option("tts bench", "--title", metavar="TEXT", help="The figure's title."),
 ) -> None:
@@ -849,7 +852,7 @@ def score(
         help="The rows' texts: .txt or .parquet, as for tts synth."),
     out: Path = typer.Option(
         ..., "--out", metavar="DIR", show_default=False,
-        help="Folder for report.json, report.md and rows.parquet; created if missing."),
+        help="Folder for report.json, report.md, report.html and rows.parquet; created if missing."),
     language: str = typer.Option(
         "auto", "--language", metavar="NAME",
         help="Language for rows that name none. Rows in a language the ASR model cannot transcribe are "
@@ -895,12 +898,16 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
     manifest = read_manifest(manifest_path, RowDefaults(speaker="", language=language, base_seed=0))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no rows ({manifest.skipped_empty} empty rows skipped)")
+    rows = rows_from_manifest(manifest, audio_dir)
+    if not any(row.file for row in rows):
+        raise TTSError(f"{audio_dir}: no audio file for any of the manifest's {len(rows)} rows (one .wav or .flac "
+                       "per row, named by its id as tts synth names them; its --format parquet keeps the audio "
+                       "inside the shards)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TTSError(f"cannot create output folder {out}: {e}") from e
 
-    rows = rows_from_manifest(manifest, audio_dir)
     score_audio_dir(audio_dir, rows, asr.path, workers)
     report = build_report(rows, {"title": "tts score report", "settings": {
         "audio folder": str(audio_dir), "manifest": str(manifest_path), "ASR model": str(asr.path),

@@ -275,7 +275,7 @@ COLUMN_TYPES = {"text": (_is_text, "string"), "id": (_is_id, "string or integer"
                 "speaker": (_is_text, "string"), "language": (_is_text, "string"),
                 "instruct": (_is_text, "string"), "seed": (_is_seed, "integer"),
                 "ref_audio": (_is_text, "string (a path)"), "ref_text": (_is_text, "string"),
-                "x_vector_only": (_is_flag, "boolean")}
+                "x_vector_only": (_is_flag, "boolean, or integers 1 and 0")}
 
 
 def _read_parquet(path: Path, defaults: RowDefaults) -> Manifest:

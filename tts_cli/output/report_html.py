@@ -276,7 +276,12 @@ def _synth_summary(report: dict) -> str:
     notes = "".join(f"<p class=\"note\">Note: {_e(note)}.</p>" for note in report["notes"])
     definitions = (f'<p class="note">xRT = {_e(report["definitions"]["xrt"])}. '
                    f'Wall seconds: {_e(report["definitions"]["wall_seconds"])}.</p>')
-    html_parts = [_definition_list(items), "<h2>Totals</h2>", totals_table, definitions, notes]
+    from .report import references_line, synthesis_line   # (report.py imports this module)
+    # the lines report.md has under its totals
+    lines = "".join(f'<p class="note">{name}: {_e(line(report[key]))}.</p>'
+                    for name, key, line in (("References", "references", references_line),
+                                            ("Engine", "synthesis", synthesis_line)) if report.get(key))
+    html_parts = [_definition_list(items), "<h2>Totals</h2>", totals_table, definitions, lines, notes]
     if "wer" in report:
         html_parts += ["<h2>WER</h2>", _definition_list(report["wer"]["settings"].items()),
                        _wer_summary(report["wer"]["summary"], report["wer"]["protocol"])]

@@ -127,10 +127,13 @@ def check_samples(mono: np.ndarray, sample_rate: int, path: str) -> None:
 
 
 def check_length(seconds: float, path: str) -> None:
+    # rounded away from the limit, so that the length said never reads as within it (0.99996 s: 0.99, not 1.00)
     if seconds < MIN_SECONDS:
-        raise ReferenceAudioError(f"reference {path} is {seconds:.2f} s long, shorter than {MIN_SECONDS:g} s")
+        raise ReferenceAudioError(f"reference {path} is {math.floor(seconds * 100) / 100:.2f} s long, shorter than "
+                                  f"{MIN_SECONDS:g} s")
     if seconds > MAX_SECONDS:
-        raise ReferenceAudioError(f"reference {path} is {seconds:.1f} s long, longer than {MAX_SECONDS:g} s")
+        raise ReferenceAudioError(f"reference {path} is {math.ceil(seconds * 100) / 100:.2f} s long, longer than "
+                                  f"{MAX_SECONDS:g} s")
 
 
 def resample_to_24k(mono: np.ndarray, sample_rate: int) -> np.ndarray:

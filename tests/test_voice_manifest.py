@@ -195,6 +195,12 @@ def test_txt_corpus_takes_one_voice_from_the_options(tmp_path, monkeypatch):
     assert [r.request.instruct for r in designed] == ["A calm, low voice."] * 2
     missing = read_manifest(corpus, RowDefaults("vivian", "auto", 0, ref_audio="me.wav")).rows
     assert all("needs ref_text" in r.problem for r in missing)
+    # x_vector_only reads no transcript: a ref_text given anyway is left out of the rows' settings, and said
+    x_vector = read_manifest(corpus, RowDefaults("vivian", "auto", 0, ref_audio="me.wav", ref_text="My own words.",
+                                                 x_vector_only=True))
+    assert [(r.problem, r.request.ref_text, r.request.x_vector_only) for r in x_vector.rows] == [(None, None, True)] * 2
+    assert x_vector.notes == ["ref_text left out of 2 x_vector_only rows: they clone from the reference's speaker "
+                              "embedding alone, which reads no transcript"]
 
 
 def test_cli_options_give_the_voice_and_a_custom_voice_checkpoint_refuses_it(tmp_path, monkeypatch):

@@ -414,7 +414,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
     manifest_notes = ([f"{manifest_path}: ignoring unknown columns {', '.join(manifest.ignored_columns)}"]
-                      if manifest.ignored_columns else [])
+                      if manifest.ignored_columns else []) + manifest.notes
     for note in manifest_notes:   # now, and in the report's notes
         say(f"note: {note}", "yellow")
     # Names over the whole manifest, so that a row's file name does not depend on the shard.

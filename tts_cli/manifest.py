@@ -77,6 +77,7 @@ class Manifest:
     rows: list[ManifestRow]
     skipped_empty: int
     ignored_columns: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # what the reading changed, for the report
 
     @property
     def good_rows(self) -> list[ManifestRow]:
@@ -94,9 +95,21 @@ def read_manifest(path: Path, defaults: RowDefaults) -> Manifest:
     if not path.is_file():
         raise TTSError(f"manifest not found: {path}")
     manifest = _read_txt(path, defaults) if suffix == ".txt" else _read_parquet(path, defaults)
+    drop_unused_ref_text(manifest)
     mark_duplicate_ids(manifest.rows)
     check_references(manifest.rows)
     return manifest
+
+
+def drop_unused_ref_text(manifest: Manifest) -> None:
+    """An x_vector_only clone reads no transcript: its ref_text would only be part of its settings (a
+    rerun without it would count as a change), so it is left out, and the report says so."""
+    unused = [row for row in manifest.rows if row.request.x_vector_only and row.request.ref_text]
+    for row in unused:
+        row.request.ref_text = None
+    if unused:
+        manifest.notes.append(f"ref_text left out of {len(unused)} x_vector_only rows: they clone from the "
+                              "reference's speaker embedding alone, which reads no transcript")
 
 
 def default_id(row_index: int) -> str:

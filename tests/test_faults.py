@@ -67,44 +67,14 @@ def test_out_of_memory_through_the_cli_fails_only_the_row_at_fault(monkeypatch, 
     assert "rows per call went down to 1" in " ".join(report["notes"])
 
 
-def test_no_space_on_the_fifth_file_stops_the_run_and_a_rerun_resumes(monkeypatch, tmp_path):
-    """ENOSPC from the OS, half-way through the fifth row's file (where a tmpfs cannot be mounted,
+@pytest.mark.parametrize("batch_size, recorded", [("1", ["r0", "r1", "r2", "r3"]),
+                                                  ("8", ["r0", "r1", "r2", "r3", "r5", "r6", "r7"])])
+def test_no_space_for_a_file_stops_the_run_and_a_rerun_resumes(monkeypatch, tmp_path, batch_size, recorded):
+    """ENOSPC from the OS, half-way through r4's file (where a tmpfs cannot be mounted,
     tests/test_signals.py cannot run this for real): exit 2 naming the path, no partial file, no
-    ledger line for the rows not written; the same command then finishes with each row once."""
-    import errno
-    from pathlib import Path
-
-    use_fake_synthesizer(monkeypatch, tmp_path)
-    real_write_bytes, writes = Path.write_bytes, []
-
-    def write_bytes(path, data):
-        writes.append(path.name)
-        if len(writes) == 5:
-            real_write_bytes(path, data[:len(data) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write_bytes(path, data)
-
-    monkeypatch.setattr(Path, "write_bytes", write_bytes)
-    manifest, out = tmp_path / "m.txt", tmp_path / "out"
-    manifest.write_text("".join(f"r{i}\tRow {i}.\n" for i in range(8)))
-    arguments = ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"), "--batch-size", "1"]
-    full = runner.invoke(cli.app, arguments)
-    assert full.exit_code == 2, full.output
-    assert f"error: cannot write {out / 'r4.wav'}: No space left on device; the run stopped" in full.stderr
-    assert [e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())] == ["r0", "r1", "r2", "r3"]
-    assert sorted(p.name for p in out.iterdir()) == [".tts-lock", "ledger.jsonl", "r0.wav", "r1.wav", "r2.wav", "r3.wav"]
-
-    rerun = runner.invoke(cli.app, arguments)
-    assert rerun.exit_code == 0, rerun.output
-    assert "8 rows ok (4 from an earlier run)" in rerun.stdout
-    assert [e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())] == \
-        [f"r{i}" for i in range(8)]
-
-
-def test_no_space_for_one_file_of_a_batch_keeps_the_ledger_lines_of_the_others(monkeypatch, tmp_path):
-    """The rows of one batch are written at once: ENOSPC on r4's file stops the run, and the batch's
-    other rows, whose files are on disk, are recorded (they were lost to the rerun before); the rerun
-    makes r4 only."""
+    ledger line for r4 or the rows not synthesized. One row per batch: r0-r3 are recorded. Eight per
+    batch: they are written at once, and the batch's others, whose files are on disk, are recorded
+    too (the rerun made them again before). The same command then finishes with each row once."""
     import errno
     from pathlib import Path
 
@@ -114,23 +84,26 @@ def test_no_space_for_one_file_of_a_batch_keeps_the_ledger_lines_of_the_others(m
     def write_bytes(path, data):
         if ".r4.wav." in path.name and not (tmp_path / "full-once").exists():
             (tmp_path / "full-once").write_text("")
+            real_write_bytes(path, data[:len(data) // 2])
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write_bytes(path, data)
 
     monkeypatch.setattr(Path, "write_bytes", write_bytes)
     manifest, out = tmp_path / "m.txt", tmp_path / "out"
     manifest.write_text("".join(f"r{i}\tRow {i}.\n" for i in range(8)))
-    arguments = ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"), "--batch-size", "8"]
+    arguments = ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                 "--batch-size", batch_size]
     full = runner.invoke(cli.app, arguments)
     assert full.exit_code == 2, full.output
     assert f"error: cannot write {out / 'r4.wav'}: No space left on device; the run stopped" in full.stderr
-    recorded = [e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())]
-    assert recorded == [f"r{i}" for i in range(8) if i != 4]
-    assert all((out / f"{row_id}.wav").is_file() for row_id in recorded) and not (out / "r4.wav").exists()
+    assert [e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())] == recorded
+    assert sorted(p.name for p in out.iterdir()) == [".tts-lock", "ledger.jsonl", *(f"{r}.wav" for r in recorded)]
 
     rerun = runner.invoke(cli.app, arguments)
     assert rerun.exit_code == 0, rerun.output
-    assert "8 rows ok (7 from an earlier run)" in rerun.stdout
+    assert f"8 rows ok ({len(recorded)} from an earlier run)" in rerun.stdout
+    assert sorted(e["id"] for e in map(json.loads, (out / "ledger.jsonl").read_text().splitlines())) == \
+        [f"r{i}" for i in range(8)]
 
 
 def test_a_ledger_append_that_fails_leaves_the_ledger_as_it_was(monkeypatch, tmp_path):

@@ -114,7 +114,8 @@ def test_records_of_another_kind_or_size_are_refused_before_any_check(tmp_path):
     bundled_records = ROOT / "tts_cli" / "assets" / "golden" / "tiny-1.7b-customvoice"
     for model, golden, made_for, kind in (
             (TINY_06B, bundled_records, "CustomVoice 1.7B", "CustomVoice 0.6B"),
-            (fixtures / "tiny-1.7b-base", fixtures / "golden" / "tiny-1.7b-voicedesign", "VoiceDesign 1.7B", "Base 1.7B"),
+            (fixtures / "tiny-1.7b-base", fixtures / "golden" / "tiny-1.7b-voicedesign", "VoiceDesign 1.7B",
+             "Base 1.7B"),
             (fixtures / "tiny-1.7b-base", fixtures / "golden" / "tiny-0.6b-base", "Base 0.6B", "Base 1.7B")):
         result = _invoke("--model", model, "--golden", golden)
         assert result.exit_code == 2, result.output

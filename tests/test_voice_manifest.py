@@ -248,7 +248,8 @@ def test_split_rows_keep_their_voice():
 @pytest.mark.parametrize("columns, message", [
     ({"text": ["a"], "ref_audio": [3]}, "column 'ref_audio' has type int64; expected string \\(a path\\)"),
     ({"text": ["a"], "ref_text": [1.5]}, "column 'ref_text' has type double; expected string"),
-    ({"text": ["a"], "x_vector_only": ["yes"]}, "column 'x_vector_only' has type string; expected boolean, or integers 1 and 0"),
+    ({"text": ["a"], "x_vector_only": ["yes"]},
+     "column 'x_vector_only' has type string; expected boolean, or integers 1 and 0"),
 ])
 def test_voice_columns_of_the_wrong_type_fail_the_file(tmp_path, columns, message):
     path = tmp_path / "m.parquet"

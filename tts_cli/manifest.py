@@ -204,7 +204,8 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars)
     ref_audio_problem = reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
     problem = (problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars) or flag_problem
-               or seed_problem(request.seed) or ref_audio_problem or (ref_text_problem and f"ref_text: {ref_text_problem}")
+               or seed_problem(request.seed) or ref_audio_problem
+               or (ref_text_problem and f"ref_text: {ref_text_problem}")
                or voice_fields_problem(request))
     return ManifestRow(index, request, problem)
 

@@ -129,6 +129,8 @@ def test_a_2000_character_paragraph_is_one_wav_as_long_as_its_segments(tmp_path,
     segments = split_text(paragraph, 300)
     assert len(row["segment_frames"]) == len(segments) == 8
     assert all(1 <= frames <= 4 for frames in row["segment_frames"]) and row["frames"] == sum(row["segment_frames"])
+    segments_md = " + ".join(map(str, row["segment_frames"]))   # report.md says each segment's frames too
+    assert f"| {row['frames']} ({segments_md}) |" in (out / "report.md").read_text()
     audio, rate = sf.read(out / "paragraph.wav")
     expected = sum(row["segment_frames"]) * SAMPLES_PER_FRAME - (len(segments) - 1) * crossfade_samples(rate)
     assert len(audio) == expected

@@ -220,8 +220,11 @@ def render_markdown(report: dict) -> str:
     ]
     for row in report["rows"]:
         outcome = f"`{row['file']}`" if row["error"] is None else f"error: {row['error']}"
+        frames = _number(row["frames"])
+        if row["segment_frames"]:   # a split row: its segments' frames too, as report.json has them
+            frames += f" ({' + '.join(map(str, row['segment_frames']))})"
         lines.append("| " + " | ".join(_cell(value) for value in (
-            _number(row["row"]), row["id"], row["speaker"] or "", row["language"], _number(row["frames"]),
+            _number(row["row"]), row["id"], row["speaker"] or "", row["language"], frames,
             _number(row["audio_seconds"]), _number(row["wall_seconds"]),
             "" if row["hit_cap"] is None else ("yes" if row["hit_cap"] else "no"),
             outcome, row["text"])) + " |")

@@ -49,7 +49,7 @@ class FakeAsrPool:
     def submit(self, key, audio, text, language):
         from tts_cli.quality.asr import Transcript
         if isinstance(audio, tuple):
-            samples, rate = audio
+            samples, rate = audio[:2]   # (samples, rate, container)
         else:
             samples, rate = sf.read(io.BytesIO(audio) if isinstance(audio, bytes) else audio, dtype="float32")
         rms = float(np.sqrt(np.mean(np.square(samples)))) if len(samples) else 0.0

@@ -102,6 +102,20 @@ def test_flags_not_scored_and_report_files_agree(tmp_path):
         assert part in markdown
 
 
+@pytest.mark.parametrize("audio_format", ["WAV", "FLAC"])
+def test_samples_in_memory_are_heard_as_the_file_written_from_them(tmp_path, audio_format):
+    """A row of this run goes to the ASR from memory, a resumed row (or tts score) from its file:
+    both reach whisper as the same samples, in either container (WAV and FLAC of one 16-bit signal
+    reach 16 kHz with other rounding)."""
+    from tts_cli.output.writer import write_audio
+    from tts_cli.quality.asr import load_audio
+
+    audio = (0.3 * np.random.default_rng(1).standard_normal(24000 * 2)).astype(np.float32)
+    path = tmp_path / f"row.{audio_format.lower()}"
+    write_audio(path, audio, 24000, audio_format)
+    assert np.array_equal(load_audio((audio, 24000, audio_format)), load_audio(path))
+
+
 def test_transcriber_decodes_at_temperature_zero_only(monkeypatch):
     """No fallback to sampling (asr.TRANSCRIBE_OPTIONS): the same audio gets the same hypothesis
     in every run. faster-whisper's default temperatures are a list that ends in sampling."""

@@ -66,17 +66,20 @@ class Transcript:
 
 
 # An audio file's path; an encoded audio file's bytes (a row of a parquet shard); or (samples, sample rate).
-AudioSource = Path | bytes | tuple[np.ndarray, int]
+AudioSource = Path | bytes | tuple[np.ndarray, int, str]   # (samples, rate, the container written: WAV or FLAC)
 
 
 def load_audio(source: AudioSource) -> np.ndarray:
-    """Mono float32 samples at whisper's rate. Samples in memory go through 16-bit FLAC, so that
-    they are heard exactly as a parquet shard or a FLAC file written from them holds them."""
+    """Mono float32 samples at whisper's rate. Samples in memory go through 16-bit audio in the
+    container their output was written in, so that they are heard exactly as that file (or parquet
+    shard, FLAC) is by a resumed run or `tts score`: the same samples decoded from WAV and from FLAC
+    reach whisper's rate with other rounding (up to 2 LSB), and noise-like audio was then heard
+    differently (2026-12-05)."""
     from faster_whisper import decode_audio
 
     from ..output.writer import encode_audio
     if isinstance(source, tuple):
-        source = encode_audio(*source, "FLAC")
+        source = encode_audio(*source)
     return decode_audio(io.BytesIO(source) if isinstance(source, bytes) else str(source), sampling_rate=SAMPLE_RATE)
 
 

@@ -28,7 +28,7 @@ class SynthWer:
         file, or the parquet shard that holds the row)."""
         source: AudioSource
         if audio is not None:
-            source = (audio, sample_rate)
+            source = (audio, sample_rate, "WAV" if self.output_format == "wav" else "FLAC")
         elif self.output_format == "parquet":
             source = self._audio_in_shard(record.file, record.request.id)
         else:

@@ -271,7 +271,7 @@ def _synth_summary(report: dict) -> str:
     totals_table = _summary_table(
         ("rows ok", "rows failed", "not synthesized (run stopped)", "empty rows skipped", "rows at frame cap",
          "resumed", "audio s", "wall s", "load s", "audio-s/s (xRT)"),
-        (totals["ok"], totals["failed"], totals.get("not_synthesized", 0), totals["skipped_empty"], totals["hit_cap"],
+        (totals["ok"], totals["failed"], totals["not_synthesized"], totals["skipped_empty"], totals["hit_cap"],
          totals["resumed"], totals["audio_seconds"], totals["wall_seconds"], totals["load_seconds"], totals["xrt"]))
     notes = "".join(f"<p class=\"note\">Note: {_e(note)}.</p>" for note in report["notes"])
     definitions = (f'<p class="note">xRT = {_e(report["definitions"]["xrt"])}. '

@@ -10,6 +10,7 @@ from time import perf_counter
 
 import numpy as np
 
+from ..output.formats import file_extension
 from ..output.report import RowRecord
 from .asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, AsrModelChoice, AudioSource
 from .asr_pool import AsrPool
@@ -28,7 +29,7 @@ class SynthWer:
         file, or the parquet shard that holds the row)."""
         source: AudioSource
         if audio is not None:
-            source = (audio, sample_rate, "WAV" if self.output_format == "wav" else "FLAC")
+            source = (audio, sample_rate, file_extension(self.output_format).upper())
         elif self.output_format == "parquet":
             source = self._audio_in_shard(record.file, record.request.id)
         else:

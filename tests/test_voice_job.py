@@ -149,19 +149,56 @@ def test_fuzz_through_tts_synth_on_a_base_checkpoint(tmp_path):
     assert report["references"]["references_used"] == report["references"]["references_encoded"] == 3
 
 
-@pytest.mark.parametrize("options, reason", [
-    (["--speaker", "vivian"], "speaker 'vivian': a Base checkpoint has no named speakers"),
-    (["--model", str(cli.BUNDLED_MODEL_DIR)], "this checkpoint (custom_voice) cannot clone a voice"),
+CLONE_OPTIONS = ["--ref-audio", "me.wav", "--x-vector-only"]
+
+
+@pytest.mark.parametrize("columns, options, reason", [
+    ({"speaker": ["vivian"]}, CLONE_OPTIONS, "speaker 'vivian': a Base checkpoint has no named speakers"),
+    ({"instruct": ["Calm."]}, CLONE_OPTIONS, "instruct with ref_audio: a voice clone takes no instruct"),
+    ({"ref_audio": ["me.wav"], "x_vector_only": [True]}, ["--model", str(cli.BUNDLED_MODEL_DIR)],
+     "this checkpoint (custom_voice) cannot clone a voice"),
 ])
-def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monkeypatch, options, reason):
+def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monkeypatch, columns, options, reason):
+    """A row's own voice columns are checked row by row: the row fails, the other row goes on."""
+    monkeypatch.chdir(tmp_path)
+    sf.write(tmp_path / "me.wav", np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"id": ["own", "plain"], "text": ["One line to speak.", "Another line."],
+                             **{name: values + [None] for name, values in columns.items()}}), tmp_path / "m.parquet")
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS, *options])
+    assert result.exit_code == 1, result.output
+    own, plain = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
+    assert reason in own["error"] and own["file"] is None
+    assert plain["error"] is None and plain["frames"] == 2, plain
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--speaker", "vivian", "--ref-audio", "me.wav", "--x-vector-only"],
+     "--speaker: speaker 'vivian': a Base checkpoint has no named speakers; it clones the reference voice"),
+    (["--recipe", "tiny", "--model", str(BASE_MODEL), "--ref-audio", "me.wav", "--x-vector-only"],
+     "recipe tiny: speaker 'vivian': a Base checkpoint has no named speakers"),
+    (["--instruct", "Calm.", "--ref-audio", "me.wav", "--x-vector-only"],
+     "--instruct: a Base checkpoint takes no instruction"),
+    (["--ref-audio", "me.wav"], "--ref-audio: ICL voice cloning (x_vector_only false) needs ref_text"),
+    (["--ref-audio", "missing.wav", "--x-vector-only"], "--ref-audio: reference file not found: "),
+    (["--ref-audio", "corpus.txt", "--x-vector-only"], "is not audio that libsndfile reads"),
+    (["--language", "klingon", "--ref-audio", "me.wav", "--x-vector-only"], "--language: unknown language 'klingon'"),
+    (["--model", str(cli.BUNDLED_MODEL_DIR), "--ref-audio", "me.wav", "--x-vector-only"],
+     "--ref-audio: this checkpoint (custom_voice) cannot clone a voice"),
+    (["--model", str(cli.BUNDLED_MODEL_DIR), "--speaker", "nobody"], "--speaker: unknown speaker 'nobody'; valid: "),
+    (["--model", str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign"), "--speaker", "vivian"],
+     "--speaker: speaker 'vivian': a VoiceDesign checkpoint has no named speakers"),
+])
+def test_voice_options_the_checkpoint_cannot_take_stop_the_run_before_it_loads(tmp_path, monkeypatch, options,
+                                                                               message):
+    """The options are the voice of every row that names none: a value the checkpoint cannot take is one
+    red line and exit 2 before anything is loaded or written, not a failure of each row after loading."""
     monkeypatch.chdir(tmp_path)
     sf.write(tmp_path / "me.wav", np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
     (tmp_path / "corpus.txt").write_text("One line to speak.\n")
-    result = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *OPTIONS, "--ref-audio", "me.wav",
-                                     "--x-vector-only", *options])
-    assert result.exit_code == 1, result.output
-    [row] = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
-    assert reason in row["error"]
+    result = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *OPTIONS, *options])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and message in " ".join(result.stderr.split()), result.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_worker_processes_take_the_references_the_parent_encoded(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from tts_cli.manifest import ManifestRow, RowDefaults, read_manifest
 from tts_cli.request import Request
 
 runner = CliRunner()
+BASE_MODEL = Path(__file__).resolve().parent / "fixtures" / "tiny-1.7b-base"
 CLONE_REFUSED = "this checkpoint (custom_voice) cannot clone a voice: needs a Base checkpoint"
 
 
@@ -203,18 +204,19 @@ def test_txt_corpus_takes_one_voice_from_the_options(tmp_path, monkeypatch):
                               "embedding alone, which reads no transcript"]
 
 
-def test_cli_options_give_the_voice_and_a_custom_voice_checkpoint_refuses_it(tmp_path, monkeypatch):
+def test_cli_options_give_every_row_the_voice_and_its_ledger_key(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sf.write(tmp_path / "me.flac", tone(24000, 1.5), 24000)
-    (tmp_path / "corpus.txt").write_text("One line to speak.\n")
-    result = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", "--model", str(cli.BUNDLED_MODEL_DIR),
+    (tmp_path / "corpus.txt").write_text("One line to speak.\nAnother line.\n")
+    result = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", "--model", str(BASE_MODEL), "--no-wer",
                                      "--ref-audio", "me.flac", "--x-vector-only", "--max-frames", "2"])
-    assert result.exit_code == 1, result.output
-    row = json.loads((tmp_path / "out" / "report.json").read_text())["rows"][0]
-    assert CLONE_REFUSED in row["error"]
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
+    assert [(row["error"], row["frames"]) for row in rows] == [(None, 2), (None, 2)]
     ledger = [json.loads(line) for line in (tmp_path / "out" / "ledger.jsonl").read_text().splitlines()]
-    assert ledger[0]["params"]["ref_audio_sha256"] == hashlib.sha256((tmp_path / "me.flac").read_bytes()).hexdigest()
-    assert ledger[0]["params"]["x_vector_only"] is True
+    sha = hashlib.sha256((tmp_path / "me.flac").read_bytes()).hexdigest()
+    assert [(entry["params"]["ref_audio_sha256"], entry["params"]["x_vector_only"]) for entry in ledger] == \
+        [(sha, True)] * 2
 
 
 def _key(request: Request) -> str:

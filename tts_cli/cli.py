@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -94,15 +95,52 @@ def resolve_model(option: Optional[Path]) -> ModelChoice:
     return choice
 
 
-def checkpoint_kind(model_dir: Path) -> str | None:
-    """config.json's tts_model_type (the row defaults and the reference encoders depend on it), read
-    before the model loads; None when the folder is not a checkpoint, which loading it reports."""
+def checkpoint_config(model_dir: Path):
+    """The checkpoint's config.json (its kind, speakers and languages: the row defaults, the voice options'
+    checks and the reference encoders depend on them), read before the model loads; None when the folder
+    is not a checkpoint, which loading it reports."""
     from .checkpoint import open_checkpoint
 
     try:
-        return open_checkpoint(model_dir).config.model_type
+        return open_checkpoint(model_dir).config
     except TTSError:
         return None
+
+
+def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Optional[str],
+                        ref_audio: Optional[Path], ref_text: Optional[str], x_vector_only: bool,
+                        given_by: Callable[[str], str]) -> None:
+    """The voice options (the voice of every row that names none) against the checkpoint, before it
+    loads: a value its rows cannot take would fail each of them once the model has loaded.
+    speaker None: not given. given_by(option): where its value came from, for the message."""
+    from .checkpoint import BASE, CUSTOM_VOICE
+    from .errors import RequestError
+    from .model.prompt import resolve_language_id
+    from .request import Request
+    from .synthesizer import check_voice
+    from .voice.checks import clone_problem, voice_fields_problem
+    from .voice.reference_audio import check_reference, reference_value_problem, resolve_reference_path
+
+    option = "speaker"
+    try:
+        if speaker is not None:
+            check_voice(cfg, speaker, None, False)
+        option = "language"
+        resolve_language_id(cfg, speaker if cfg.model_type == CUSTOM_VOICE else None, language)
+        option = "instruct"
+        if instruct and cfg.model_type == BASE:
+            check_voice(cfg, None, instruct, False)
+        option = "ref_audio"
+        if ref_audio is not None:
+            request = Request(id="", text="", instruct=instruct, ref_audio=str(ref_audio), ref_text=ref_text,
+                              x_vector_only=x_vector_only)
+            problem = (clone_problem(request, cfg.model_type) or reference_value_problem(str(ref_audio))
+                       or voice_fields_problem(request))
+            if problem:
+                raise RequestError(problem)
+            check_reference(resolve_reference_path(str(ref_audio).strip(), Path.cwd()))
+    except RequestError as e:
+        raise TTSError(f"{given_by(option)}: {str(e).removeprefix(option + ': ')}") from None
 
 
 def setting_option(name: str, **kwargs):
@@ -322,7 +360,8 @@ def synth(
 
     Rows that cannot be synthesized (empty, over-long or non-UTF-8 text, control characters, unknown
     speaker or language, duplicate ids, ids with / \\ or .., a bad reference file: see --ref-audio) fail
-    with the reason and the others go on.
+    with the reason and the others go on. The voice options (--speaker, --language, --instruct,
+    --ref-audio) are checked against the checkpoint before it loads.
     Blank lines of a .txt manifest are skipped and counted.
 
     Clone a voice for a whole corpus (a Base checkpoint): tts synth corpus.txt --out DIR
@@ -347,11 +386,12 @@ def synth(
                    wer_required=wer and ctx.get_parameter_source("wer").name != "DEFAULT",
                    instruct=instruct, ref_audio=ref_audio, ref_text=ref_text, x_vector_only=x_vector_only)
     try:
+        given = options
         if recipe is not None:
             options = apply_recipe(ctx, load_recipe(recipe), options)
-        device_given_by = "--device" if options["device"] == device else f"recipe {recipe}"
+        given_by = {key: f"recipe {recipe}" for key, value in options.items() if value != given[key]}
         with stop_on_signals() as stop:   # SIGTERM, Ctrl-C: the run stops between batches, then reports
-            exit_code = run_synth(manifest, out, device_given_by=device_given_by, **options)
+            exit_code = run_synth(manifest, out, given_by=given_by, **options)
             stop.raise_if_stopped()
     except TTSError as e:
         say(f"error: {e}", "red")
@@ -380,7 +420,7 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
 
 def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Optional[str], language: str,
               seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
-              rows: str, depth: str, codec_precision: str, talker_precision: str, device_given_by: str = "--device",
+              rows: str, depth: str, codec_precision: str, talker_precision: str, given_by: Optional[dict] = None,
               output_format: str = "wav",
               max_text_chars: int = 10_000, segment_chars: int = 300,
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
@@ -388,6 +428,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
               wer_required: bool = False,
               instruct: Optional[str] = None, ref_audio: Optional[Path] = None, ref_text: Optional[str] = None,
               x_vector_only: bool = False) -> int:
+    """given_by: the options a recipe set, and its name (the others came from the command line)."""
+    given_by = given_by or {}
     # Imported here so that --help and the placeholder commands start without loading torch.
     from .checkpoint import BASE, CUSTOM_VOICE
     from .job import JobSettings, LocalExecutor, run_job
@@ -405,7 +447,11 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     engine_rows = parse_rows(rows)
     devices = parse_devices(gpus) if gpus else None
     choice = resolve_model(model)
-    kind = checkpoint_kind(choice.dir)
+    cfg = checkpoint_config(choice.dir)
+    kind = cfg and cfg.model_type
+    if cfg is not None:
+        check_voice_options(cfg, speaker, language, instruct, ref_audio, ref_text, x_vector_only,
+                            lambda option: given_by.get(option, "--" + option.replace("_", "-")))
     if speaker is None and kind in (None, CUSTOM_VOICE):
         speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(asr_model, required=wer_required) if wer else None
@@ -427,7 +473,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         device_choice = DeviceChoice(",".join(devices), "--gpus: one worker per device" +
                                      ("" if device == AUTO_DEVICE else f"; --device {device} not used"))
     else:
-        device_choice = resolve_device(device, device_given_by)
+        device_choice = resolve_device(device, given_by.get("device", "--device"))
         device = device_choice.device
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -745,7 +791,8 @@ def check_bench_model(spec: str, workload: str, default: bool) -> None:
     needed = model_kind(workload)
     if spec.startswith("random:"):
         return
-    kind = checkpoint_kind(Path(spec))
+    cfg = checkpoint_config(Path(spec))
+    kind = cfg and cfg.model_type
     if kind is not None and kind != needed:
         raise TTSError(f"--workload {workload} needs a {MODEL_KINDS[needed]} checkpoint, and {spec} is "
                        f"{MODEL_KINDS.get(kind, kind)}" + (" (the bundled tiny model, the default on cpu): give "

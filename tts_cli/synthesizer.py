@@ -142,23 +142,29 @@ def check_request(cfg: ModelConfig, request: Request) -> None:
     """What the row asks for against what its checkpoint's kind can do (RequestError naming it)."""
     if not request.text.strip():
         raise RequestError("empty text")
-    kind = cfg.kind_name
-    if request.reference is not None and cfg.model_type != BASE:
-        raise RequestError(f"a reference voice (ref_audio) needs a Base checkpoint: this is a {kind} checkpoint, "
-                           "which has no speaker encoder")
-    if cfg.model_type == CUSTOM_VOICE:
-        check_speaker(cfg, request.speaker)
-    elif request.speaker:
-        what = "clones the reference voice (ref_audio)" if cfg.model_type == BASE else "takes the voice from instruct"
-        raise RequestError(f"speaker '{request.speaker}': a {kind} checkpoint has no named speakers; it {what}")
+    check_voice(cfg, request.speaker, request.instruct, request.reference is not None)
     if cfg.model_type == BASE:
-        if request.instruct:
-            raise RequestError("instruct: a Base checkpoint takes no instruction (the official generate_voice_clone "
-                               "has none); VoiceDesign and CustomVoice 1.7B checkpoints do")
         if request.reference is None:
             raise RequestError("a Base checkpoint clones a voice: the row needs a reference (ref_audio)")
         check_reference(cfg, request.reference)
     resolve_language_id(cfg, request.speaker if cfg.model_type == CUSTOM_VOICE else None, request.language)
+
+
+def check_voice(cfg: ModelConfig, speaker: str | None, instruct: str | None, has_reference: bool) -> None:
+    """A speaker, an instruct and a reference voice against what the checkpoint's kind takes
+    (RequestError naming it); a CustomVoice checkpoint needs one of its speakers."""
+    kind = cfg.kind_name
+    if has_reference and cfg.model_type != BASE:
+        raise RequestError(f"a reference voice (ref_audio) needs a Base checkpoint: this is a {kind} checkpoint, "
+                           "which has no speaker encoder")
+    if cfg.model_type == CUSTOM_VOICE:
+        check_speaker(cfg, speaker)
+    elif speaker:
+        what = "clones the reference voice (ref_audio)" if cfg.model_type == BASE else "takes the voice from instruct"
+        raise RequestError(f"speaker '{speaker}': a {kind} checkpoint has no named speakers; it {what}")
+    if cfg.model_type == BASE and instruct:
+        raise RequestError("instruct: a Base checkpoint takes no instruction (the official generate_voice_clone "
+                           "has none); VoiceDesign and CustomVoice 1.7B checkpoints do")
 
 
 def check_reference(cfg: ModelConfig, reference: VoiceReference) -> None:

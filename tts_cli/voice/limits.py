@@ -8,4 +8,5 @@ SILENCE_DBFS = -60.0
 LIMITS_HELP = (f"A reference must be {MIN_SECONDS:g} to {MAX_SECONDS:g} s of audio (the official code sets no "
                f"maximum; {MAX_SECONDS:g} s keeps an ICL prompt, 12.5 talker positions per reference second, "
                f"small), not silent (RMS above {SILENCE_DBFS:g} dBFS), sampled at {MIN_SOURCE_RATE} Hz or more, "
-               "without NaN or infinite samples; a bad one fails the rows that use it.")
+               "without NaN or infinite samples; a bad one fails the rows that use it (a bad --ref-audio stops the run "
+               "before the model loads).")

@@ -13,7 +13,8 @@ class FakeSynthesizer:
     """The Synthesizer interface with made-up audio: frames = text length mod 5 + 2.
 
     A text with "boom" is a RequestError; with "oom-always" the batch runs out of CUDA memory
-    whatever its size; with "oom-shared" it does so only in a batch of more than one row."""
+    whatever its size; with "oom-shared" it does so only in a batch of more than one row; with
+    "host-oom" host memory runs out (torch's CPU allocator's error) in a batch of more than one row."""
     speakers = ["ryan", "vivian"]
     languages = ["auto", "chinese", "english"]
     supports_instruct = True
@@ -37,6 +38,9 @@ class FakeSynthesizer:
         if any("oom-always" in r.text for r in requests) or (
                 len(requests) > 1 and any("oom-shared" in r.text for r in requests)):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
+        if len(requests) > 1 and any("host-oom" in r.text for r in requests):
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
+                               "memory: you tried to allocate 46725145600 bytes (fake)")
         if len(requests) > 1 and any("boom" in r.text for r in requests):
             raise RequestError("a row of this batch is bad")
         if any("boom" in r.text for r in requests):

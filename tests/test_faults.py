@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from tts_cli import cli
@@ -65,6 +66,28 @@ def test_out_of_memory_through_the_cli_fails_only_the_row_at_fault(monkeypatch, 
     assert fake.batches == [["a", "b", "c", "d"], ["a", "b"], ["c", "d"], ["c"], ["d"], ["e"], ["e"], ["f"]]
     assert fake.max_rows == [4, 2, 2, 1, 1, 1, 1, 1]   # the engine's slots shrink with the calls
     assert "rows per call went down to 1" in " ".join(report["notes"])
+
+
+def test_host_memory_running_out_is_survived_like_gpu_memory(monkeypatch, tmp_path):
+    """A lockstep batch on CPU whose masks do not fit in host memory (a very long prompt) is retried
+    with fewer rows; any other error is not taken for one."""
+    from tts_cli.job import exhausted_memory
+
+    fake = use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo host-oom.\nc\tThree.\n")
+    out = tmp_path / "out"
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                                     "--batch-size", "3"])
+    assert result.exit_code == 0, result.output
+    assert fake.batches == [["a", "b", "c"], ["a"], ["b"], ["c"]]
+    report = json.loads((out / "report.json").read_text())
+    assert [row["error"] for row in report["rows"]] == [None] * 3
+    assert "out of memory 1 times: rows per call went down to 1" in report["notes"]
+    with pytest.raises(RuntimeError) as real:
+        torch.empty(1 << 50)   # 4 PiB: torch's own message, which exhausted_memory reads
+    assert exhausted_memory(real.value) == "host"
+    assert exhausted_memory(RuntimeError("shape mismatch")) is None
 
 
 @pytest.mark.parametrize("batch_size, recorded", [("1", ["r0", "r1", "r2", "r3"]),

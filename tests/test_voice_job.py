@@ -201,6 +201,36 @@ def test_voice_options_the_checkpoint_cannot_take_stop_the_run_before_it_loads(t
     assert not (tmp_path / "out").exists()
 
 
+def test_rows_made_before_are_kept_when_their_reference_is_gone(tmp_path, monkeypatch):
+    """A rerun after a reference file was removed keeps the rows an earlier run made with it (their
+    other settings unchanged), with a note; a row that was not made yet fails with the reason."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("gone.wav", "kept.wav"):
+        sf.write(tmp_path / name, np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
+    table = {"id": ["a", "b", "c"], "text": ["One line.", "Two lines.", "Three lines."],
+             "ref_audio": ["gone.wav", "kept.wav", "gone.wav"], "x_vector_only": [True] * 3}
+    pq.write_table(pa.table({name: values[:2] for name, values in table.items()}), tmp_path / "m.parquet")
+    assert runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS]).exit_code == 0
+    made = {name: (tmp_path / "out" / name).read_bytes() for name in ("a.wav", "b.wav")}
+    (tmp_path / "gone.wav").unlink()
+    pq.write_table(pa.table(table), tmp_path / "m.parquet")
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS])
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    a, b, c = report["rows"]
+    assert a["error"] is None and a["file"] == "a.wav" and b["error"] is None
+    assert c["error"] == f"reference file not found: {tmp_path / 'gone.wav'}" and c["file"] is None
+    assert report["totals"]["resumed"] == 2 and report["totals"]["failed"] == 1
+    assert ("1 rows made by an earlier run are kept though their reference cannot be read now (first: row 1: "
+            f"reference file not found: {tmp_path / 'gone.wav'})") in report["notes"]
+    assert {name: (tmp_path / "out" / name).read_bytes() for name in ("a.wav", "b.wav")} == made
+    # with the text changed too, the row is not the one made before: it fails for its reference
+    pq.write_table(pa.table({**table, "text": ["One changed line.", *table["text"][1:]]}), tmp_path / "m.parquet")
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS])
+    a = json.loads((tmp_path / "out" / "report.json").read_text())["rows"][0]
+    assert a["error"] == f"reference file not found: {tmp_path / 'gone.wav'}" and result.exit_code == 1
+
+
 def test_worker_processes_take_the_references_the_parent_encoded(tmp_path, monkeypatch):
     """--gpus cpu,cpu: the parent encodes each reference once, the batches carry it to the workers, and
     its audio is the in-process run's."""

@@ -89,6 +89,8 @@ BAD_ROWS = [
     ("good.wav", b"ok \xff", None, None, "invalid UTF-8 in the ref_text"),
     ("good.wav", "Bell\x07 here.", None, None, "ref_text: text contains control character U+0007"),
     ("good.wav", "word " * 30, None, None, "ref_text: text is 149 characters, over the limit of 100"),
+    (None, None, None, "Calm " * 401, "instruct: text is 2004 characters, over the limit of 2000 (instructs)"),
+    (None, None, None, "Bell\x07 voice.", "instruct: text contains control character U+0007"),
 ]
 GOOD_CLONE_ROWS = [
     ("good.wav", "Hello there.", None, None),
@@ -202,6 +204,29 @@ def test_txt_corpus_takes_one_voice_from_the_options(tmp_path, monkeypatch):
     assert [(r.problem, r.request.ref_text, r.request.x_vector_only) for r in x_vector.rows] == [(None, None, True)] * 2
     assert x_vector.notes == ["ref_text left out of 2 x_vector_only rows: they clone from the reference's speaker "
                               "embedding alone, which reads no transcript"]
+
+
+def test_a_transcript_goes_with_the_reference_of_its_own_row(tmp_path, monkeypatch):
+    """--ref-text is --ref-audio's transcript: a row with a reference of its own does not take it (a
+    transcript of another file would clone its voice from the wrong words), and a row's own ref_text
+    does not go with --ref-audio."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("me.wav", "own.wav"):
+        sf.write(tmp_path / name, tone(24000, 1.5), 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"id": ["default", "own", "own-text", "own-both"],
+                             "text": ["One.", "Two.", "Three.", "Four."],
+                             "ref_audio": [None, "own.wav", None, "own.wav"],
+                             "ref_text": [None, None, "Words of its own.", "Words of own.wav."]}), tmp_path / "m.parquet")
+    rows = read_manifest(tmp_path / "m.parquet", RowDefaults(None, "auto", 0, ref_audio="me.wav",
+                                                             ref_text="Words of me.wav.")).rows
+    assert [(r.request.ref_audio, r.request.ref_text) for r in rows] == [
+        (str(tmp_path / "me.wav"), "Words of me.wav."), (str(tmp_path / "own.wav"), None),
+        (str(tmp_path / "me.wav"), "Words of its own."), (str(tmp_path / "own.wav"), "Words of own.wav.")]
+    assert [r.problem for r in rows] == [
+        None, "ICL voice cloning (x_vector_only false) needs ref_text, the reference's transcript; give it, or set "
+              "x_vector_only to clone from the speaker embedding alone",
+        "ref_text without ref_audio in its row: a row's transcript is of its own reference, and this row takes "
+        "--ref-audio's (whose transcript is --ref-text)", None]
 
 
 def test_cli_options_give_every_row_the_voice_and_its_ledger_key(tmp_path, monkeypatch):

@@ -115,6 +115,7 @@ def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Op
     speaker None: not given. given_by(option): where its value came from, for the message."""
     from .checkpoint import BASE, CUSTOM_VOICE
     from .errors import RequestError
+    from .manifest import MAX_INSTRUCT_CHARS, text_problem
     from .model.prompt import resolve_language_id
     from .request import Request
     from .synthesizer import check_voice
@@ -130,6 +131,8 @@ def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Op
         option = "instruct"
         if instruct and cfg.model_type == BASE:
             check_voice(cfg, None, instruct, False)
+        if instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs"):
+            raise RequestError(text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs"))
         option = "ref_audio"
         if ref_audio is not None:
             request = Request(id="", text="", instruct=instruct, ref_audio=str(ref_audio), ref_text=ref_text,

@@ -211,7 +211,7 @@ def _next_item(found: queue.SimpleQueue):
 def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None, limit: RowLimit,
                      on_outcome: Callable[[int, Outcome], None] | None = None,
                      cancel: threading.Event | None = None) -> list[Outcome]:
-    """One outcome per request, surviving CUDA out-of-memory by synthesizing fewer rows at a time.
+    """One outcome per request, surviving out-of-memory (GPU or host) by synthesizing fewer rows at a time.
     on_outcome(position, outcome) sees each as soon as it is known (through the engine: as its row
     ends), once per request; after an out-of-memory only the requests without one are run again.
     cancel: once set, SynthesisCancelled is raised at the engine's next window boundary."""
@@ -223,7 +223,10 @@ def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: i
         chunk = pending[:limit.rows]
         try:
             _isolating_request_errors(synth, requests, chunk, greedy, max_frames, limit.rows, outcomes, cancel)
-        except torch.cuda.OutOfMemoryError as e:
+        except RuntimeError as e:
+            memory = exhausted_memory(e)
+            if memory is None:
+                raise
             release_cached_memory()
             if len(chunk) > 1:
                 limit.rows, limit.shrinks = max(1, len(chunk) // 2), limit.shrinks + 1
@@ -232,7 +235,7 @@ def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: i
             tries_alone += 1
             if tries_alone < OOM_TRIES_ALONE:
                 continue
-            outcomes(chunk[0], TTSError(f"out of GPU memory even alone ({tries_alone} tries): {e}"))
+            outcomes(chunk[0], TTSError(f"out of {memory} memory even alone ({tries_alone} tries): {e}"))
         tries_alone = 0
         pending = [p for p in pending if p not in outcomes]
     return [outcomes[p] for p in range(len(requests))]
@@ -250,6 +253,15 @@ class _Delivery(dict):
             self[position] = outcome
             if self.on_outcome is not None:
                 self.on_outcome(position, outcome)
+
+
+def exhausted_memory(error: RuntimeError) -> str | None:
+    """'GPU' or 'host' when the error is an allocation that failed (fewer rows at a time may fit), else None."""
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        return "GPU"
+    if "DefaultCPUAllocator: can't allocate memory" in str(error):   # torch raises a plain RuntimeError
+        return "host"
+    return None
 
 
 def release_cached_memory() -> None:
@@ -335,12 +347,18 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         removed = remove_temporary_files(out_dir)
         if removed:
             notes.append(f"removed {len(removed)} temporary files of a killed run")
-        plans = [plan_row(row, names[row.index], settings) for row in rows if row.problem is None]
-        todo, resumed = _rows_to_do(plans, ledger, out_dir, settings)
+        plans = [plan_row(row, names[row.index], settings) for row in rows
+                 if row.problem is None or row.reference_unreadable]
+        todo, resumed, kept = _rows_to_do(plans, ledger, out_dir, settings)
+        if kept:
+            notes.append(f"{len(kept)} rows made by an earlier run are kept though their reference cannot be read "
+                         f"now (first: row {kept[0].number}: {kept[0].problem})")
+            for row in kept:
+                row.problem = None
         if on_output:
             redone = {id(plan) for plan in todo}
             for plan in plans:
-                if id(plan) not in redone:
+                if id(plan) not in redone and plan.row.problem is None:
                     on_output(_record(plan.row, ledger.latest[plan.row.request.id]), None, None)
         start = perf_counter()
         stopped, synthesis = None, None
@@ -372,13 +390,21 @@ def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:
     return RowPlan(row, name, params, params_key(params))
 
 
-def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: JobSettings) -> tuple[list[RowPlan], int]:
-    """The rows to synthesize, and how many are done already. Raises TTSError for rows done
+def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
+                settings: JobSettings) -> tuple[list[RowPlan], int, list[ManifestRow]]:
+    """The rows to synthesize, how many are done already, and which of those have a reference file
+    that cannot be read now (their plans have no hash of it: done if an earlier run made them with
+    the same settings otherwise; else they fail with their problem). Raises TTSError for rows done
     before with other text or settings, unless settings.redo_changed."""
-    todo, changed, resumed = [], [], 0
+    todo, changed, resumed, kept = [], [], 0, []
     for plan in plans:
         entry = ledger.latest.get(plan.row.request.id)
         done = entry is not None and entry["status"] == "ok" and output_exists(out_dir, entry)
+        if plan.row.reference_unreadable:
+            if done and {**entry.get("params", {}), "ref_audio_sha256": None} == plan.params:
+                resumed += 1
+                kept.append(plan.row)
+            continue
         if done and entry["key"] == plan.key:
             resumed += 1
             continue
@@ -394,7 +420,7 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: J
     if changed and settings.output_format == "parquet":
         raise TTSError("--redo-changed works with --format wav and flac only: a row cannot be taken out of a "
                        "parquet shard; use a new --out")
-    return todo, resumed
+    return todo, resumed, kept
 
 
 def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir: Path, settings: JobSettings,
@@ -433,7 +459,7 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
     ledger.append(sink.durable_entries(final=True))   # after a stop too: the rows finished before it are kept
     notes += getattr(executor, "notes", [])
     if getattr(executor, "limit", None) and executor.limit.shrinks:
-        notes.append(f"out of GPU memory {executor.limit.shrinks} times: rows per call went down to {executor.limit.rows}")
+        notes.append(f"out of memory {executor.limit.shrinks} times: rows per call went down to {executor.limit.rows}")
     if stopped is not None:
         raise stopped
 

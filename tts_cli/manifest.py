@@ -41,6 +41,11 @@ from .voice.reference_audio import (ReferenceAudioError, check_reference, refere
 FORMATS = (".txt", ".parquet")
 PARQUET_COLUMNS = ("id", "text", "speaker", "language", "instruct", "seed", "ref_audio", "ref_text", "x_vector_only")
 DEFAULT_MAX_TEXT_CHARS = 10_000
+# An instruct describes a voice or a style in a sentence or a few, and each of its tokens is a talker
+# position of every segment of its row (the official code sets no limit). On the CPU path a lockstep
+# batch's attention masks grow with the square of its longest prompt: 60,000 characters of instruct
+# asked 47 GB of the tiny model.
+MAX_INSTRUCT_CHARS = 2_000
 # Whitespace that may appear inside a text; every other control character is refused.
 ALLOWED_CONTROLS = "\t\n\r"
 
@@ -64,6 +69,7 @@ class ManifestRow:
     index: int                    # 0-based line or row number in the file
     request: Request
     problem: str | None = None    # why the row cannot be synthesized; None for a good row
+    reference_unreadable: bool = False   # the problem is its reference file (a row done before may be kept)
 
     @property
     def number(self) -> int:
@@ -116,15 +122,15 @@ def default_id(row_index: int) -> str:
     return f"{row_index + 1:06d}"
 
 
-def text_problem(text: str, max_chars: int) -> str | None:
-    """Why a (stripped, decoded) text cannot be spoken, or None."""
+def text_problem(text: str, max_chars: int, limit: str = "--max-text-chars") -> str | None:
+    """Why a (stripped, decoded) text cannot be spoken, or None; limit: what sets max_chars."""
     if not text:
         return "empty text"
     bad = _first_control_character(text)
     if bad is not None:
         return f"text contains control character U+{ord(text[bad]):04X} at character {bad + 1}"
     if len(text) > max_chars:
-        return f"text is {len(text)} characters, over the limit of {max_chars} (--max-text-chars)"
+        return f"text is {len(text)} characters, over the limit of {max_chars} ({limit})"
     return None
 
 
@@ -164,7 +170,7 @@ def check_references(rows: list[ManifestRow]) -> None:
                 outcomes[path] = e
         outcome = outcomes[path]
         if isinstance(outcome, ReferenceAudioError):
-            row.problem = str(outcome)
+            row.problem, row.reference_unreadable = str(outcome), True
         else:
             row.request.ref_audio_sha256 = outcome
 
@@ -191,6 +197,11 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     text = text.strip()
     row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
     x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only)
+    # A transcript is of one file: --ref-text goes with --ref-audio, a row's ref_text with its ref_audio.
+    own_reference, own_transcript = bool(_string_or(ref_audio, "")), bool(_string_or(ref_text, ""))
+    pairing_problem = (own_transcript and not own_reference and defaults.ref_audio and
+                       "ref_text without ref_audio in its row: a row's transcript is of its own reference, and "
+                       "this row takes --ref-audio's (whose transcript is --ref-text)")
     request = Request(
         id=row_id, text=text,
         speaker=_string_or(speaker, defaults.speaker or "").lower() or None,
@@ -198,14 +209,16 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
         instruct=_string_or(instruct, defaults.instruct or "") or None,
         seed=defaults.base_seed + index if seed is None else seed,
         ref_audio=_reference_path(ref_audio, defaults, base_dir),
-        ref_text=_string_or(ref_text, defaults.ref_text or "") or None,
+        ref_text=_string_or(ref_text, "" if own_reference else defaults.ref_text or "") or None,
         x_vector_only=x_vector_only,
     )
     ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars)
+    instruct_problem = request.instruct and text_problem(request.instruct, MAX_INSTRUCT_CHARS, "instructs")
     ref_audio_problem = reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
     problem = (problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars) or flag_problem
-               or seed_problem(request.seed) or ref_audio_problem
+               or seed_problem(request.seed) or ref_audio_problem or pairing_problem
                or (ref_text_problem and f"ref_text: {ref_text_problem}")
+               or (instruct_problem and f"instruct: {instruct_problem}")
                or voice_fields_problem(request))
     return ManifestRow(index, request, problem)
 

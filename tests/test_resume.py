@@ -92,6 +92,24 @@ def test_a_missing_output_or_a_failed_row_is_redone(fake, tmp_path):
     assert sorted((e["id"], e["status"]) for e in _ledger(out)) == [("a", "ok"), ("a", "ok"), ("b", "failed"), ("b", "ok")]
 
 
+def test_a_row_new_to_the_folder_does_not_take_the_file_of_a_row_made_before(fake, tmp_path):
+    """Ids that differ only where a file name cannot ('a b', 'a_b') or in case: named in manifest order,
+    a row inserted before a row made by an earlier run would have taken its file and overwritten it."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a_b\tFirst text.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, "--greedy", model=tmp_path / "model").exit_code == 0   # (seeds follow rows)
+    made = (out / "a_b.wav").read_bytes()
+    manifest.write_text("a b\tInserted row.\nA_B\tAnother.\na_b\tFirst text.\n")
+    result = _synth(manifest, out, "--greedy", model=tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    assert [(row["id"], row["file"]) for row in rows] == [("a b", "a_b_2.wav"), ("A_B", "A_B_3.wav"),
+                                                          ("a_b", "a_b.wav")]
+    assert (out / "a_b.wav").read_bytes() == made
+    assert sorted(path.name for path in out.glob("*.wav")) == ["A_B_3.wav", "a_b.wav", "a_b_2.wav"]
+
+
 def test_changed_rows_stop_the_run_before_the_model_loads_unless_redo_changed(fake, tmp_path, monkeypatch):
     manifest = tmp_path / "m.txt"
     manifest.write_text("a\tOne.\nb\tTwo.\n")

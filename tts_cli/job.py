@@ -36,7 +36,7 @@ from .manifest import ManifestRow
 from .output.formats import make_sink, output_exists
 from .output.ledger import Ledger, changed_params, params_key, row_params
 from .output.report import NOT_SYNTHESIZED, RowRecord
-from .output.writer import remove_temporary_files
+from .output.writer import remove_temporary_files, sanitize_id
 from .processes import RunStopped, stops_here
 from .request import Request
 from .textsplit import crossfade_samples, join_with_crossfade, split_text
@@ -347,6 +347,8 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         removed = remove_temporary_files(out_dir)
         if removed:
             notes.append(f"removed {len(removed)} temporary files of a killed run")
+        if settings.output_format != "parquet":   # (a parquet row's name is inside its shard)
+            names = names_beside_ledger(rows, names, ledger)
         plans = [plan_row(row, names[row.index], settings) for row in rows
                  if row.problem is None or row.reference_unreadable]
         todo, resumed, kept = _rows_to_do(plans, ledger, out_dir, settings)
@@ -383,6 +385,27 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         notes.append(f"{stopped}: {left} rows were not synthesized; rerun the same command to resume")
     audio_seconds = sum((ledger.latest.get(plan.row.request.id) or {}).get("audio_seconds") or 0.0 for plan in todo)
     return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes, stopped, synthesis)
+
+
+def names_beside_ledger(rows: list[ManifestRow], names: dict[int, str], ledger: Ledger) -> dict[int, str]:
+    """The rows' file names in a folder an earlier run wrote into: a row of the ledger keeps the file
+    it has there; a row new to the folder whose name another row's file holds there (ids that differ
+    only in characters a file name cannot keep, or in case, and a row inserted before the other) gets
+    the next free `_N` instead of overwriting it. Compared case-insensitively, as output_names does."""
+    files = {row_id: entry["file"] for row_id, entry in ledger.latest.items() if entry.get("file")}
+    if not files:
+        return names
+    held, kept = {name.lower() for name in files.values()}, {}
+    for row in rows:
+        name = files.get(row.request.id)
+        if name is None:
+            name, n, extension = names[row.index], 1, names[row.index].rpartition(".")[2]
+            while name.lower() in held:
+                n += 1
+                name = f"{sanitize_id(row.request.id)}_{n}.{extension}"
+        held.add(name.lower())
+        kept[row.index] = name
+    return kept
 
 
 def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:

@@ -213,6 +213,8 @@ def test_rows_a_checkpoint_cannot_synthesize_fail_with_the_reason(base06, record
          "reference ref.wav: ICL needs the reference's transcript \\(ref_text\\)"),
         (base06, Request(id="r", text="Hi.", reference=replace(voice, speaker_embedding=torch.zeros(7))),
          "speaker embedding of shape \\(7,\\).*takes a float x-vector of 16"),
+        (base06, Request(id="r", text="Hi.", reference=replace(voice, speaker_embedding=embedding * float("nan"))),
+         "reference ref.wav: its speaker embedding is not finite \\(NaN or infinity\\)"),
         (base06, Request(id="r", text="Hi.", reference=replace(voice, codes=codes[:, :8])),
          "codes of shape \\(31, 8\\).*\\[frames >= 1, 16\\]"),
         (base06, Request(id="r", text="Hi.", reference=replace(voice, codes=codes + 2048)), "codes outside 0..2047"),

@@ -1,9 +1,12 @@
 """Manifest files -> Requests: formats, default ids and seeds, empty rows, and the errors."""
+from dataclasses import replace
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from tts_cli.errors import TTSError
+from tts_cli.job import SEGMENT_SEED_STRIDE, segment_requests
 from tts_cli.manifest import RowDefaults, read_manifest
 
 DEFAULTS = RowDefaults(speaker="Vivian", language="auto", base_seed=100)
@@ -100,13 +103,16 @@ def test_a_folder_given_as_the_manifest_is_named_as_one(tmp_path):
 
 def test_a_row_seed_beyond_64_bits_fails_that_row_only(tmp_path):
     """Seeds are signed 64-bit integers: a base seed at the top of the range gives its first row that
-    seed, and the next rows (base + index) fail with the reason, as a parquet row's own seed past it."""
+    seed, and the next rows' (base + index) wrap as 64-bit arithmetic does, as do the segments' of a
+    split row; a parquet row's own seed past the range fails that row with the reason."""
     path = tmp_path / "m.txt"
     path.write_text("One.\nTwo.\n")
     top = 2**63 - 1
     rows = read_manifest(path, RowDefaults(speaker="vivian", language="auto", base_seed=top)).rows
-    assert rows[0].problem is None and rows[0].request.seed == top
-    assert rows[1].problem == f"seed {top + 1} is not a signed 64-bit integer (from {-2**63} to {top})"
+    assert [(row.problem, row.request.seed) for row in rows] == [(None, top), (None, -2**63)]
+    long_row = replace(rows[0].request, text="One sentence of the row. " * 4)
+    assert [r.seed for r in segment_requests(long_row, 40)] == [top + k * SEGMENT_SEED_STRIDE - 2**64 * (k > 0)
+                                                                for k in range(4)]
     path = _write_parquet(tmp_path / "m.parquet", {"text": ["One.", "Two.", "Three."],
                                                    "seed": pa.array([2**63, 5, 2**64 - 1], pa.uint64())})
     rows = read_manifest(path, DEFAULTS).rows
@@ -117,6 +123,23 @@ def test_a_row_seed_beyond_64_bits_fails_that_row_only(tmp_path):
 def test_missing_manifest_names_path(tmp_path):
     with pytest.raises(TTSError, match=r"manifest not found: .*nope\.txt"):
         read_manifest(tmp_path / "nope.txt", DEFAULTS)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be"])
+def test_a_utf16_txt_is_refused_whole(tmp_path, encoding):
+    """With or without a byte-order mark: its lines would be rows of NUL characters and stray bytes."""
+    path = tmp_path / "windows.txt"
+    path.write_text("Hello there.\nSecond line.\nThird line.\n", encoding=encoding)
+    with pytest.raises(TTSError, match=r"windows\.txt: cannot read as UTF-8 text: it looks like UTF-16"):
+        read_manifest(path, DEFAULTS)
+
+
+def test_a_row_of_only_invisible_characters_is_empty(tmp_path):
+    path = tmp_path / "m.txt"
+    path.write_text("zw\t\u200b\u200b\nzwj\t\u200d \u2060\nok\tWord\u200bjoined.\n")
+    rows = read_manifest(path, DEFAULTS).rows
+    assert [row.problem for row in rows] == ["empty text: only invisible formatting characters (zero-width ...)"] * 2 \
+        + [None]
 
 
 def test_txt_that_is_not_utf8_names_file(tmp_path):

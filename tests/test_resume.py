@@ -161,6 +161,28 @@ def test_parquet_shard_that_no_ledger_entry_names_is_removed_and_its_rows_redone
     assert sorted(pq.read_table(shards[0]).column("id").to_pylist()) == [f"r{i}" for i in range(5)]
 
 
+@pytest.mark.parametrize("output_format, theirs", [
+    ("parquet", "part-00000.parquet"), ("wav", "r1.wav"), ("flac", "report.md"), ("wav", "rows.parquet")])
+def test_files_under_output_names_in_a_folder_no_run_wrote_stop_the_run(fake, tmp_path, output_format, theirs):
+    """No ledger: a file named as an output was not made by tts. It is neither overwritten nor taken for a
+    killed run's (a shard was removed as an orphan), and nothing is loaded: exit 2 naming it. A hidden
+    .tmp file of the user's is left alone; only write_atomically's names are a killed run's."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("r0\tOne.\nr1\tTwo.\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / theirs).write_bytes(b"someone else's")
+    (out / ".draft.tmp").write_bytes(b"mine")
+    result = _synth(manifest, out, "--format", output_format, model=tmp_path / "model")
+    assert result.exit_code == 2, result.output
+    assert f"error: {out} holds {theirs}, named as this run's outputs, but no ledger.jsonl" in result.stderr
+    assert not hasattr(fake, "loaded_with") and (out / theirs).read_bytes() == b"someone else's"
+    assert not (out / LEDGER_NAME).exists()
+    (out / theirs).unlink()
+    assert _synth(manifest, out, "--format", output_format, model=tmp_path / "model").exit_code == 0
+    assert (out / ".draft.tmp").read_bytes() == b"mine"
+
+
 @pytest.mark.skipif(not (cli.BUNDLED_MODEL_DIR / "config.json").is_file(), reason="the bundled model is missing")
 def test_sigkill_mid_run_then_rerun_gives_each_row_one_whole_output(tmp_path):
     """Acceptance: `tts synth` on the bundled model, SIGKILLed mid-run, then the same command again."""

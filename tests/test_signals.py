@@ -225,6 +225,29 @@ def test_a_killed_gpus_worker_fails_the_rows_it_held_and_the_other_goes_on(tmp_p
     assert f"{rows} rows ok ({rows - len(failed)} from an earlier run)" in rerun.stdout
 
 
+@needs_bundled_model
+def test_when_every_gpus_worker_has_died_the_report_is_written_and_the_exit_is_2(tmp_path):
+    rows = 8
+    manifest, out = _manifest(tmp_path, rows), tmp_path / "out"
+    options = ["--max-frames", 10, "--batch-size", 1, "--no-wer", "--gpus", "cpu"]
+    process = subprocess.Popen(_command(manifest, out, *options), env=_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: len(_ledger(out)) >= 1, process)
+    [worker] = [pid for pid, cmdline in _descendants(process.pid).items() if "multiprocessing.spawn" in cmdline]
+    os.kill(worker, signal.SIGKILL)
+    stdout, stderr = process.communicate(timeout=120)
+
+    assert process.returncode == 2, stderr
+    assert ("every worker process died (1 of 1; the notes say how): the rows finished so far are in "
+            f"{out / 'ledger.jsonl'} and the report; rerun the same command to resume") in " ".join(stderr.split())
+    report = json.loads((out / "report.json").read_text())   # this run's, with what the ledger holds
+    assert report["manifest"] == str(manifest) and len(report["rows"]) == rows
+    made = {e["id"] for e in _ledger(out) if e["status"] == "ok"}
+    assert made and {r["id"] for r in report["rows"] if r["error"] is None} == made
+    assert report["totals"]["failed"] + report["totals"]["ok"] + report["totals"]["not_synthesized"] == rows
+    assert any(f"worker on cpu (pid {worker}) died (killed by SIGKILL)" in note for note in report["notes"])
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 64 KiB tmpfs (the test runs as root where it can mount one); unmounted after."""

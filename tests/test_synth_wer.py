@@ -119,6 +119,7 @@ def test_no_wer_writes_no_wer_fields_and_drops_an_earlier_rows_file(monkeypatch,
     manifest, out = tmp_path / "m.txt", tmp_path / "out"
     manifest.write_text("a\tHello there.\nb\tGood bye.\n", encoding="utf-8")
     out.mkdir()
+    (out / "ledger.jsonl").write_text("")   # the folder of an earlier run (tts refuses another's rows.parquet)
     (out / "rows.parquet").write_bytes(b"an earlier run's")
     result = _synth(tmp_path, manifest, out, "--no-wer")
     assert result.exit_code == 0, result.output

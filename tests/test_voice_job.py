@@ -181,6 +181,10 @@ def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monke
     (["--ref-audio", "me.wav"], "--ref-audio: ICL voice cloning (x_vector_only false) needs ref_text"),
     (["--ref-audio", "missing.wav", "--x-vector-only"], "--ref-audio: reference file not found: "),
     (["--ref-audio", "corpus.txt", "--x-vector-only"], "is not audio that libsndfile reads"),
+    (["--ref-audio", "https://example.com/voice.wav", "--x-vector-only"],
+     "--ref-audio: ref_audio 'https://example.com/voice.wav' is a URL: tts reads local files only"),
+    (["--model", str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign"), "--instruct", "Calm. " * 400],
+     "--instruct: text is 2399 characters, over the limit of 2000 (instructs)"),
     (["--language", "klingon", "--ref-audio", "me.wav", "--x-vector-only"], "--language: unknown language 'klingon'"),
     (["--model", str(cli.BUNDLED_MODEL_DIR), "--ref-audio", "me.wav", "--x-vector-only"],
      "--ref-audio: this checkpoint (custom_voice) cannot clone a voice"),
@@ -262,10 +266,30 @@ def test_voice_design_and_base_rows_take_no_default_speaker(tmp_path, monkeypatc
     assert design.exit_code == 0, design.output
     [row] = json.loads((tmp_path / "design" / "report.json").read_text())["rows"]
     assert row["speaker"] is None and row["instruct"] == "A calm, low voice." and row["frames"] > 0
+    assert not any("without an instruct" in note for note in json.loads((tmp_path / "design" / "report.json")
+                                                                         .read_text())["notes"])
+    undescribed = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "undescribed", *OPTIONS[2:], "--model",
+                                          str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign")])
+    assert undescribed.exit_code == 0, undescribed.output
+    assert json.loads((tmp_path / "undescribed" / "report.json").read_text())["notes"] == [
+        "VoiceDesign rows without an instruct: nothing describes their voice, so each row's comes from its seed and "
+        "changes from row to row (give --instruct or a column instruct)"]
     base = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "base", *OPTIONS])
+    assert base.exit_code == 2 and not (tmp_path / "base").exists()
+    assert ("error: a Base checkpoint clones a voice, and no row of corpus.txt names one: give --ref-audio"
+            in base.stderr)
+    pq.write_table(pa.table({"text": ["One line to speak."], "ref_audio": pa.array([None], pa.string())}),
+                   tmp_path / "m.parquet")
+    base = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "base", *OPTIONS])
+    assert base.exit_code == 2 and "no row of m.parquet names one" in base.stderr
+    pq.write_table(pa.table({"text": ["One line to speak.", "Two."], "ref_audio": [None, "me.wav"],
+                             "x_vector_only": [None, True]}), tmp_path / "m.parquet")
+    sf.write(tmp_path / "me.wav", np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
+    base = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "base", *OPTIONS])
     assert base.exit_code == 1
-    [row] = json.loads((tmp_path / "base" / "report.json").read_text())["rows"]
-    assert row["error"] == "a Base checkpoint clones a voice: the row needs a reference (ref_audio)"
+    plain, clone = json.loads((tmp_path / "base" / "report.json").read_text())["rows"]
+    assert plain["error"] == "a Base checkpoint clones a voice: the row needs a reference (ref_audio)"
+    assert clone["error"] is None and clone["frames"] > 0
 
 
 def test_help_shows_how_to_clone_a_voice_for_a_whole_corpus():

@@ -276,13 +276,27 @@ def test_split_rows_keep_their_voice():
     ({"text": ["a"], "ref_audio": [3]}, "column 'ref_audio' has type int64; expected string \\(a path\\)"),
     ({"text": ["a"], "ref_text": [1.5]}, "column 'ref_text' has type double; expected string"),
     ({"text": ["a"], "x_vector_only": ["yes"]},
-     "column 'x_vector_only' has type string; expected boolean, or integers 1 and 0"),
+     "column 'x_vector_only' has type string; expected boolean, or numbers 1 and 0"),
 ])
 def test_voice_columns_of_the_wrong_type_fail_the_file(tmp_path, columns, message):
     path = tmp_path / "m.parquet"
     pq.write_table(pa.table(columns), path)
     with pytest.raises(TTSError, match=f"m\\.parquet: {message}"):
         read_manifest(path, RowDefaults("vivian", "auto", 0))
+
+
+def test_columns_as_pandas_writes_them(tmp_path):
+    """A category column is dictionary-encoded; an integer column with nulls becomes floats."""
+    pd = pytest.importorskip("pandas")
+    sf.write(tmp_path / "me.wav", tone(24000, 1.5), 24000, subtype="PCM_16")
+    pd.DataFrame({"text": ["One.", "Two.", "Three."], "ref_audio": pd.Categorical(["me.wav", "me.wav", "me.wav"]),
+                  "x_vector_only": [1, None, 0.5], "ref_text": [None, "Words.", None],
+                  "speaker": pd.Categorical(["a", None, "b"])}).to_parquet(tmp_path / "m.parquet")
+    rows = read_manifest(tmp_path / "m.parquet", RowDefaults(None, "auto", 0)).rows
+    assert [(r.request.ref_audio, r.request.x_vector_only, r.request.ref_text, r.request.speaker) for r in rows] == [
+        (str(tmp_path / "me.wav"), True, None, "a"), (str(tmp_path / "me.wav"), False, "Words.", None),
+        (str(tmp_path / "me.wav"), False, None, "b")]
+    assert [r.problem for r in rows] == [None, None, "x_vector_only must be true or false (or 1 or 0), got 0.5"]
 
 
 def test_null_cells_take_the_option_defaults(tmp_path):

@@ -21,7 +21,7 @@ from .bench_plot import STEP_STAGES
 from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, ORDERS, WORKLOADS
 from .errors import TTSError
 from .logs import log_to_stderr
-from .processes import RunStopped, stop_on_signals
+from .processes import RunCannotGoOn, RunStopped, stop_on_signals
 from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_RANGES, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
@@ -108,7 +108,7 @@ def checkpoint_config(model_dir: Path):
 
 
 def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Optional[str],
-                        ref_audio: Optional[Path], ref_text: Optional[str], x_vector_only: bool,
+                        ref_audio: Optional[str], ref_text: Optional[str], x_vector_only: bool,
                         given_by: Callable[[str], str]) -> None:
     """The voice options (the voice of every row that names none) against the checkpoint, before it
     loads: a value its rows cannot take would fail each of them once the model has loaded.
@@ -134,14 +134,14 @@ def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Op
         if instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs"):
             raise RequestError(text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs"))
         option = "ref_audio"
-        if ref_audio is not None:
-            request = Request(id="", text="", instruct=instruct, ref_audio=str(ref_audio), ref_text=ref_text,
+        if ref_audio and ref_audio.strip():   # (a blank one is none, as the manifest reads it)
+            request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text,
                               x_vector_only=x_vector_only)
-            problem = (clone_problem(request, cfg.model_type) or reference_value_problem(str(ref_audio))
+            problem = (clone_problem(request, cfg.model_type) or reference_value_problem(ref_audio)
                        or voice_fields_problem(request))
             if problem:
                 raise RequestError(problem)
-            check_reference(resolve_reference_path(str(ref_audio).strip(), Path.cwd()))
+            check_reference(resolve_reference_path(ref_audio.strip(), Path.cwd()))
     except RequestError as e:
         raise TTSError(f"{given_by(option)}: {str(e).removeprefix(option + ': ')}") from None
 
@@ -345,7 +345,7 @@ def synth(
         None, "--instruct", metavar="TEXT", show_default=False,
         help="Instruction for every row without one (parquet column instruct): a speaking style for "
              "CustomVoice checkpoints, the voice's description for VoiceDesign ones."),
-    ref_audio: Optional[Path] = typer.Option(
+    ref_audio: Optional[str] = typer.Option(   # a str: a Path would fold a URL's // (refused by name)
         None, "--ref-audio", metavar="FILE", show_default=False,
         help="Clone this reference's voice (needs a Base checkpoint) for every row without a reference of its "
              "own (parquet column ref_audio: a path relative to the manifest's folder, or absolute). wav, flac, "
@@ -429,7 +429,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
               shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
               wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None,
               wer_required: bool = False,
-              instruct: Optional[str] = None, ref_audio: Optional[Path] = None, ref_text: Optional[str] = None,
+              instruct: Optional[str] = None, ref_audio: Optional[str] = None, ref_text: Optional[str] = None,
               x_vector_only: bool = False) -> int:
     """given_by: the options a recipe set, and its name (the others came from the command line)."""
     given_by = given_by or {}
@@ -459,9 +459,12 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(asr_model, required=wer_required) if wer else None
     manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars, instruct,
-                                                        ref_audio and str(ref_audio), ref_text, x_vector_only))
+                                                        ref_audio, ref_text, x_vector_only))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
+    if kind == BASE and not any(row.request.clones_voice for row in manifest.rows):
+        raise TTSError(f"a Base checkpoint clones a voice, and no row of {manifest_path} names one: give --ref-audio "
+                       "(with --ref-text, or --x-vector-only), or a parquet column ref_audio")
     manifest_notes = ([f"{manifest_path}: ignoring unknown columns {', '.join(manifest.ignored_columns)}"]
                       if manifest.ignored_columns else []) + manifest.notes
     for note in manifest_notes:   # now, and in the report's notes
@@ -597,6 +600,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         typer.echo(f"references: {references_line(report['references'])}")
     if wer_section is not None:
         typer.echo(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
+    if isinstance(result.stopped, RunCannotGoOn):   # (a signal's stop is raised by the caller's stop_on_signals)
+        raise result.stopped
     return 0 if totals["failed"] == totals["not_synthesized"] == 0 else 1
 
 

@@ -33,11 +33,12 @@ import torch
 from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
 from .errors import OutputError, RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
-from .output.formats import make_sink, output_exists
-from .output.ledger import Ledger, changed_params, params_key, row_params
-from .output.report import NOT_SYNTHESIZED, RowRecord
+from .output.formats import SHARD_PATTERN, make_sink, output_exists
+from .output.ledger import LEDGER_NAME, Ledger, changed_params, params_key, row_params
+from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
 from .output.writer import remove_temporary_files, sanitize_id
 from .processes import RunStopped, stops_here
+from .recipe import wrapped_seed
 from .request import Request
 from .textsplit import crossfade_samples, join_with_crossfade, split_text
 
@@ -300,7 +301,8 @@ def segment_requests(request: Request, segment_chars: int) -> list[Request]:
     texts = split_text(request.text, segment_chars)
     if len(texts) == 1:
         return [request]
-    return [replace(request, id=f"{request.id}#{k + 1}", text=text, seed=request.seed + k * SEGMENT_SEED_STRIDE)
+    return [replace(request, id=f"{request.id}#{k + 1}", text=text,
+                    seed=wrapped_seed(request.seed + k * SEGMENT_SEED_STRIDE))
             for k, text in enumerate(texts)]
 
 
@@ -327,7 +329,7 @@ class JobResult:
     resumed: int                 # rows whose output an earlier run made
     audio_seconds: float         # made in this run
     notes: list[str]
-    stopped: RunStopped | None = None   # the signal that stopped the run before every row was done
+    stopped: RunStopped | None = None   # what stopped the run before every row was done: a signal, or RunCannotGoOn
     synthesis: dict | None = None       # the executor's timing (LocalExecutor.timing), when it has one
 
 
@@ -341,6 +343,8 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
     once it has started; on_output: see OutputCallback."""
     out_dir = Path(out_dir)
     notes: list[str] = []
+    if not (out_dir / LEDGER_NAME).exists():
+        check_no_foreign_outputs(out_dir, names.values(), settings.output_format)
     with Ledger(out_dir) as ledger:
         if ledger.repaired_bytes:
             notes.append(f"cut a torn last line ({ledger.repaired_bytes} bytes) off the ledger: a run was killed mid-write")
@@ -385,6 +389,21 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         notes.append(f"{stopped}: {left} rows were not synthesized; rerun the same command to resume")
     audio_seconds = sum((ledger.latest.get(plan.row.request.id) or {}).get("audio_seconds") or 0.0 for plan in todo)
     return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes, stopped, synthesis)
+
+
+def check_no_foreign_outputs(out_dir: Path, names, output_format: str) -> None:
+    """In a folder no run has written into (no ledger): files under the names this run writes were put
+    there by someone else, and would be overwritten (a row's file) or taken for a killed run's and
+    removed (a parquet shard). TTSError naming the first."""
+    if output_format == "parquet":
+        found = sorted(path.name for path in out_dir.iterdir() if SHARD_PATTERN.fullmatch(path.name))
+    else:
+        found = [name for name in names if (out_dir / name).exists()]
+    found += [name for name in RUN_FILES if (out_dir / name).exists()]
+    if found:
+        raise TTSError(f"{out_dir} holds {found[0]}{f' and {len(found) - 1} more' if len(found) > 1 else ''}, "
+                       f"named as this run's outputs, but no {LEDGER_NAME} (it is not the folder of an earlier "
+                       "run): use an empty or new --out")
 
 
 def names_beside_ledger(rows: list[ManifestRow], names: dict[int, str], ledger: Ledger) -> dict[int, str]:

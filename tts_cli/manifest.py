@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TTSError
-from .recipe import SEED_RANGE
+from .recipe import SEED_RANGE, wrapped_seed
 from .request import Request
 from .voice.checks import voice_fields_problem
 from .voice.reference_audio import (ReferenceAudioError, check_reference, reference_value_problem,
@@ -124,8 +124,8 @@ def default_id(row_index: int) -> str:
 
 def text_problem(text: str, max_chars: int, limit: str = "--max-text-chars") -> str | None:
     """Why a (stripped, decoded) text cannot be spoken, or None; limit: what sets max_chars."""
-    if not text:
-        return "empty text"
+    if not text or all(unicodedata.category(char) == "Cf" or char.isspace() for char in text):
+        return "empty text" if not text else "empty text: only invisible formatting characters (zero-width ...)"
     bad = _first_control_character(text)
     if bad is not None:
         return f"text contains control character U+{ord(text[bad]):04X} at character {bad + 1}"
@@ -207,7 +207,7 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
         speaker=_string_or(speaker, defaults.speaker or "").lower() or None,
         language=_string_or(language, defaults.language).lower(),
         instruct=_string_or(instruct, defaults.instruct or "") or None,
-        seed=defaults.base_seed + index if seed is None else seed,
+        seed=wrapped_seed(defaults.base_seed + index) if seed is None else seed,
         ref_audio=_reference_path(ref_audio, defaults, base_dir),
         ref_text=_string_or(ref_text, "" if own_reference else defaults.ref_text or "") or None,
         x_vector_only=x_vector_only,
@@ -254,6 +254,10 @@ def _read_txt(path: Path, defaults: RowDefaults) -> Manifest:
         data = path.read_bytes()
     except OSError as e:
         raise TTSError(f"{path}: cannot read: {e}") from e
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")) or data[:200].count(b"\0") > len(data[:200]) // 4:
+        # UTF-16 (what Windows calls Unicode): its NUL bytes and split newlines would make rows of garbage
+        raise TTSError(f"{path}: cannot read as UTF-8 text: it looks like UTF-16 (a byte-order mark or NUL "
+                       "bytes); save it as UTF-8")
     data = data.removeprefix(b"\xef\xbb\xbf")
     lines = data.split(b"\n")
     if lines[-1] == b"":
@@ -279,6 +283,8 @@ def _read_txt(path: Path, defaults: RowDefaults) -> Manifest:
 # Arrow types each column may have: checked before any row is read, so a wrong schema fails whole.
 def _is_text(t) -> bool:
     import pyarrow as pa
+    if pa.types.is_dictionary(t):   # pandas' category columns
+        return _is_text(t.value_type)
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
         or pa.types.is_large_binary(t) or pa.types.is_null(t)
 
@@ -294,15 +300,15 @@ def _is_seed(t) -> bool:
 
 
 def _is_flag(t) -> bool:
-    import pyarrow as pa
-    return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_null(t)
+    import pyarrow as pa   # (pandas stores an integer column that has nulls as floats)
+    return pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
 
 
 COLUMN_TYPES = {"text": (_is_text, "string"), "id": (_is_id, "string or integer"),
                 "speaker": (_is_text, "string"), "language": (_is_text, "string"),
                 "instruct": (_is_text, "string"), "seed": (_is_seed, "integer"),
                 "ref_audio": (_is_text, "string (a path)"), "ref_text": (_is_text, "string"),
-                "x_vector_only": (_is_flag, "boolean, or integers 1 and 0")}
+                "x_vector_only": (_is_flag, "boolean, or numbers 1 and 0")}
 
 
 def _read_parquet(path: Path, defaults: RowDefaults) -> Manifest:
@@ -335,6 +341,8 @@ def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path(
         if name not in table.column_names:
             return [None] * table.num_rows
         values = table.column(name)
+        if pa.types.is_dictionary(values.type):
+            values = values.cast(values.type.value_type)
         # Strings travel as bytes so that a cell that is not UTF-8 fails alone, not the whole column.
         if _is_text(values.type) and not pa.types.is_null(values.type):
             values = values.cast(pa.large_binary())

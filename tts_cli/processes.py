@@ -69,6 +69,19 @@ class RunStopped(BaseException):
         return 128 + self.signum   # the shell's convention: 143 for SIGTERM, 130 for SIGINT
 
 
+class RunCannotGoOn(RunStopped):
+    """A run stopped by what it needs failing (every --gpus worker died), not by a signal. It ends as a
+    stopped run does (its finished rows recorded, the report written), then with exit status 2."""
+
+    def __init__(self, reason: str):
+        BaseException.__init__(self, reason)
+        self.signum = None
+
+    @property
+    def exit_status(self) -> int:
+        return 2
+
+
 class StopRequest:
     """The first stop signal of a run (later ones are ignored: the stop is under way)."""
 

@@ -38,6 +38,13 @@ class RunSettings:
 
 DEFAULTS = RunSettings()
 SEED_RANGE = (-2**63, 2**63 - 1)   # a signed 64-bit integer: the samplers' seeds (a row's own, or the base + its index)
+
+
+def wrapped_seed(seed: int) -> int:
+    """A seed derived from another (the base + a row's index, a segment's stride) brought back into
+    SEED_RANGE as 64-bit arithmetic wraps: the same within it, and never out of it."""
+    low, high = SEED_RANGE
+    return (seed - low) % (high - low + 1) + low
 # The bounds of the numeric settings, for a recipe's keys as for the command line's options (cli.setting_option).
 SETTING_RANGES = {"seed": SEED_RANGE, "max_frames": (1, None), "batch_size": (1, None)}
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tts_cli.checkpoint import BASE, CUSTOM_VOICE, Checkpoint, ModelConfig, SamplingConfig, open_checkpoint
+from tts_cli.checkpoint import BASE, CUSTOM_VOICE, VOICE_DESIGN, Checkpoint, ModelConfig, SamplingConfig, open_checkpoint
 from tts_cli.engine import (AUTO_ROWS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION,
                             TALKER_PRECISIONS)
 from tts_cli.engine.prefill import COLUMNS
@@ -174,6 +174,8 @@ def check_reference(cfg: ModelConfig, reference: VoiceReference) -> None:
     if not torch.is_floating_point(embedding) or tuple(embedding.shape) != (width,):
         raise RequestError(f"{name}speaker embedding of shape {tuple(embedding.shape)} ({embedding.dtype}); this "
                            f"checkpoint takes a float x-vector of {width}")
+    if not bool(torch.isfinite(embedding).all()):   # (float samples far beyond full scale give NaN)
+        raise RequestError(f"{name}its speaker embedding is not finite (NaN or infinity): is the file's level sane?")
     if reference.x_vector_only:
         return
     codes = reference.codes
@@ -247,7 +249,6 @@ class Synthesizer:
         when it is built; a segment that needs more fails with its own error, the rest go on."""
         self.ckpt, self.model, self.tokenizer, self.codec = ckpt, model, tokenizer, codec
         self.cfg = ckpt.config
-        self._warned_instruct = False
         device = model.talker.codec_embedding.weight.device
         self.uses_engine = engine if engine is not None else device.type == "cuda"
         self.engine_rows, self.depth, self.codec_precision = engine_rows, depth, codec_precision
@@ -319,12 +320,12 @@ class Synthesizer:
         if request.instruct:
             if self.supports_instruct:
                 instruct_ids = self.tokenize(instruct_text(request.instruct))
-            elif not self._warned_instruct:
-                note = (f"instructions ignored: this {self.cfg.name} checkpoint does not support them (as the official "
-                        "implementation does)")
-                log.warning("%s", note)
-                self.notes.append(note)
-                self._warned_instruct = True
+            else:
+                self._note_once(f"instructions ignored: this {self.cfg.name} checkpoint does not support them (as the "
+                                "official implementation does)")
+        elif self.cfg.model_type == VOICE_DESIGN:
+            self._note_once("VoiceDesign rows without an instruct: nothing describes their voice, so each row's "
+                            "comes from its seed and changes from row to row (give --instruct or a column instruct)")
         reference = request.reference
         icl = reference is not None and not reference.x_vector_only
         return build_prompt(
@@ -334,6 +335,12 @@ class Synthesizer:
             speaker_embedding=reference.speaker_embedding.float() if reference is not None else None,
             reference_ids=self.tokenize(reference_text(reference.text)) if icl else None,
             reference_codes=reference.codes.long() if icl else None)
+
+    def _note_once(self, note: str) -> None:
+        """A note for the report, and the log, once per synthesizer."""
+        if note not in self.notes:
+            log.warning("%s", note)
+            self.notes.append(note)
 
     def row_input(self, request: Request, max_frames: int | None = None) -> RowInput:
         """The request as the generation loop's input: prompt embeddings, trailing text, frame cap."""

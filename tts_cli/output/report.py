@@ -42,6 +42,8 @@ DEFINITIONS = {
 
 
 NOT_SYNTHESIZED = "not synthesized: the run stopped before this row"   # a row's error after SIGTERM, Ctrl-C
+# What a synth run writes into its folder beside the rows' outputs and the ledger (cli.run_synth).
+RUN_FILES = ("report.json", "report.md", "report.html", "rows.parquet")
 
 
 @dataclass

@@ -12,6 +12,7 @@ import soundfile as sf
 from ..errors import OutputError
 
 TEMP_SUFFIX = ".tmp"
+TEMP_NAME = re.compile(r"\..+\.\d+" + re.escape(TEMP_SUFFIX))   # write_atomically's names
 MAX_NAME_CHARS = 200  # leaves room for a collision suffix and ".wav" under the usual 255-byte limit
 
 
@@ -112,6 +113,7 @@ def remove_temporary_files(folder: Path) -> list[str]:
     Only safe while no other process writes into `folder` (the run holds its lock)."""
     removed = []
     for path in Path(folder).glob(f".*{TEMP_SUFFIX}"):
-        path.unlink(missing_ok=True)
-        removed.append(path.name)
+        if TEMP_NAME.fullmatch(path.name):   # .NAME.PID.tmp: not any hidden .tmp file of the user's
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
     return removed

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ..errors import TTSError
 from ..logs import log_to_stderr, verbose
-from ..processes import end_with_parent
+from ..processes import RunCannotGoOn, end_with_parent
 from ..request import Request
 
 if TYPE_CHECKING:
@@ -130,8 +130,8 @@ class WorkerPool:
         unsent, answered = deque(range(len(batches))), 0
         while answered < len(batches):
             if not self.workers:
-                raise TTSError(f"every worker process died ({self.notes[-1]}); rows finished so far are in the "
-                               "ledger: rerun the same command to resume")
+                raise RunCannotGoOn(f"every worker process died ({len(self.notes)} of {self.started}; the notes "
+                                    "say how)")
             while unsent:   # to the least busy worker first
                 worker = min(self.workers, key=lambda w: len(w.held))
                 if len(worker.held) == BATCHES_IN_FLIGHT_PER_WORKER:

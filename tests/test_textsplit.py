@@ -30,6 +30,15 @@ def test_cjk_sentence_and_clause_marks_need_no_space():
     assert split_text("你好世界。今天天气很好！我们走吧，好吗？", 8) == ["你好世界。", "今天天气很好！", "我们走吧，好吗？"]
 
 
+def test_cjk_text_is_cut_without_adding_spaces_and_closing_marks_stay_with_their_sentence():
+    text = "彼は「行きましょう。」と言った。" * 12 + "次。 最後！！」"
+    segments = split_text(text, 40)
+    assert "".join(segments) == text and all(len(s) <= 40 for s in segments)
+    assert not any(s[0] in "」。！" for s in segments) and segments[-1].endswith("最後！！」")
+    assert split_text("一。 二。", 2) == ["一。", "二。"] and split_text("一。 二。", 5) == ["一。 二。"]
+    assert split_text("No\u00a0break here", 9) == ["No\u00a0break", "here"]
+
+
 def test_closing_quotes_stay_with_their_sentence():
     assert split_text('He said "stop." Then he left.', 20) == ['He said "stop."', "Then he left."]
 

@@ -12,10 +12,12 @@ import re
 import numpy as np
 
 # Cut points, strongest first. Each pattern matches the break *after* which a cut is made, so the
-# punctuation stays with the text before it. CJK marks need no following space.
-_SENTENCE_END = re.compile(r"(?:(?<=[.!?…])|(?<=[.!?…][\"'”’)\]]))\s+|(?<=[。！？])")
-_CLAUSE_END = re.compile(r"(?<=[,;:—–])\s+|(?<=[，；：、])")
-_SPACE = re.compile(r"\s+")
+# punctuation stays with the text before it (with the closing quotes and brackets that follow it).
+# CJK marks need no following space; the text's own separator (a space, or none) joins pieces again.
+_CLOSING = "\"'”’)\\]」』）】〕》"
+_SENTENCE_END = re.compile(rf"(?<=[.!?…])[{_CLOSING}]*\s+|(?<=[。！？])[{_CLOSING}]*(?![{_CLOSING}。！？])\s*")
+_CLAUSE_END = re.compile(r"(?<=[,;:—–])\s+|(?<=[，；：、])(?![，；：、])\s*")
+_SPACE = re.compile(r"[^\S\u00a0\u202f]+")   # not at a no-break space
 
 CROSSFADE_SECONDS = 0.04   # long enough to hide a click at the seam, too short to hear as overlap
 
@@ -27,26 +29,33 @@ def split_text(text: str, max_chars: int) -> list[str]:
     text = text.strip()
     if len(text) <= max_chars:
         return [text] if text else []
-    return _pack(_cut(text, max_chars, (_SENTENCE_END, _CLAUSE_END, _SPACE)), max_chars)
+    return _pack(_cut(text, "", max_chars, (_SENTENCE_END, _CLAUSE_END, _SPACE)), max_chars)
 
 
-def _cut(text: str, max_chars: int, breaks: tuple[re.Pattern, ...]) -> list[str]:
-    """Pieces of at most max_chars: cut at the first kind of break, and cut any piece still too
-    long at the next kind, down to fixed-width slices."""
+def _cut(text: str, before: str, max_chars: int, breaks: tuple[re.Pattern, ...]) -> list[tuple[str, str]]:
+    """Pieces of at most max_chars, each with the whitespace the text had before it (maybe none;
+    `before` for the first): cut at the first kind of break, and any piece still too long at the next
+    kind, down to fixed-width slices."""
     if len(text) <= max_chars:
-        return [text]
+        return [(text, before)]
     if not breaks:
-        return [text[i:i + max_chars] for i in range(0, len(text), max_chars)]
-    pieces = [piece.strip() for piece in breaks[0].split(text)]
-    return [part for piece in pieces if piece for part in _cut(piece, max_chars, breaks[1:])]
+        return [(text[i:i + max_chars], before if i == 0 else "") for i in range(0, len(text), max_chars)]
+    pieces, start, separator = [], 0, before
+    for cut in breaks[0].finditer(text):
+        closing = cut.group().rstrip()   # the closing marks the break pattern took stay with their sentence
+        pieces.append((text[start:cut.start()] + closing, separator))
+        start, separator = cut.end(), cut.group()[len(closing):]
+    pieces.append((text[start:], separator))
+    return [part for piece, sep in pieces if piece.strip()
+            for part in _cut(piece.strip(), sep, max_chars, breaks[1:])]
 
 
-def _pack(pieces: list[str], max_chars: int) -> list[str]:
-    """Adjacent pieces joined with a space while the result stays within max_chars."""
+def _pack(pieces: list[tuple[str, str]], max_chars: int) -> list[str]:
+    """Adjacent pieces joined by the separator they had in the text while the result stays within max_chars."""
     segments: list[str] = []
-    for piece in pieces:
-        if segments and len(segments[-1]) + 1 + len(piece) <= max_chars:
-            segments[-1] = f"{segments[-1]} {piece}"
+    for piece, separator in pieces:
+        if segments and len(segments[-1]) + len(separator) + len(piece) <= max_chars:
+            segments[-1] = f"{segments[-1]}{separator}{piece}"
         else:
             segments.append(piece)
     return segments

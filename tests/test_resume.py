@@ -110,6 +110,19 @@ def test_a_row_new_to_the_folder_does_not_take_the_file_of_a_row_made_before(fak
     assert sorted(path.name for path in out.glob("*.wav")) == ["A_B_3.wav", "a_b.wav", "a_b_2.wav"]
 
 
+def test_another_segment_limit_changes_only_the_rows_it_splits_otherwise(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("short\tOne short row.\nlong\tA first sentence here. A second one there. A third.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, model=tmp_path / "model").exit_code == 0
+    result = _synth(manifest, out, "--segment-chars", 200, model=tmp_path / "model")   # both rows: one segment
+    assert result.exit_code == 0 and "2 rows ok (2 from an earlier run)" in result.stdout, result.output
+    result = _synth(manifest, out, "--segment-chars", 30, model=tmp_path / "model")    # the long row splits
+    assert result.exit_code == 2
+    assert "1 rows were made before with other text or settings (first: row 2, id 'long': segment_chars" \
+        in " ".join(result.stderr.split())
+
+
 def test_changed_rows_stop_the_run_before_the_model_loads_unless_redo_changed(fake, tmp_path, monkeypatch):
     manifest = tmp_path / "m.txt"
     manifest.write_text("a\tOne.\nb\tTwo.\n")

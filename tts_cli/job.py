@@ -432,6 +432,14 @@ def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:
     return RowPlan(row, name, params, params_key(params))
 
 
+def same_segments(old: dict, new: dict) -> bool:
+    """Settings that differ only in segment_chars, where the text splits the same under both (a row
+    shorter than either is one segment): the same output, not a changed row."""
+    if {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)} != {"segment_chars"}:
+        return False
+    return split_text(new["text"], old["segment_chars"]) == split_text(new["text"], new["segment_chars"])
+
+
 def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
                 settings: JobSettings) -> tuple[list[RowPlan], int, list[ManifestRow]]:
     """The rows to synthesize, how many are done already, and which of those have a reference file
@@ -447,7 +455,7 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
                 resumed += 1
                 kept.append(plan.row)
             continue
-        if done and entry["key"] == plan.key:
+        if done and (entry["key"] == plan.key or same_segments(entry.get("params", {}), plan.params)):
             resumed += 1
             continue
         if done:

@@ -159,6 +159,10 @@ def _row_dict(row: RowRecord) -> dict:
         "speaker": request.speaker,
         "language": request.language,
         "instruct": request.instruct,
+        # the reference of a cloned voice (None for the other rows)
+        "ref_audio": request.ref_audio,
+        "ref_text": request.ref_text,
+        "x_vector_only": request.x_vector_only if request.clones_voice else None,
         "seed": request.seed,
         "frames": row.frames,
         "segment_frames": row.segment_frames,
@@ -217,7 +221,7 @@ def render_markdown(report: dict) -> str:
         *_wer_lines(report.get("wer")),
         "## Rows",
         "",
-        "| row | id | speaker | language | frames | audio s | wall s | hit cap | file or error | text |",
+        "| row | id | voice | language | frames | audio s | wall s | hit cap | file or error | text |",
         "|---:|---|---|---|---:|---:|---:|---|---|---|",
     ]
     for row in report["rows"]:
@@ -226,11 +230,18 @@ def render_markdown(report: dict) -> str:
         if row["segment_frames"]:   # a split row: its segments' frames too, as report.json has them
             frames += f" ({' + '.join(map(str, row['segment_frames']))})"
         lines.append("| " + " | ".join(_cell(value) for value in (
-            _number(row["row"]), row["id"], row["speaker"] or "", row["language"], frames,
+            _number(row["row"]), row["id"], voice_label(row), row["language"], frames,
             _number(row["audio_seconds"]), _number(row["wall_seconds"]),
             "" if row["hit_cap"] is None else ("yes" if row["hit_cap"] else "no"),
             outcome, row["text"])) + " |")
     return "\n".join(lines) + "\n"
+
+
+def voice_label(row: dict) -> str:
+    """A report row's voice in a few words: its speaker, the reference it clones, its instruct."""
+    if row.get("ref_audio"):
+        return f"clone of {Path(row['ref_audio']).name} ({'x-vector' if row['x_vector_only'] else 'ICL'})"
+    return "; ".join(part for part in (row["speaker"], row["instruct"] and f"instruct: {row['instruct']}") if part)
 
 
 def _reference_lines(references: dict | None) -> list[str]:

@@ -14,7 +14,8 @@ class FakeSynthesizer:
 
     A text with "boom" is a RequestError; with "oom-always" the batch runs out of CUDA memory
     whatever its size; with "oom-shared" it does so only in a batch of more than one row; with
-    "host-oom" host memory runs out (torch's CPU allocator's error) in a batch of more than one row."""
+    "host-oom" host memory runs out (torch's CPU allocator's error) in a batch of more than one row; with
+    "[bug]" the call raises a ValueError (not a row's fault); with "[nan]" the row's audio holds a NaN."""
     speakers = ["ryan", "vivian"]
     languages = ["auto", "chinese", "english"]
     supports_instruct = True
@@ -41,6 +42,8 @@ class FakeSynthesizer:
         if len(requests) > 1 and any("host-oom" in r.text for r in requests):
             raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate "
                                "memory: you tried to allocate 46725145600 bytes (fake)")
+        if any("[bug]" in r.text for r in requests):
+            raise ValueError("a bug in synthesis (fake)")
         if len(requests) > 1 and any("boom" in r.text for r in requests):
             raise RequestError("a row of this batch is bad")
         if any("boom" in r.text for r in requests):
@@ -51,6 +54,8 @@ class FakeSynthesizer:
             hit_cap = max_frames is not None and frames >= max_frames
             frames = min(frames, max_frames or frames)
             audio = 0.3 * np.sin(np.arange(frames * SAMPLES_PER_FRAME, dtype=np.float32) / 10)
+            if "[nan]" in r.text:
+                audio[100] = np.nan
             results.append(Result(r.id, torch.zeros(frames, 16, dtype=torch.int64), audio, hit_cap))
         return results
 

@@ -9,7 +9,9 @@ from typer.testing import CliRunner
 
 from tts_cli import cli
 from tts_cli.errors import TTSError
+from tts_cli.job import REDO_PENDING
 from tts_cli.output.ledger import LEDGER_NAME, Ledger
+from tts_cli.output.report import NOT_SYNTHESIZED
 
 from fakes import use_fake_synthesizer
 from killed_runs import synth_command, synth_killed_after
@@ -172,6 +174,88 @@ def test_parquet_shard_that_no_ledger_entry_names_is_removed_and_its_rows_redone
     shards = sorted(out.glob("part-*.parquet"))
     assert [p.name for p in shards] == ["part-00000.parquet"]   # numbered after the orphan went
     assert sorted(pq.read_table(shards[0]).column("id").to_pylist()) == [f"r{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("output_format", ["wav", "parquet"])
+def test_an_error_in_synthesis_keeps_the_rows_made_writes_the_report_and_exits_2(fake, tmp_path, output_format):
+    """Not a row's fault (a bug, a device fault): the run cannot go on, but it ends as a stopped run
+    does, parquet rows still waiting for their shard included."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree [bug].\nd\tFour.\n")
+    out = tmp_path / "out"
+    result = _synth(manifest, out, "--batch-size", 2, "--format", output_format, model=tmp_path / "model")
+    assert result.exit_code == 2, result.output
+    assert ("synthesis failed (ValueError: a bug in synthesis (fake); `tts -v synth ...` shows where): the rows "
+            "finished so far are in") in " ".join(result.stderr.split())
+    assert [(e["id"], e["status"]) for e in _ledger(out)] == [("a", "ok"), ("b", "ok")]
+    report = json.loads((out / "report.json").read_text())
+    assert report["totals"]["ok"] == 2 and report["totals"]["not_synthesized"] == 2
+    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree.\nd\tFour.\n")
+    assert _synth(manifest, out, "--batch-size", 2, "--format", output_format,
+                  model=tmp_path / "model").exit_code == 0
+    assert sorted(e["id"] for e in _ledger(out)) == ["a", "b", "c", "d"]
+
+
+def test_a_row_whose_audio_is_not_finite_fails_alone(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo [nan].\nc\tThree.\n")
+    out = tmp_path / "out"
+    result = _synth(manifest, out, "--format", "flac", model=tmp_path / "model")
+    assert result.exit_code == 1, result.output
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    assert [row["error"] for row in rows] == [
+        None, "its audio has NaN or infinite samples (the model's numbers overflowed)", None]
+    assert sorted(p.name for p in out.glob("*.flac")) == ["a.flac", "c.flac"]
+
+
+def test_a_stopped_run_reports_the_rows_it_was_to_make_again_as_not_synthesized(fake, tmp_path, monkeypatch):
+    """A row to redo (its file gone, or changed with --redo-changed) that a stopped run did not reach is
+    not reported with its earlier ledger line; and a redone row's earlier line stops counting before
+    its file is replaced, so that a run killed in between leaves it to be redone."""
+    import os
+    import signal
+
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, "--greedy", model=tmp_path / "model").exit_code == 0
+    (out / "b.wav").unlink()
+    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree, changed.\n")
+    synthesize = fake.synthesize
+    monkeypatch.setattr(fake, "synthesize", lambda *args, **kwargs: os.kill(os.getpid(), signal.SIGTERM))
+    result = _synth(manifest, out, "--greedy", "--redo-changed", model=tmp_path / "model")
+    assert result.exit_code == 143, result.output
+    report = json.loads((out / "report.json").read_text())
+    assert [(row["id"], row["file"], row["error"]) for row in report["rows"]] == [
+        ("a", "a.wav", None), ("b", None, NOT_SYNTHESIZED), ("c", None, NOT_SYNTHESIZED)]
+    assert report["totals"]["audio_seconds_this_run"] == 0 and report["totals"]["not_synthesized"] == 2
+    assert [(e["id"], e["status"], e["error"]) for e in _ledger(out)][-1] == ("c", "failed", REDO_PENDING)
+    monkeypatch.setattr(fake, "synthesize", synthesize)
+    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree.\n")   # back to the text c.wav was made from
+    result = _synth(manifest, out, "--greedy", model=tmp_path / "model")
+    assert result.exit_code == 0 and "3 rows ok (1 from an earlier run)" in result.stdout, result.output
+
+
+def test_a_row_made_again_in_another_format_gets_a_file_of_that_format(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, model=tmp_path / "model").exit_code == 0
+    assert _synth(manifest, out, "--format", "flac", "--redo-changed", model=tmp_path / "model").exit_code == 0
+    assert sf.info(out / "a.flac").format == "FLAC" and sf.info(out / "a.wav").format == "WAV"
+    assert json.loads((out / "report.json").read_text())["rows"][0]["file"] == "a.flac"
+
+
+def test_a_parquet_shard_number_the_ledger_names_is_never_written_again(fake, tmp_path):
+    """Its rows were recorded in it: a new shard of that name would pass them as made."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, "--format", "parquet", model=tmp_path / "model").exit_code == 0
+    (out / "part-00000.parquet").unlink()
+    assert _synth(manifest, out, "--format", "parquet", model=tmp_path / "model").exit_code == 0
+    assert [p.name for p in out.glob("part-*.parquet")] == ["part-00001.parquet"]
+    assert {e["id"]: e["file"] for e in _ledger(out)} == {"a": "part-00001.parquet", "b": "part-00001.parquet"}
 
 
 @pytest.mark.parametrize("output_format, theirs", [

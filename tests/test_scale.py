@@ -129,6 +129,36 @@ def test_a_worker_killed_while_it_sends_fails_the_rows_it_held(cut):
     assert pool.workers == [] and "the run went on with 0 of 2 workers" in pool.notes[0]
 
 
+def test_a_worker_whose_batch_raises_sends_its_rows_failed_and_ends(monkeypatch):
+    """A device fault or a bug: failing every batch at once, the worker would take most of them from
+    its healthy peers (it asks for work first), so it ends after the first, and the pool goes on
+    without it (tests above: a worker that dies)."""
+    import queue
+    from multiprocessing import Pipe
+
+    import torch
+
+    from tts_cli import synthesizer
+    from tts_cli.request import Request
+    from tts_cli.scale import workers
+
+    from fakes import FakeSynthesizer
+
+    monkeypatch.setattr(workers, "end_with_parent", lambda: None)
+    monkeypatch.setattr(synthesizer.Synthesizer, "from_pretrained", staticmethod(lambda *a, **k: FakeSynthesizer()))
+    tasks, (received, sent) = queue.Queue(), Pipe(duplex=False)
+    for index, text in enumerate(["Fine.", "A device fault [bug].", "Never run."]):
+        tasks.put((index, [Request(f"r{index}", text, "vivian")]))
+    with pytest.raises(SystemExit) as ended:
+        workers.worker_main("model", "cpu", torch.get_num_threads(), True, 5, 1, 64, "auto", "fp16", "fp16", False,
+                            tasks, sent)
+    assert ended.value.code == workers.FAULT_EXIT
+    messages = [received.recv() for _ in range(3)]
+    assert [m[0] for m in messages] == ["ready", "done", "done"] and [m[1] for m in messages[1:]] == [0, 1]
+    assert [str(o) for o in messages[2][2]] == ["on cpu: ValueError: a bug in synthesis (fake)"]
+    assert not received.poll() and tasks.qsize() == 1
+
+
 @needs_bundled_model
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="the [ray] extra is not installed (pip install -e '.[ray]'); make test installs it")

@@ -19,6 +19,7 @@ left, write each finished row and record it, then rebuild the report from the le
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -37,10 +38,15 @@ from .output.formats import SHARD_PATTERN, make_sink, output_exists
 from .output.ledger import LEDGER_NAME, Ledger, changed_params, params_key, row_params
 from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
 from .output.writer import remove_temporary_files, sanitize_id
-from .processes import RunStopped, stops_here
+from .processes import RunCannotGoOn, RunStopped, stops_here
 from .recipe import wrapped_seed
 from .request import Request
 from .textsplit import crossfade_samples, join_with_crossfade, split_text
+
+log = logging.getLogger(__name__)
+# The ledger line of a row about to be made again over its earlier file (--redo-changed): a run killed
+# before the row's new line leaves it to be redone, not its earlier line naming a file being replaced.
+REDO_PENDING = "left to be synthesized again (--redo-changed)"
 
 DEFAULT_SEGMENT_CHARS = 300      # about 20 s of speech: far inside the talker's context and frame caps
 SEGMENT_SEED_STRIDE = 1_000_003  # segment k draws with seed + k * stride: its own noise, still reproducible
@@ -355,7 +361,10 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
             names = names_beside_ledger(rows, names, ledger)
         plans = [plan_row(row, names[row.index], settings) for row in rows
                  if row.problem is None or row.reference_unreadable]
-        todo, resumed, kept = _rows_to_do(plans, ledger, out_dir, settings)
+        earlier = dict(ledger.latest)   # what earlier runs recorded: no outcome of this run's
+        todo, resumed, kept, redone = _rows_to_do(plans, ledger, out_dir, settings)
+        # A redone row's file is replaced before its new ledger line: its old line must stop naming it first.
+        ledger.append([_entry(plan, error=REDO_PENDING) for plan in redone])
         if kept:
             notes.append(f"{len(kept)} rows made by an earlier run are kept though their reference cannot be read "
                          f"now (first: row {kept[0].number}: {kept[0].problem})")
@@ -383,11 +392,20 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
                     executor.close(now=not completed)
                     synthesis = getattr(executor, "timing", None)
         wall_seconds = perf_counter() - start
-        records = [_record(row, ledger.latest.get(row.request.id)) for row in rows]
+        todo_ids = {plan.row.request.id for plan in todo}
+
+        def outcome(row_id: str) -> dict | None:
+            """The ledger's entry for a row, if it is this run's where this run was to make the row."""
+            entry = ledger.latest.get(row_id)
+            if row_id in todo_ids and (entry is earlier.get(row_id) or (entry or {}).get("error") == REDO_PENDING):
+                return None
+            return entry
+
+        records = [_record(row, outcome(row.request.id)) for row in rows]
     if stopped is not None:
-        left = sum(plan.row.request.id not in ledger.latest for plan in todo)
+        left = sum(outcome(row_id) is None for row_id in todo_ids)
         notes.append(f"{stopped}: {left} rows were not synthesized; rerun the same command to resume")
-    audio_seconds = sum((ledger.latest.get(plan.row.request.id) or {}).get("audio_seconds") or 0.0 for plan in todo)
+    audio_seconds = sum((outcome(row_id) or {}).get("audio_seconds") or 0.0 for row_id in todo_ids)
     return JobResult(records, wall_seconds, len(todo), resumed, audio_seconds, notes, stopped, synthesis)
 
 
@@ -417,6 +435,8 @@ def names_beside_ledger(rows: list[ManifestRow], names: dict[int, str], ledger: 
     held, kept = {name.lower() for name in files.values()}, {}
     for row in rows:
         name = files.get(row.request.id)
+        if name is not None and name.rpartition(".")[2] != names[row.index].rpartition(".")[2]:
+            name = None   # made in another format (a changed row): its new file is another
         if name is None:
             name, n, extension = names[row.index], 1, names[row.index].rpartition(".")[2]
             while name.lower() in held:
@@ -441,11 +461,12 @@ def same_segments(old: dict, new: dict) -> bool:
 
 
 def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
-                settings: JobSettings) -> tuple[list[RowPlan], int, list[ManifestRow]]:
-    """The rows to synthesize, how many are done already, and which of those have a reference file
-    that cannot be read now (their plans have no hash of it: done if an earlier run made them with
-    the same settings otherwise; else they fail with their problem). Raises TTSError for rows done
-    before with other text or settings, unless settings.redo_changed."""
+                settings: JobSettings) -> tuple[list[RowPlan], int, list[ManifestRow], list[RowPlan]]:
+    """The rows to synthesize, how many are done already, which of those have a reference file that
+    cannot be read now (their plans have no hash of it: done if an earlier run made them with the
+    same settings otherwise; else they fail with their problem), and the rows to synthesize again
+    over their earlier file. Raises TTSError for rows done before with other text or settings,
+    unless settings.redo_changed."""
     todo, changed, resumed, kept = [], [], 0, []
     for plan in plans:
         entry = ledger.latest.get(plan.row.request.id)
@@ -470,7 +491,7 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
     if changed and settings.output_format == "parquet":
         raise TTSError("--redo-changed works with --format wav and flac only: a row cannot be taken out of a "
                        "parquet shard; use a new --out")
-    return todo, resumed, kept
+    return todo, resumed, kept, [plan for plan, _ in changed]
 
 
 def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir: Path, settings: JobSettings,
@@ -489,6 +510,12 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
                     finished = next(batches, None)
             except RunStopped as e:
                 stopped, finished = e, None
+            except TTSError:
+                raise
+            except Exception as e:   # a bug or a device fault: the rows made so far are kept, then the run stops
+                log.error("synthesis failed", exc_info=True)
+                stopped, finished = RunCannotGoOn(f"synthesis failed ({type(e).__name__}: {e}; `tts -v synth ...` "
+                                                  "shows where)"), None
             if finished is None:
                 break
             failed, records = [], []
@@ -553,7 +580,10 @@ def _joined_audio(plan: RowPlan, fade_samples: int) -> np.ndarray | str:
     for k, outcome in enumerate(plan.outcomes):
         if isinstance(outcome, TTSError):
             return (f"segment {k + 1}/{len(plan.outcomes)}: {outcome}" if len(plan.outcomes) > 1 else str(outcome))
-    return join_with_crossfade([o.audio for o in plan.outcomes], fade_samples)
+    audio = join_with_crossfade([o.audio for o in plan.outcomes], fade_samples)
+    if not np.isfinite(audio).all():   # a WAV would hold it as silence or clipping, FLAC refuses it
+        return "its audio has NaN or infinite samples (the model's numbers overflowed)"
+    return audio
 
 
 def _store_rows(finished: list[tuple[RowPlan, np.ndarray | str]], sink,
@@ -578,6 +608,9 @@ def _store_rows(finished: list[tuple[RowPlan, np.ndarray | str]], sink,
             continue
         except OSError as e:
             entries.append(_entry(plan, error=f"cannot write {plan.name}: {e}"))
+            continue
+        except Exception as e:   # the encoder's own failures (libsndfile's, soundfile's asserts)
+            entries.append(_entry(plan, error=f"cannot encode its audio: {type(e).__name__}: {e}"))
             continue
         entries.append(_entry(plan, audio_seconds=len(audio) / sink.sample_rate))
         sink.add(entries[-1], plan.name, output)

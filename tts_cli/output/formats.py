@@ -65,7 +65,10 @@ class ParquetSink:
         self.max_wait_s = max_wait_s
         self._first_waiting = 0.0   # time.monotonic() when the first row now waiting was added
         self.removed_orphans = remove_orphan_shards(self.out_dir, referenced_files)
-        numbers = [int(m.group(1)) for p in self.out_dir.iterdir() if (m := SHARD_PATTERN.fullmatch(p.name))]
+        # Never a number the ledger names, even for a shard gone from the folder: a row recorded in it
+        # would pass as made from the new shard of that name.
+        names = [p.name for p in self.out_dir.iterdir()] + list(referenced_files)
+        numbers = [int(m.group(1)) for name in names if (m := SHARD_PATTERN.fullmatch(name))]
         self._next_number = max(numbers, default=-1) + 1
         self._rows: list[dict] = []
         self._entries: list[dict] = []

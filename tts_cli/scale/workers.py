@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 BATCHES_IN_FLIGHT_PER_WORKER = 2   # one running, one waiting: no idle gap between batches
 STOP_SECONDS = 10                  # a worker told to stop that is still there after this is killed
+FAULT_EXIT = 3                     # a worker that ended itself after an unexpected error in a batch
 
 
 def parse_devices(spec: str) -> list[str]:
@@ -187,6 +188,8 @@ def _how_it_ended(process: multiprocessing.Process) -> str:
         return "its result pipe closed"
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
+    if code == FAULT_EXIT:
+        return "ended itself after a device fault or a bug, which its last batch's rows name"
     return f"exit code {code}"
 
 
@@ -219,6 +222,13 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
             start = perf_counter()
             try:
                 outcomes = synthesize_batch(synth, requests, greedy, max_frames, limit)
-            except Exception as e:  # a device fault or a bug: this batch's rows fail with it, the run goes on
-                outcomes = [TTSError(f"on {device}: {type(e).__name__}: {e}")] * len(requests)
+            except Exception as e:
+                # A device fault or a bug: this batch's rows fail with it, and the worker ends (a device
+                # after a fault is not to be trusted; failing at once, it would take most batches).
+                sender.submit(results.send, ("done", index, [TTSError(f"on {device}: {type(e).__name__}: {e}")]
+                                             * len(requests), perf_counter() - start))
+                break
             sender.submit(results.send, ("done", index, outcomes, perf_counter() - start))
+        else:
+            return
+    raise SystemExit(FAULT_EXIT)   # (after the sender has sent the failed batch)

@@ -220,6 +220,16 @@ def test_score_refuses_a_language_no_checkpoint_has(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_score_refuses_to_write_over_a_synth_runs_reports(tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\n", encoding="utf-8")
+    (tmp_path / "ledger.jsonl").write_text("")
+    (tmp_path / "report.json").write_text("synth's")
+    result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and f"--out {tmp_path} is a tts synth run's folder" in " ".join(result.output.split())
+    assert (tmp_path / "report.json").read_text() == "synth's"
+
+
 @needs_asr_model
 def test_score_with_no_audio_for_any_row_is_one_red_line(tmp_path):
     """Nothing to score (an empty folder, or tts synth's parquet output, whose audio is inside its

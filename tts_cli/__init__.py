@@ -1,3 +1,9 @@
-"""tts: offline batch text-to-speech for Qwen3-TTS 12 Hz CustomVoice checkpoints."""
+"""tts: offline batch text-to-speech for Qwen3-TTS 12 Hz checkpoints (CustomVoice, Base, VoiceDesign)."""
 
 __version__ = "0.1.0"
+
+
+def install_hint(extra: str) -> str:
+    """How to install an optional extra: from the checkout (`pip install 'tts[...]'` would fetch PyPI's
+    `tts`, another project)."""
+    return f"pip install -e '.[{extra}]' in the tts checkout"

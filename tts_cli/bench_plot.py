@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from tts_cli import install_hint
 from tts_cli.errors import TTSError
 
 # The keys of a bench row's ms_per_step (tts_cli.engine.runner.EngineStats.per_step), in the order
@@ -26,7 +27,7 @@ STAGE_COLORS = {"depth": "tab:blue", "talker": "tab:orange", "codec": "tab:green
                 "host": "tab:gray"}
 RUN_HATCHES = ("", "//", "..", "xx", "\\\\", "oo")   # tells apart the runs' bars in (b)
 LOG_SCALE_RATIO = 50   # (a) has a log y axis when its largest audio-s/s is more than this times its smallest
-PLOT_EXTRA = "pip install 'tts[plot]' (matplotlib)"
+PLOT_EXTRA = f"{install_hint('plot')} (matplotlib)"
 
 
 @dataclass

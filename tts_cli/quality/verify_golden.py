@@ -9,6 +9,7 @@ from typing import Iterator
 from rich.table import Table
 from rich.text import Text
 
+from .. import install_hint
 from ..errors import TTSError
 from .golden import Check
 
@@ -100,7 +101,8 @@ def record_golden(model_dir: Path, out_dir: Path, device: str = "cpu", frames: i
         reference.import_official()
     except ImportError as e:
         raise TTSError(f"the official implementation is not importable ({e}): install the extra "
-                       "`pip install 'tts[reference]'` (qwen-tts-hf; the Makefile names versions that work)") from e
+                       f"[reference] ({install_hint('reference')}: qwen-tts-hf; the Makefile names versions that "
+                       "work)") from e
     options = {}
     if frames is not None:
         options.update(frames=frames, natural_max_new_tokens=frames + 1)

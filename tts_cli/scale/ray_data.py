@@ -14,7 +14,7 @@ Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the r
 (relative paths start from the manifest's folder); each actor encodes each distinct reference once,
 into a temporary folder of its own, as `tts synth` does into OUT/.references.
 
-Needs the `ray` extra: pip install 'tts[ray]'. See README, "Scale-out".
+Needs the `ray` extra: pip install -e '.[ray]' in the checkout. See README, "Scale-out".
 """
 from __future__ import annotations
 

@@ -77,6 +77,27 @@ def test_a_cancelled_engine_run_stops_at_a_window_and_the_engine_runs_again_the_
         assert np.array_equal(a.codes.numpy(), b.codes.numpy()) and np.array_equal(a.audio, b.audio)
 
 
+def test_a_cancelled_plain_batch_stops_before_its_next_frame():
+    """A stop on the CPU path does not wait for the lockstep batch's last frame (minutes at the real
+    shapes): the frame loop looks at the event."""
+    synth = Synthesizer.from_pretrained(TINY)
+    requests = [Request(id=str(i), text="The birch canoe slid on the smooth planks.", speaker="vivian")
+                for i in range(2)]
+    cancel, frames = threading.Event(), []
+    original = synth.model.talker.forward
+
+    def forward(*args, **kwargs):   # the talker runs once for the prompt, then once per frame
+        frames.append(1)
+        if len(frames) == 3:
+            cancel.set()
+        return original(*args, **kwargs)
+
+    synth.model.talker.forward = forward
+    with pytest.raises(SynthesisCancelled):
+        synth.synthesize(requests, max_frames=50, min_new_tokens=51, cancel=cancel)
+    assert len(frames) == 3
+
+
 def test_the_report_says_where_the_engine_spent_its_time(tmp_path):
     from tts_cli.output.report import RunInfo, build_report, render_markdown
 

@@ -27,7 +27,7 @@ from tts_cli.engine import (AUTO_ROWS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, D
 from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest, EngineResult, PromptSource
 from tts_cli.engine.slots import talker_kv_bytes
-from tts_cli.errors import CheckpointError, RequestError, TTSError
+from tts_cli.errors import CheckpointError, RequestError, SynthesisCancelled, TTSError
 from tts_cli.model.codec import load_codec
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import (Prompt, assistant_text, build_prompt, check_speaker, instruct_text,
@@ -366,8 +366,8 @@ class Synthesizer:
         """All requests of one call: on the plain path as one lockstep batch; through the engine,
         queued into its engine_rows slots (at most max_rows: the out-of-memory fallback). Raises
         RequestError for an invalid request. on_result(index, result) sees each engine row as it
-        ends; cancel (a threading.Event): once set, the engine raises SynthesisCancelled at its next
-        window boundary."""
+        ends; cancel (a threading.Event): once set, SynthesisCancelled is raised at the engine's next
+        window boundary, or before the plain path's next frame."""
         for r in requests:
             self.validate(r)
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
@@ -382,7 +382,9 @@ class Synthesizer:
                                                 min(slots, max_rows or slots), on_result, cancel)
         rows = [self.row_input(r, max_frames) for r in requests]
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
-                        min_new_tokens=min_new_tokens)
+                        min_new_tokens=min_new_tokens, cancel=cancel)
+        if cancel is not None and cancel.is_set():
+            raise SynthesisCancelled()
         audio = self.decode([o.codes for o in outs], [r.reference for r in requests])
         return [Result(id=r.id, codes=o.codes, audio=a, hit_cap=o.hit_cap)
                 for r, o, a in zip(requests, outs, audio)]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tts_cli.errors import SynthesisCancelled
 from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.transformer import GrowingKV, StaticKV
 from tts_cli.model.sampler import RowSampling, SamplerSettings, TalkerLogitsProcessor, choose
@@ -61,13 +62,15 @@ def prefill_batch(prompts: list[torch.Tensor], left_pad: bool, columns: int | No
 @torch.no_grad()
 def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSettings,
              cp_sampler: SamplerSettings, min_new_tokens: int = 2, trace: bool = False,
-             static_caches: bool = False) -> list[RowOutput]:
+             static_caches: bool = False, cancel=None) -> list[RowOutput]:
     """min_new_tokens: EOS is blocked for the first min_new_tokens codebook-0 draws (the official
     model hard-codes 2; max_frames + 1 forces every row to its full length).
     static_caches: keys and values kept as the engine keeps them (StaticKV, in the weights' dtype),
     so that a model switched to its fused kernels (use_kernels) runs them: the engine's numbers
     without its scheduling. Needs prompts of one length (no padding: the kernels' attention is
-    causal by cache position and reads no mask)."""
+    causal by cache position and reads no mask).
+    cancel (a threading.Event): once set, SynthesisCancelled is raised before the next frame (a
+    stopped run does not wait for a CPU batch's last frame)."""
     cfg = model.cfg
     talker, cp = model.talker, model.code_predictor
     device = talker.codec_embedding.weight.device
@@ -95,6 +98,8 @@ def generate(model: Qwen3TTS, rows: list[RowInput], talker_sampler: SamplerSetti
     max_frames = torch.tensor([r.max_frames for r in rows])
     frame = 0
     while True:
+        if cancel is not None and cancel.is_set():
+            raise SynthesisCancelled()
         last_hidden, last_logits = hidden[:, -1], logits[:, -1].float()
         processed = process(last_logits, seen, torch.full((b,), frame < min_new_tokens, device=device),
                             talker_rows.repetition_penalty)

@@ -321,7 +321,13 @@ def test_a_stop_keeps_what_the_asr_heard_before_it():
     pool._futures, pool._broken, pool.model_path = {"a": heard, "b": waiting}, None, "model"
     with stop_on_signals() as stop:
         stop._handle(signal.SIGINT, None)
-        assert pool.results() == {"a": "a transcript", "b": "not heard: the run was stopped by SIGINT"}
+        results = pool.results()
+    assert results == {"a": "a transcript", "b": "not heard: the run was stopped by SIGINT"}
+    # a row not heard for the stop is not scored, not failed: nothing is wrong with its audio
+    from tts_cli.quality.scoring import ScoredRow, apply_transcripts
+    row = ScoredRow("b", "Some words.", "english", file="b.wav")
+    apply_transcripts([row], results, key=lambda r: r.id)
+    assert (row.error, row.not_scored) == (None, "not heard: the run was stopped by SIGINT")
 
 
 @pytest.mark.parametrize("noticed", [False, True], ids=["row-first", "death-noticed-first"])

@@ -42,6 +42,11 @@ def _nothing() -> None:
     pass
 
 
+class NotHeard(str):
+    """Why a row's audio was not transcribed, though nothing is wrong with it (the run stopped first):
+    the row is not scored, not failed."""
+
+
 class AsrPool:
     def __init__(self, model_path: Path, workers: int = 1, cpu_threads_per_worker: int = 1, start_now: bool = False):
         """start_now: start the workers (and load the model) at once rather than at the first submit."""
@@ -80,7 +85,7 @@ class AsrPool:
                            f"killed or ran out of memory): {e}") from e
         except RunStopped as stop:   # what the workers heard before it is kept
             heard.update((key, future.result() if future.done() and not future.cancelled()
-                          and future.exception() is None else f"not heard: the run was {stop}")
+                          and future.exception() is None else NotHeard(f"not heard: the run was {stop}"))
                          for key, future in self._futures.items() if key not in heard)
         return heard
 

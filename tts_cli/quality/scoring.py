@@ -14,7 +14,7 @@ from ..manifest import Manifest
 from ..output.report_html import write_score_html
 from ..output.writer import wav_names, write_atomically
 from .asr import SPLIT_CHARACTER_LANGUAGES, Transcript
-from .asr_pool import AsrPool
+from .asr_pool import AsrPool, NotHeard
 from .wer import FLAG_MEANINGS, HIGH_WER, NEAR_SILENT_RMS, PROTOCOL, RowWer, row_wer, slow_rows, summarize
 
 WORST_ROWS = 10
@@ -47,6 +47,9 @@ def apply_transcripts(rows: list[ScoredRow], heard: dict[str, Transcript | str],
     for row in rows:
         result = heard.get(key(row))
         if row.error is not None or result is None:
+            continue
+        if isinstance(result, NotHeard):
+            row.not_scored = str(result)
             continue
         if isinstance(result, str):
             row.error = result

@@ -129,6 +129,28 @@ def test_no_wer_writes_no_wer_fields_and_drops_an_earlier_rows_file(monkeypatch,
     assert "WER" not in (out / "report.md").read_text()
 
 
+def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
+    """A damaged or edited shard of an earlier run: that row's WER fails with the reason, the run goes on."""
+    from types import SimpleNamespace
+
+    from tts_cli.output.report import RowRecord
+    from tts_cli.quality.synth_wer import SynthWer
+    from tts_cli.request import Request
+
+    (tmp_path / "part-00000.parquet").write_bytes(b"not parquet")
+    submitted = []
+    wer = SynthWer.__new__(SynthWer)
+    wer.out_dir, wer.output_format, wer._shard, wer._unread = tmp_path, "parquet", (None, {}), {}
+    wer.pool = SimpleNamespace(submit=lambda *args: submitted.append(args), results=lambda: {})
+    wer.asr, wer.workers = SimpleNamespace(path="model", source="test"), 1
+    record = RowRecord(Request("a", "Hello there.", "vivian", language="english"), row_number=1,
+                       file="part-00000.parquet", frames=3, audio_seconds=0.24)
+    wer.feed(record)
+    assert submitted == []
+    _, [row] = wer.finish([record], 0)
+    assert row["error"].startswith("cannot read its audio from part-00000.parquet: ") and row["wer"] is None
+
+
 @pytest.mark.wer
 def test_without_an_asr_model_synth_says_so_and_goes_on(monkeypatch, tmp_path):
     from tts_cli.quality import asr

@@ -23,6 +23,7 @@ class SynthWer:
         self.out_dir, self.output_format = Path(out_dir), output_format
         self.pool = AsrPool(asr.path, workers=workers, start_now=True)  # loads while the TTS model loads
         self._shard: tuple[str | None, dict[str, bytes]] = (None, {})
+        self._unread: dict[str, str] = {}   # row id -> why its output could not be read back
 
     def feed(self, record: RowRecord, audio: np.ndarray | None = None, sample_rate: int | None = None) -> None:
         """A finished row: its audio in memory, or else its output named by record.file (an audio
@@ -31,7 +32,11 @@ class SynthWer:
         if audio is not None:
             source = (audio, sample_rate, file_extension(self.output_format).upper())
         elif self.output_format == "parquet":
-            source = self._audio_in_shard(record.file, record.request.id)
+            try:
+                source = self._audio_in_shard(record.file, record.request.id)
+            except Exception as e:   # a damaged or edited shard: this row fails its WER, the others go on
+                self._unread[record.request.id] = f"cannot read its audio from {record.file}: {type(e).__name__}: {e}"
+                return
         else:
             source = self.out_dir / record.file
         self.pool.submit(record.request.id, source, record.request.text, record.request.language)
@@ -47,7 +52,7 @@ class SynthWer:
     def finish(self, records: list[RowRecord], skipped_empty: int) -> tuple[dict, list[dict]]:
         """Waits for the ASR; returns the report's WER section and the rows of rows.parquet (one per record)."""
         start = perf_counter()
-        heard = self.pool.results()
+        heard = {**self.pool.results(), **self._unread}
         wait_seconds = perf_counter() - start
         # a row a stopped run left for the rerun is not scored, not failed
         rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,

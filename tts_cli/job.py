@@ -487,7 +487,8 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
         raise TTSError(
             f"{out_dir}: {len(changed)} rows were made before with other text or settings (first: row "
             f"{plan.row.number}, id {plan.row.request.id!r}: {changed_params(entry.get('params', {}), plan.params)}); "
-            "use a new --out, or --redo-changed to synthesize them again here")
+            + ("use a new --out (a row cannot be taken out of a parquet shard)" if settings.output_format == "parquet"
+               else "use a new --out, or --redo-changed to synthesize them again here"))
     if changed and settings.output_format == "parquet":
         raise TTSError("--redo-changed works with --format wav and flac only: a row cannot be taken out of a "
                        "parquet shard; use a new --out")
@@ -529,7 +530,8 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
                 elif on_output:
                     written = plan.name if settings.output_format != "parquet" else None
                     on_output(replace(records[-1], file=written), audio, sink.sample_rate)
-            ledger.append(failed + sink.durable_entries())
+            ledger.append(failed)   # before the shard that durable_entries may write fails
+            ledger.append(sink.durable_entries())
             on_rows_done(records)
             if output_error is not None:   # the rows written before it are recorded (above), then the run stops
                 raise output_error

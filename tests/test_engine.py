@@ -200,6 +200,7 @@ def test_the_engine_counts_its_time_in_row_callbacks_and_gpu_waits(synth):
     engine.run(requests, on_result=lambda result: time.sleep(0.05))
     assert 0.15 <= engine.stats.callback_s < 0.15 + 0.05 and engine.stats.callback_s < engine.stats.wall_s
     assert engine.stats.gpu_wait_s == 0
+    assert engine.stats.pcm_s < 0.05   # the rows it ends are handed over inside the PCM copies: not counted twice
 
 
 class _LateEvent:
@@ -449,6 +450,33 @@ def test_nan_logits_refuse_the_run_with_the_count(synth):
     requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=i, max_frames=6) for i in range(2)]
     with pytest.raises(NonFiniteError, match=r"produced 2 NaN or infinite logits: this audio would be wrong$"):
         engine.run(requests)
+
+
+@pytest.mark.parametrize("failure", ["nan", "on_result"])
+def test_a_run_that_fails_part_way_leaves_the_next_run_of_the_engine_as_a_new_engine_would(synth, failure):
+    """A row's NaN refuses its run (or the caller's on_result raises) mid-window: that run's state (the
+    window's column, the row's NaN in its slot, which the next run's steps compute too) must not reach
+    the next run, which the job runs on the same engine to fail only the row at fault."""
+    good = _forced(synth, [9])[0]
+    expected = _engine(synth, rows=2, greedy=False, codec_window=4).run([good])[0]
+    engine = _engine(synth, rows=2, greedy=False, codec_window=4)
+    if failure == "nan":
+        poisoned = _embeds(synth, 1).clone()
+        poisoned[-1, 0] = float("nan")
+        first = [EngineRequest(key=1, prompt_embeds=poisoned, seed=2, max_frames=9, min_new_tokens=10), good]
+        with pytest.raises(NonFiniteError):
+            engine.run(first)
+    else:
+        first = [EngineRequest(key=1, prompt_embeds=_embeds(synth, 1), seed=2, max_frames=0), good]
+
+        def refuse(result):
+            raise RuntimeError("the caller failed")
+
+        with pytest.raises(RuntimeError, match="the caller failed"):
+            engine.run(first, on_result=refuse)
+    assert int(engine.state.window_column) != 0   # the failure left a window half-filled
+    again = engine.run([good])[0]
+    assert np.array_equal(again.codes, expected.codes) and np.array_equal(again.pcm, expected.pcm)
 
 
 def test_synthesizer_through_the_engine_equals_the_plain_path(synth):

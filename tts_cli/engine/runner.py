@@ -317,6 +317,7 @@ class Engine:
         self.stats = EngineStats()
         self._pending_times: list = []
         self._unbuilt: deque = deque()   # a run's requests with a PromptSource, in queue order
+        self._failed = False      # the last run failed part-way: the next one first clears the slot state
 
     def _new_level(self, step: DecodeStep, pin: bool) -> _Level:
         st = step.st
@@ -440,10 +441,25 @@ class Engine:
         start = time.perf_counter()
         try:
             with self._on_step_stream():
+                if self._failed:
+                    self._clear_after_failure()
                 return self._run(requests, on_result, cancel)
+        except SynthesisCancelled:   # (at a window boundary, its slots released: the state is sound)
+            raise
+        except BaseException:
+            self._failed = True
+            raise
         finally:
             self._unbuilt.clear()
             self.stats.wall_s += time.perf_counter() - start
+
+    def _clear_after_failure(self) -> None:
+        """The slot state as built, once the failed run's work on every stream is done."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.state.clear()
+        self._codec_done = None
+        self._failed = False
 
     def _run(self, requests: list[EngineRequest], on_result, cancel) -> list[EngineResult]:
         queue = deque(requests)
@@ -664,6 +680,7 @@ class Engine:
             if window.read == 0 and "overflow" in window.buffers:
                 self.codec.decoder.check_range(int(window.buffers["overflow"][0]))
             start = now = time.perf_counter()
+            callbacks = self.stats.callback_s
             pcm = window.buffers["pcm"].numpy()
             samples = self.codec.samples_per_frame
             end = len(window.owners) if slots is None else min(len(window.owners), window.read + slots - copied)
@@ -681,7 +698,7 @@ class Engine:
                     self._end(slot, owner, run, now)
             copied += end - window.read
             window.read = end
-            self.stats.pcm_s += time.perf_counter() - start
+            self.stats.pcm_s += time.perf_counter() - start - (self.stats.callback_s - callbacks)   # not on_result's
             if window.read < len(window.owners):
                 break
             run.windows.popleft()

@@ -157,5 +157,14 @@ class SlotState:
         head.out_emit = torch.zeros_like(self.out_emit[:, :rows])
         return head
 
+    def clear(self) -> None:
+        """Every slot free and every buffer zero, as built: after a run that failed part-way, whose
+        state could otherwise reach the next run (a window left half-filled at its column; a row's NaN
+        in its slot's hidden state and caches, which the next run's steps, computing every slot,
+        would count as its own)."""
+        for t in [*self._slot_tensors(), *(t for kv in self.cp_kv for t in (kv.k, kv.v)), self.window_column,
+                  self.codec_codes, self.out_codes, self.out_pcm, self.out_emit, self.nonfinite]:
+            t.zero_()
+
     def release(self, slot: int) -> None:
         self.active.narrow(0, slot, 1).fill_(False)   # not `active[slot] = False`: see admit

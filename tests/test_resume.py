@@ -258,6 +258,29 @@ def test_a_parquet_shard_number_the_ledger_names_is_never_written_again(fake, tm
     assert {e["id"]: e["file"] for e in _ledger(out)} == {"a": "part-00001.parquet", "b": "part-00001.parquet"}
 
 
+def test_rows_of_an_earlier_run_reach_the_outputs_callback_shard_by_shard(fake, tmp_path, monkeypatch):
+    """(WER reads a resumed parquet row from its shard, one shard kept at a time: rows of two shards
+    taken in manifest order read each shard once per row.)"""
+    from tts_cli.job import JobSettings, run_job
+    from tts_cli.manifest import RowDefaults, read_manifest
+    from tts_cli.output import formats
+
+    monkeypatch.setattr(formats.ParquetSink.__init__, "__defaults__", (2, 60.0))   # 2 rows a shard
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"r{i}\tRow {i}.\n" for i in (0, 2, 4, 1, 3, 5)))
+    out = tmp_path / "out"
+    assert _synth(manifest, out, "--format", "parquet", "--batch-size", 2, "--greedy",
+                  model=tmp_path / "model").exit_code == 0
+    manifest.write_text("".join(f"r{i}\tRow {i}.\n" for i in range(6)))
+    rows = read_manifest(manifest, RowDefaults("vivian", "auto", 0)).rows
+    seen = []
+    settings = JobSettings(output_format="parquet", greedy=True, model=str((tmp_path / "model").resolve()))
+    run_job(rows, {row.index: f"{row.request.id}.flac" for row in rows}, out, settings,
+            start_executor=lambda: pytest.fail("nothing to synthesize"),
+            on_output=lambda record, audio, rate: seen.append(record.file))
+    assert seen == sorted(seen) and len(seen) == 6 and len(set(seen)) == 3
+
+
 @pytest.mark.parametrize("output_format, theirs", [
     ("parquet", "part-00000.parquet"), ("wav", "r1.wav"), ("flac", "report.md"), ("wav", "rows.parquet")])
 def test_files_under_output_names_in_a_folder_no_run_wrote_stop_the_run(fake, tmp_path, output_format, theirs):

@@ -134,6 +134,7 @@ def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
     from types import SimpleNamespace
 
     from tts_cli.output.report import RowRecord
+    from tts_cli.quality.asr_pool import NotHeard
     from tts_cli.quality.synth_wer import SynthWer
     from tts_cli.request import Request
 
@@ -149,6 +150,11 @@ def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
     assert submitted == []
     _, [row] = wer.finish([record], 0)
     assert row["error"].startswith("cannot read its audio from part-00000.parquet: ") and row["wer"] is None
+    # a row the run stopped before the ASR heard: not scored, and counted for the report's note
+    wer._unread = {}
+    wer.pool = SimpleNamespace(results=lambda: {"a": NotHeard("not heard: the run was stopped by SIGTERM")})
+    _, [row] = wer.finish([record], 0)
+    assert (row["error"], row["not_scored"], wer.unheard) == (None, "not heard: the run was stopped by SIGTERM", 1)
 
 
 @pytest.mark.wer

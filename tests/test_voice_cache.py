@@ -72,6 +72,24 @@ def test_another_encoder_or_a_damaged_file_encodes_again(tmp_path, references):
     assert len(ReferenceCache(out, CountingEncoder(), encoder="model-B").get(path, sha).codes) == 18
 
 
+def test_another_checkpoint_put_in_the_same_folder_is_another_encoder(tmp_path):
+    """The tag holds the encoders' files' sizes and times, not only the folder's path: a checkpoint
+    replaced in place encodes again (its cached x-vector would be the old one's voice)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from tts_cli.voice.voices import Voices
+
+    model = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "tiny-1.7b-base", tmp_path / "model"))
+    tag = Voices(model, tmp_path / "out").encoder_tag
+    assert Voices(model, tmp_path / "out").encoder_tag == tag
+    weights = model / "model.safetensors"
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # as a copy of another checkpoint would
+    assert Voices(model, tmp_path / "out").encoder_tag != tag
+
+
 def test_a_killed_write_leaves_no_cache_file(tmp_path, references, monkeypatch):
     out = tmp_path / "out"
     path, sha = references["a.wav"]

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
@@ -38,6 +39,24 @@ def test_normalization_follows_seed_tts_eval():
     assert normalize("“Quoted” — dash…") == "quoted dash"
     assert normalize("今天天气很好，我们走。", split_characters=True) == "今 天 天 气 很 好 我 们 走"
     assert normalize("4 o'clock") == "4 o'clock"   # no number normalization
+    # typographic marks: a curly apostrophe is the ASCII one, a dash or an ellipsis between words a space
+    assert normalize("Don’t — wait…now, well-known") == "don't wait now wellknown"
+    assert row_wer("Don’t worry, it’s fine.", "Don't worry, it's fine.").wer == 0
+
+
+def test_text_without_spaces_between_words_is_scored_per_character_whatever_the_asr_detected():
+    from tts_cli.quality.asr import Transcriber
+    rows = [_row("ja"), _row("yue")]
+    rows[0].text, rows[1].text = "今日は良い天気ですね。", "今天天气很好。"
+    apply_transcripts(rows, {"ja.wav": Transcript(2.0, 0.1, "今日は良い天気でしたね。", "ja"),
+                             "yue.wav": Transcript(2.0, 0.1, "今天天氣很好。", "yue")})
+    assert (rows[0].errors, rows[0].reference_words) == (2, 10) and (rows[1].errors, rows[1].reference_words) == (1, 6)
+    transcriber = Transcriber.__new__(Transcriber)
+    transcriber.multilingual = False
+    # an auto row is English to an English-only model when its letters are ASCII, whatever its marks
+    assert transcriber.whisper_language("auto", "It’s fine — “quoted”…") == ("en", None)
+    assert transcriber.whisper_language("auto", "Un café.")[1] == ("language auto with non-ASCII text; the ASR "
+                                                                   "model transcribes English only")
 
 
 def test_row_wer_counts_errors_over_reference_words():
@@ -201,6 +220,25 @@ def test_espeak_report_files_are_consistent(espeak_run):
     markdown = (out / "report.md").read_text()
     assert "## Worst 10 rows" in markdown and report["protocol"] in markdown
     assert f"{100 * report['summary']['mean_wer']:.1f}%" in result.output
+
+
+def test_score_takes_each_rows_file_from_the_ledger_of_the_synth_run_there(tmp_path):
+    """A row redone in another format leaves its old file; a row new to a resumed folder may get
+    another name (`_2`): the ledger says which file is the row's. Its references are not read."""
+    from tts_cli.manifest import RowDefaults, read_manifest
+    from tts_cli.quality.scoring import rows_from_manifest
+
+    for name in ("a.wav", "a.flac", "b.wav", "b_2.wav", "c.wav"):
+        (tmp_path / name).write_bytes(b"audio")
+    entries = [{"id": "a", "key": "k", "status": "ok", "file": "a.flac"},
+               {"id": "b", "key": "k", "status": "ok", "file": "b_2.wav"},
+               {"id": "c", "key": "k", "status": "failed", "file": None}]
+    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries) + '{"id": "torn')
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["One.", "Two.", "Three."],
+                             "ref_audio": ["gone.wav"] * 3, "x_vector_only": [True] * 3}), manifest)
+    rows = rows_from_manifest(read_manifest(manifest, RowDefaults("", "auto", 0), references=False), tmp_path)
+    assert [(row.file, row.error) for row in rows] == [("a.flac", None), ("b_2.wav", None), ("c.wav", None)]
 
 
 def test_score_refuses_a_folder_that_is_no_asr_model(tmp_path):

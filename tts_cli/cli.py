@@ -560,6 +560,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         if synth_wer is not None:
             try:
                 wer_section, wer_rows = synth_wer.finish(result.records, manifest.skipped_empty)
+                if synth_wer.unheard:
+                    result.notes.append(f"WER covers part of the run: it stopped before the ASR heard "
+                                        f"{synth_wer.unheard} rows (not scored)")
             except TTSError as e:
                 result.notes.append(f"WER not computed: {e}")
     finally:
@@ -955,7 +958,7 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
                        "or pass --asr-model DIR")
     if not audio_dir.is_dir():
         raise TTSError(f"audio folder not found: {audio_dir}")
-    manifest = read_manifest(manifest_path, RowDefaults(speaker="", language=language, base_seed=0))
+    manifest = read_manifest(manifest_path, RowDefaults(speaker="", language=language, base_seed=0), references=False)
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no rows ({manifest.skipped_empty} empty rows skipped)")
     rows = rows_from_manifest(manifest, audio_dir)

@@ -372,9 +372,10 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
                 row.problem = None
         if on_output:
             redone = {id(plan) for plan in todo}
-            for plan in plans:
-                if id(plan) not in redone and plan.row.problem is None:
-                    on_output(_record(plan.row, ledger.latest[plan.row.request.id]), None, None)
+            made = [plan for plan in plans if id(plan) not in redone and plan.row.problem is None]
+            # by file: a parquet shard's rows one after the other (it is read once for them all)
+            for plan in sorted(made, key=lambda plan: ledger.latest[plan.row.request.id]["file"] or ""):
+                on_output(_record(plan.row, ledger.latest[plan.row.request.id]), None, None)
         start = perf_counter()
         stopped, synthesis = None, None
         if todo:

@@ -127,12 +127,20 @@ def _drop_torn_tail(path: Path) -> int:
         return len(data) - keep
 
 
-def _read_entries(path: Path) -> list[dict]:
+def latest_entries(out_dir: Path) -> dict[str, dict]:
+    """The last entry per row id of a folder's ledger, read without its lock (a last line still being
+    written is left out); empty where there is no ledger."""
+    return {entry["id"]: entry for entry in _read_entries(Path(out_dir) / LEDGER_NAME, whole_lines_only=True)}
+
+
+def _read_entries(path: Path, whole_lines_only: bool = False) -> list[dict]:
     if not path.is_file():
         return []
     entries = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
+            if whole_lines_only and not line.endswith("\n"):
+                break
             try:
                 entry = json.loads(line)
                 entry["id"], entry["key"], entry["status"]

@@ -90,7 +90,9 @@ def describe_source(source: AudioSource) -> str:
 
 
 def _is_ascii_text(text: str) -> bool:
-    return all(ord(c) < 128 for c in text)
+    """Its letters are ASCII (a curly apostrophe, a dash or an accented word in a quote do not make
+    an English row another language)."""
+    return all(ord(c) < 128 for c in text if c.isalpha())
 
 
 class Transcriber:

@@ -12,10 +12,12 @@ from typing import Callable
 
 from ..manifest import Manifest
 from ..output.report_html import write_score_html
+from ..output.ledger import latest_entries
 from ..output.writer import wav_names, write_atomically
 from .asr import SPLIT_CHARACTER_LANGUAGES, Transcript
 from .asr_pool import AsrPool, NotHeard
-from .wer import FLAG_MEANINGS, HIGH_WER, NEAR_SILENT_RMS, PROTOCOL, RowWer, row_wer, slow_rows, summarize
+from .wer import (FLAG_MEANINGS, HIGH_WER, NEAR_SILENT_RMS, PROTOCOL, RowWer, has_unspaced_script, row_wer,
+                  slow_rows, summarize)
 
 WORST_ROWS = 10
 
@@ -57,7 +59,8 @@ def apply_transcripts(rows: list[ScoredRow], heard: dict[str, Transcript | str],
         row.seconds, row.rms = result.seconds, result.rms
         row.hypothesis, row.not_scored = result.hypothesis, result.not_scored
         if row.hypothesis is not None:
-            score = row_wer(row.text, row.hypothesis, result.asr_language in SPLIT_CHARACTER_LANGUAGES)
+            split = result.asr_language in SPLIT_CHARACTER_LANGUAGES or has_unspaced_script(row.text)
+            score = row_wer(row.text, row.hypothesis, split)
             if score is None:
                 row.not_scored = "the text has no words after normalization"
             else:
@@ -91,15 +94,19 @@ AUDIO_EXTENSIONS = (".wav", ".flac")  # what `tts synth` writes; other systems' 
 
 
 def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
-    """One row per manifest row, with its audio file in audio_dir, named from its id as our writer
-    names it (sanitized, repeated names `_2`, ...); a row without a file or with a manifest problem
-    carries the error."""
+    """One row per manifest row, with its audio file in audio_dir: the one a `tts synth` run's ledger
+    there names for its id (a folder resumed into, or redone in another format, may hold other
+    names and stale files), else named from its id as our writer names it (sanitized, repeated names
+    `_2`, ...); a row without a file or with a manifest problem carries the error."""
+    made = {row_id: entry["file"] for row_id, entry in latest_entries(audio_dir).items()
+            if entry["status"] == "ok" and Path(entry.get("file") or "").suffix in AUDIO_EXTENSIONS}
     rows = []
     for row, wav_name in zip(manifest.rows, wav_names([row.request.id for row in manifest.rows])):
         request = row.request
         scored = ScoredRow(request.id, request.text, request.language, error=row.problem)
         stem = wav_name.removesuffix(".wav")
-        found = [stem + ext for ext in AUDIO_EXTENSIONS if (audio_dir / (stem + ext)).is_file()]
+        names = [made[request.id]] if request.id in made else [stem + ext for ext in AUDIO_EXTENSIONS]
+        found = [name for name in names if (audio_dir / name).is_file()]
         if found:
             scored.file = found[0]
         elif scored.error is None:

@@ -13,7 +13,7 @@ import numpy as np
 from ..output.formats import file_extension
 from ..output.report import RowRecord
 from .asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, AsrModelChoice, AudioSource
-from .asr_pool import AsrPool
+from .asr_pool import AsrPool, NotHeard
 from .scoring import ScoredRow, apply_transcripts, build_report, flagged_rows, not_scored_rows, worst_rows
 
 
@@ -53,6 +53,7 @@ class SynthWer:
         """Waits for the ASR; returns the report's WER section and the rows of rows.parquet (one per record)."""
         start = perf_counter()
         heard = {**self.pool.results(), **self._unread}
+        self.unheard = sum(isinstance(result, NotHeard) for result in heard.values())   # the run stopped first
         wait_seconds = perf_counter() - start
         # a row a stopped run left for the rerun is not scored, not failed
         rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,

@@ -20,14 +20,19 @@ import jiwer
 CJK_PUNCTUATION = ("＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､\u3000、〃〈〉《》「」『』【】〔〕〖〗〘〙〚〛"
                    "〜〝〞〟〰〾〿–—‘’‛“”„‟…‧﹏﹑﹔·！？｡。")
 DELETED_CHARACTERS = set(string.punctuation + CJK_PUNCTUATION) - {"'"}
+# Before deleting: typographic apostrophes are the ASCII one (whisper writes "don't" for "don’t"), and
+# the marks that stand between words (dashes, ellipses) a space, so that "hello—world" stays two words.
+# Seed-TTS-eval's texts are ASCII; without this a curly apostrophe cost a word, a dash joined two.
+TYPOGRAPHIC = str.maketrans({"‘": "'", "’": "'", "‛": "'", "‒": " ", "–": " ", "—": " ", "―": " ", "…": " "})
 HIGH_WER = 0.5
 SLOW_FACTOR = 3.0           # seconds per character above this multiple of the corpus median
 NEAR_SILENT_RMS = 1e-3      # -60 dBFS: below any speech, above dither
 _SPACES = re.compile(r"\s+")
 PROTOCOL = (
     "Seed-TTS-eval: delete every character of string.punctuation and of the CJK punctuation set "
-    "(zhon.hanzi.punctuation) except the ASCII apostrophe; collapse whitespace; lowercase; Chinese is "
-    "split into characters (a CER); no number normalization. WER per row = (substitutions + deletions + "
+    "(zhon.hanzi.punctuation) except the ASCII apostrophe (curly apostrophes become it, dashes and ellipses a "
+    "space, first); collapse whitespace; lowercase; Chinese and Japanese text is split into characters (a "
+    "CER); no number normalization. WER per row = (substitutions + deletions + "
     "insertions) / reference words (jiwer). Score = mean of per-row WERs; corpus WER = all errors / all "
     "reference words; rows above 50% are counted and the mean of the other rows is given beside it."
 )
@@ -39,9 +44,15 @@ FLAG_MEANINGS = {
 }
 
 
+def has_unspaced_script(text: str) -> bool:
+    """Han or kana in the text: scripts written without spaces between words, scored per character
+    whatever language the ASR detected (a Japanese sentence is otherwise one word)."""
+    return any("\u3040" <= c <= "\u30ff" or "\u3400" <= c <= "\u9fff" for c in text)
+
+
 def normalize(text: str, split_characters: bool = False) -> str:
     """Seed-TTS-eval normalization; split_characters for Chinese (one token per character)."""
-    kept = "".join(c for c in text if c not in DELETED_CHARACTERS).lower()
+    kept = "".join(c for c in text.translate(TYPOGRAPHIC) if c not in DELETED_CHARACTERS).lower()
     if split_characters:
         return " ".join(c for c in kept if not c.isspace())
     return " ".join(kept.split())

@@ -50,6 +50,17 @@ class ReferenceEncoders:
         self.load_seconds += perf_counter() - start
 
 
+def encoder_files_stamp(model_dir: Path) -> str:
+    """Size and modification time of the files the reference encoders load: what changes when the
+    folder's checkpoint is replaced, without reading gigabytes to hash them."""
+    stamps = []
+    for path in (model_dir / "config.json", model_dir / "model.safetensors",
+                 model_dir / "speech_tokenizer" / "model.safetensors"):
+        stat = path.stat() if path.is_file() else None
+        stamps.append(f"{stat.st_size}:{stat.st_mtime_ns}" if stat else "-")
+    return "/".join(stamps)
+
+
 class Voices:
     """attach(request): a clone row's request with its encoded reference, for a Base checkpoint.
     Rows that do not clone, or whose checkpoint cannot (clone_problem: the synthesizer's row check
@@ -58,8 +69,9 @@ class Voices:
 
     def __init__(self, model_dir: Path, out_dir: Path, device: str = "cpu"):
         self.model_type = open_checkpoint(model_dir).config.model_type
-        # The cache's encoder tag: embeddings and codes of another checkpoint are not this one's.
-        self.encoder_tag = f"{Path(model_dir).resolve()} float32"
+        # The cache's encoder tag: embeddings and codes of another checkpoint are not this one's, nor
+        # are those of another checkpoint put into the same folder (its encoders' files differ).
+        self.encoder_tag = f"{Path(model_dir).resolve()} {encoder_files_stamp(Path(model_dir))} float32"
         self.out_dir = Path(out_dir)
         self.encoders = ReferenceEncoders(model_dir, device)
         self.cache: ReferenceCache | None = None   # made on the first clone row (it sweeps the folder)

@@ -7,7 +7,8 @@ defaults here without loading the engine."""
 # fp16, 2026-11-30, K = 4 / 8: c64 624.2, 624.5 / 627.3, 627.5 (first audio 38 / 69 ms), c8 119.1 / 117.9.
 DEFAULT_CODEC_WINDOW = 4
 # At one row the window closes as soon as the row stops (no other slot keeps it open), so a larger K
-# costs no idle steps, only first-audio latency: c1 K = 4 / 8 / 16: 18.0 / 18.7 / 19.0 audio-s/s,
+# costs no idle window, only first-audio latency and one step per request that ends inside a window
+# (the host learns of the stop a step late): c1 K = 4 / 8 / 16: 18.0 / 18.7 / 19.0 audio-s/s,
 # first audio 17 / 33 / 64 ms (docs/bench.md at 0bca9b7, 2026-11-30).
 ONE_ROW_CODEC_WINDOW = 16
 CODEC_WINDOW_RULE = f"{ONE_ROW_CODEC_WINDOW} at one row, else {DEFAULT_CODEC_WINDOW}"   # codec_window_for, said

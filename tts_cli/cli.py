@@ -930,13 +930,20 @@ def score(
 
     Exit status: 0 every row was heard (scored or not scored by language); 1 some rows failed
     (missing or unreadable file, bad manifest row); 2 nothing could be scored (bad manifest, folder,
-    ASR model), with one red line saying why.
+    ASR model), with one red line saying why; 130 Ctrl-C, 143 SIGTERM (the report holds the rows
+    heard before it).
     """
     try:
-        exit_code = run_score(audio_dir, manifest, out, language, asr_model, asr_workers)
+        with stop_on_signals() as stop:   # SIGTERM, Ctrl-C: the report holds the rows heard so far
+            exit_code = run_score(audio_dir, manifest, out, language, asr_model, asr_workers)
+            stop.raise_if_stopped()
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
+    except RunStopped as e:
+        say(f"{e}: the report in {out} holds the rows heard before it (the others not scored); rerun the same "
+            "command to hear them all", "red")
+        raise typer.Exit(e.exit_status)
     raise typer.Exit(exit_code)
 
 

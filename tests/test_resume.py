@@ -1,6 +1,7 @@
 """Resume: the ledger, atomic outputs, skipping done rows, changed rows, and a run killed for real."""
 import json
 import subprocess
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -123,6 +124,33 @@ def test_another_segment_limit_changes_only_the_rows_it_splits_otherwise(fake, t
     assert result.exit_code == 2
     assert "1 rows were made before with other text or settings (first: row 2, id 'long': segment_chars" \
         in " ".join(result.stderr.split())
+
+
+def test_another_checkpoint_put_in_the_model_folder_makes_the_rows_changed(tmp_path, monkeypatch):
+    """The ledger names the model by its folder; a line also holds the checkpoint's fingerprint, so
+    that a checkpoint replaced in place does not pass its rows off as made (lines without one, of
+    runs before it was kept, are taken as they are)."""
+    import shutil
+
+    fake = use_fake_synthesizer(monkeypatch, tmp_path)
+    model = Path(shutil.copytree(cli.BUNDLED_MODEL_DIR, tmp_path / "model", dirs_exist_ok=True))
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\n")
+    out = tmp_path / "out"
+    assert _synth(manifest, out, model=model).exit_code == 0
+    assert _synth(manifest, out, model=model).exit_code == 0 and len(fake.batches) == 1   # resumed
+    lines = _ledger(out)
+    (out / LEDGER_NAME).write_text("".join(json.dumps({k: v for k, v in e.items() if k != "model_fingerprint"})
+                                           + "\n" for e in lines))
+    assert _synth(manifest, out, model=model).exit_code == 0 and len(fake.batches) == 1   # an older line: taken
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(data)
+    (out / LEDGER_NAME).write_text("".join(json.dumps(e) + "\n" for e in lines))
+    result = _synth(manifest, out, model=model)
+    assert result.exit_code == 2 and "(first: row 1, id 'a': the checkpoint in the model folder)" in result.stderr
+    assert _synth(manifest, out, "--redo-changed", model=model).exit_code == 0 and len(fake.batches) == 2
 
 
 def test_changed_rows_stop_the_run_before_the_model_loads_unless_redo_changed(fake, tmp_path, monkeypatch):
@@ -261,6 +289,7 @@ def test_a_parquet_shard_number_the_ledger_names_is_never_written_again(fake, tm
 def test_rows_of_an_earlier_run_reach_the_outputs_callback_shard_by_shard(fake, tmp_path, monkeypatch):
     """(WER reads a resumed parquet row from its shard, one shard kept at a time: rows of two shards
     taken in manifest order read each shard once per row.)"""
+    from tts_cli.checkpoint import fingerprint
     from tts_cli.job import JobSettings, run_job
     from tts_cli.manifest import RowDefaults, read_manifest
     from tts_cli.output import formats
@@ -274,7 +303,8 @@ def test_rows_of_an_earlier_run_reach_the_outputs_callback_shard_by_shard(fake, 
     manifest.write_text("".join(f"r{i}\tRow {i}.\n" for i in range(6)))
     rows = read_manifest(manifest, RowDefaults("vivian", "auto", 0)).rows
     seen = []
-    settings = JobSettings(output_format="parquet", greedy=True, model=str((tmp_path / "model").resolve()))
+    settings = JobSettings(output_format="parquet", greedy=True, model=str((tmp_path / "model").resolve()),
+                           model_fingerprint=fingerprint(tmp_path / "model"))
     run_job(rows, {row.index: f"{row.request.id}.flac" for row in rows}, out, settings,
             start_executor=lambda: pytest.fail("nothing to synthesize"),
             on_output=lambda record, audio, rate: seen.append(record.file))

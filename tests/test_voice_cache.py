@@ -73,8 +73,8 @@ def test_another_encoder_or_a_damaged_file_encodes_again(tmp_path, references):
 
 
 def test_another_checkpoint_put_in_the_same_folder_is_another_encoder(tmp_path):
-    """The tag holds the encoders' files' sizes and times, not only the folder's path: a checkpoint
-    replaced in place encodes again (its cached x-vector would be the old one's voice)."""
+    """The tag holds the checkpoint's fingerprint, not only the folder's path: a checkpoint replaced in
+    place encodes again (its cached x-vector would be the old one's voice)."""
     import os
     import shutil
     from pathlib import Path
@@ -83,10 +83,13 @@ def test_another_checkpoint_put_in_the_same_folder_is_another_encoder(tmp_path):
 
     model = Path(shutil.copytree(Path(__file__).parent / "fixtures" / "tiny-1.7b-base", tmp_path / "model"))
     tag = Voices(model, tmp_path / "out").encoder_tag
-    assert Voices(model, tmp_path / "out").encoder_tag == tag
     weights = model / "model.safetensors"
-    stat = weights.stat()
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))   # as a copy of another checkpoint would
+    data = bytearray(weights.read_bytes())
+    weights.write_bytes(data)   # the same checkpoint written again: the same voice
+    os.utime(weights, ns=(10**18, 10**18))
+    assert Voices(model, tmp_path / "out").encoder_tag == tag
+    data[len(data) // 2] ^= 0xFF   # another checkpoint of the same shapes: other weights
+    weights.write_bytes(data)
     assert Voices(model, tmp_path / "out").encoder_tag != tag
 
 

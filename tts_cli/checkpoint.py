@@ -12,6 +12,7 @@ instruct describes the voice; no speakers).
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -301,6 +302,24 @@ class Checkpoint:
 
 
 TOKENIZER_FILES = ("tokenizer_config.json",)
+FINGERPRINT_SAMPLE = 1 << 20   # bytes read from each weights file's middle
+
+
+def fingerprint(model_dir: str | Path) -> str:
+    """A short hash that tells one checkpoint's files from another's put in the same folder: the
+    configs whole, and each weights file's (shards too) size and a megabyte from its middle
+    (different weights differ there; the same checkpoint downloaded again does not). Reads a few MB,
+    not gigabytes."""
+    root, digest = Path(model_dir), hashlib.sha256()
+    for name in ("config.json", "generation_config.json", "speech_tokenizer/config.json"):
+        path = root / name
+        digest.update(path.read_bytes() if path.is_file() else b"-")
+    for path in sorted(root.glob("*.safetensors")) + sorted(root.glob("speech_tokenizer/*.safetensors")):
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            f.seek(max(0, size // 2 - FINGERPRINT_SAMPLE // 2))
+            digest.update(f"{size}:".encode() + f.read(FINGERPRINT_SAMPLE))
+    return digest.hexdigest()[:16]
 
 
 def open_checkpoint(model_dir: str | Path) -> Checkpoint:

@@ -435,7 +435,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     """given_by: the options a recipe set, and its name (the others came from the command line)."""
     given_by = given_by or {}
     # Imported here so that --help and the placeholder commands start without loading torch.
-    from .checkpoint import BASE, CUSTOM_VOICE
+    from .checkpoint import BASE, CUSTOM_VOICE, fingerprint
     from .job import JobSettings, LocalExecutor, run_job
     from .manifest import RowDefaults, read_manifest
     from .output.formats import FORMATS, file_extension
@@ -503,7 +503,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
                            segment_chars=segment_chars, batch_size=batch_size, engine_rows=engine_rows, depth=depth,
                            codec_precision=codec_precision, talker_precision=talker_precision,
-                           model=str(choice.dir.resolve()),
+                           model=str(choice.dir.resolve()), model_fingerprint=fingerprint(choice.dir),
                            redo_changed=redo_changed)
     load_seconds = 0.0
     loaded_numerics = None   # what the loaded model computes in (its weights may differ from the request's)

@@ -66,6 +66,9 @@ class JobSettings:
     codec_precision: str = DEFAULT_CODEC_PRECISION   # the engine's vocoder convolution inputs (CUDA)
     talker_precision: str = DEFAULT_TALKER_PRECISION   # the talker's and code predictor's weights (CUDA)
     model: str = ""               # the checkpoint folder, part of each row's key
+    # tts_cli.checkpoint.fingerprint of its files: in each ledger line beside the key (lines written
+    # before it was kept have none), so that another checkpoint put in that folder makes a changed row
+    model_fingerprint: str = ""
     redo_changed: bool = False
 
     def audio_settings(self) -> dict:
@@ -318,6 +321,7 @@ class RowPlan:
     name: str                    # output file name (the row's own audio name inside a parquet shard)
     params: dict
     key: str
+    model_fingerprint: str = ""
     segments: list[Request] = field(default_factory=list)
     outcomes: list[Outcome | None] = field(default_factory=list)
     batch_seconds: dict[int, float] = field(default_factory=dict)   # batch index -> its seconds to this row's end
@@ -450,7 +454,7 @@ def names_beside_ledger(rows: list[ManifestRow], names: dict[int, str], ledger: 
 
 def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:
     params = row_params(row.request, settings.audio_settings())
-    return RowPlan(row, name, params, params_key(params))
+    return RowPlan(row, name, params, params_key(params), settings.model_fingerprint)
 
 
 def same_segments(old: dict, new: dict) -> bool:
@@ -472,6 +476,10 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
     for plan in plans:
         entry = ledger.latest.get(plan.row.request.id)
         done = entry is not None and entry["status"] == "ok" and output_exists(out_dir, entry)
+        if done and entry.get("model_fingerprint") not in (None, plan.model_fingerprint):
+            changed.append((plan, entry))   # another checkpoint in the folder the row was made with
+            todo.append(plan)
+            continue
         if plan.row.reference_unreadable:
             if done and {**entry.get("params", {}), "ref_audio_sha256": None} == plan.params:
                 resumed += 1
@@ -487,7 +495,8 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
         plan, entry = changed[0]
         raise TTSError(
             f"{out_dir}: {len(changed)} rows were made before with other text or settings (first: row "
-            f"{plan.row.number}, id {plan.row.request.id!r}: {changed_params(entry.get('params', {}), plan.params)}); "
+            f"{plan.row.number}, id {plan.row.request.id!r}: "
+            f"{changed_params(entry.get('params', {}), plan.params) or 'the checkpoint in the model folder'}); "
             + ("use a new --out (a row cannot be taken out of a parquet shard)" if settings.output_format == "parquet"
                else "use a new --out, or --redo-changed to synthesize them again here"))
     if changed and settings.output_format == "parquet":
@@ -628,7 +637,7 @@ def _entry(plan: RowPlan, error: str | None = None, audio_seconds: float | None 
         "segment_frames": [s.frames for s in segments] if len(segments) > 1 else None,
         "audio_seconds": audio_seconds, "wall_seconds": plan.wall_seconds,
         "hit_cap": any(s.hit_cap for s in segments) if segments else None,
-        "error": error, "params": plan.params,
+        "error": error, "params": plan.params, "model_fingerprint": plan.model_fingerprint,
     }
 
 

@@ -15,7 +15,7 @@ from time import perf_counter
 import numpy as np
 import torch
 
-from ..checkpoint import load_safetensors, open_checkpoint
+from ..checkpoint import fingerprint, load_safetensors, open_checkpoint
 from ..config_file import read_json
 from ..request import Request, VoiceReference
 from .cache import ReferenceCache
@@ -50,17 +50,6 @@ class ReferenceEncoders:
         self.load_seconds += perf_counter() - start
 
 
-def encoder_files_stamp(model_dir: Path) -> str:
-    """Size and modification time of the files the reference encoders load: what changes when the
-    folder's checkpoint is replaced, without reading gigabytes to hash them."""
-    stamps = []
-    for path in (model_dir / "config.json", model_dir / "model.safetensors",
-                 model_dir / "speech_tokenizer" / "model.safetensors"):
-        stat = path.stat() if path.is_file() else None
-        stamps.append(f"{stat.st_size}:{stat.st_mtime_ns}" if stat else "-")
-    return "/".join(stamps)
-
-
 class Voices:
     """attach(request): a clone row's request with its encoded reference, for a Base checkpoint.
     Rows that do not clone, or whose checkpoint cannot (clone_problem: the synthesizer's row check
@@ -71,7 +60,7 @@ class Voices:
         self.model_type = open_checkpoint(model_dir).config.model_type
         # The cache's encoder tag: embeddings and codes of another checkpoint are not this one's, nor
         # are those of another checkpoint put into the same folder (its encoders' files differ).
-        self.encoder_tag = f"{Path(model_dir).resolve()} {encoder_files_stamp(Path(model_dir))} float32"
+        self.encoder_tag = f"{Path(model_dir).resolve()} {fingerprint(model_dir)} float32"
         self.out_dir = Path(out_dir)
         self.encoders = ReferenceEncoders(model_dir, device)
         self.cache: ReferenceCache | None = None   # made on the first clone row (it sweeps the folder)

@@ -61,19 +61,21 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm()))
 
 
-@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
-def test_graphed_engine_equals_the_plain_model_in_fp32(greedy, exact_fp32):
+@pytest.mark.parametrize("greedy, kernels", [(True, None), (False, None), (True, False)],
+                         ids=["greedy", "sampled", "greedy-without-kernels"])
+def test_graphed_engine_equals_the_plain_model_in_fp32(greedy, kernels, exact_fp32):
+    """kernels False: the engine a CUDA GPU without (a recent enough) Triton runs, graphs over torch."""
     synth = Synthesizer.from_pretrained(TINY, device="cuda", dtype=torch.float32)
     sampling = synth.ckpt.sampling.greedy() if greedy else synth.ckpt.sampling
     frames = [12, 30, 7, 20, 25, 9]
     embeds = [prompt_embeddings(synth.model.talker, synth.prompt(Request(id=str(i), text=t, speaker="vivian")))
               for i, t in enumerate(TEXTS)]
     engine = Engine(synth.model, synth.codec, rows=4, context=128, talker_defaults=talker_settings(sampling),
-                    cp_defaults=code_predictor_settings(sampling), use_graphs=True)
+                    cp_defaults=code_predictor_settings(sampling), use_graphs=True, fused_kernels=kernels)
     assert engine.step.graphs
     results = engine.run([EngineRequest(key=i, prompt_embeds=e, seed=7 + i, max_frames=f, min_new_tokens=f + 1)
                           for i, (e, f) in enumerate(zip(embeds, frames))])
-    assert use_fused_kernels(synth.model, synth.codec, torch.device("cuda"), None)   # the engine used them
+    assert use_fused_kernels(synth.model, synth.codec, torch.device("cuda"), kernels) is (kernels is None)
     use_fused_kernels(synth.model, synth.codec, torch.device("cuda"), False)        # the reference does not
     for i, (r, e, f) in enumerate(zip(results, embeds, frames)):
         plain = generate(synth.model, [RowInput(e, 7 + i, f)], talker_settings(sampling),
@@ -133,13 +135,19 @@ def test_engine_numerics_follow_fp32_teacher_forced_at_real_shapes(dtype, prompt
 
 
 @pytest.mark.parametrize("vocoder, rows, per_call", [
-    ("torch", 4, 1), ("fp32", 4, 1), ("fp16", 4, 1), ("torch", 64, 4), ("fp32", 64, 4), ("fp16", 64, 4)])
-def test_streamed_codec_follows_full_fp32_decode(vocoder, rows, per_call):
+    ("torch", 4, 1), ("fp32", 4, 1), ("fp16", 4, 1), ("torch", 64, 4), ("fp32", 64, 4), ("fp16", 64, 4),
+    ("fp16 without TMA", 64, 4)])
+def test_streamed_codec_follows_full_fp32_decode(vocoder, rows, per_call, monkeypatch):
     """The codec streamed `per_call` frames per call (fp32 weights, TF32 matmuls and convolutions), as
     the plain modules and as the engine runs it (use_kernels: the time-major vocoder, its convolution
     inputs in fp32 with TF32 or in fp16; at 64 rows of 4 frames the one-warp window attention),
-    against the plain modules' exact fp32 full decode: the engine issue's SNR >= 35 dB."""
+    against the plain modules' exact fp32 full decode: the engine issue's SNR >= 35 dB. "without TMA":
+    every convolution through conv.py's kernel, as GPUs other than Hopper run the vocoder."""
     kernels = vocoder != "torch"
+    if vocoder == "fp16 without TMA":
+        from tts_kernels import conv
+        monkeypatch.setattr(conv, "tma_available", lambda device_index: (False, "switched off by the test"))
+        vocoder = "fp16"
     from tts_cli.synthesizer import allow_tf32
     _, codec = build_random("1.7b", "cuda", torch.float32)
     codes = torch.randint(0, 2048, (rows, 100, 16), device="cuda", generator=torch.Generator("cuda").manual_seed(1))

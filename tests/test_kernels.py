@@ -646,6 +646,47 @@ def test_kernels_are_not_used_off_cuda():
     assert not ok and "CUDA" in why
 
 
+def test_a_triton_without_what_the_kernels_use_is_a_fallback_with_the_reason(monkeypatch):
+    """An older Triton (before PDL's gdc_* helpers) used to pass available() and then fail the engine
+    with an ImportError when a kernel module was imported."""
+    import tts_kernels
+    pytest.importorskip("triton")
+    monkeypatch.setitem(sys.modules, "tts_kernels.launch", None)   # as its `from triton... import gdc_*` fails
+    ok, why = tts_kernels.available("cuda")
+    assert not ok and why.startswith("this Triton (") and "lacks what the kernels use" in why
+
+
+@needs_triton
+def test_the_hopper_only_paths_step_aside_on_other_gpus_and_say_why(monkeypatch, caplog):
+    """Selectors with a GPU faked (none here): an A100 and an H100 PCIe (114 SMs)."""
+    import logging
+    from types import SimpleNamespace
+
+    import torch
+    from tts_kernels import conv, depth_frame, launch
+
+    gpu = {"capability": (8, 0), "sms": 108, "name": "NVIDIA A100-SXM4-80GB"}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: gpu["capability"])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: gpu["name"])
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(
+        major=gpu["capability"][0], minor=gpu["capability"][1], multi_processor_count=gpu["sms"]))
+    cp = SimpleNamespace(decoder=SimpleNamespace(norm=SimpleNamespace(weight=SimpleNamespace(
+        device=torch.device("cuda", 0)))))
+    launch._capability.cache_clear()
+    launch.pdl_possible.cache_clear()
+    try:
+        assert conv.tma_available(0) == (False, "NVIDIA A100-SXM4-80GB is not Hopper (sm_90)")
+        assert depth_frame.unsupported(cp, 64) == "it is built and measured for Hopper (sm_90), not sm_80"
+        with caplog.at_level(logging.INFO, logger="tts_kernels"):
+            assert launch.pdl_possible(0) is False
+        assert "launched without PDL (programmatic dependent launch needs sm_90; GPU 0 is sm_80)" in caplog.text
+        gpu.update(capability=(9, 0), sms=114, name="NVIDIA H100 PCIe")
+        assert depth_frame.unsupported(cp, 64) == "the GPU has 114 SMs, the kernel's tiles are planned for 128 or more"
+    finally:
+        launch._capability.cache_clear()
+        launch.pdl_possible.cache_clear()
+
+
 def test_tma_convolution_takes_only_the_convolutions_it_fits():
     """tts_kernels.conv_tma (Hopper only, not run here) takes fp16 convolutions whose rows TMA can
     address, whose rows are long enough to fill its M blocks and whose shapes it was measured faster

@@ -252,7 +252,8 @@ class Synthesizer:
         device = model.talker.codec_embedding.weight.device
         self.uses_engine = engine if engine is not None else device.type == "cuda"
         self.engine_rows, self.depth, self.codec_precision = engine_rows, depth, codec_precision
-        log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type})")
+        why = "" if engine is not None else ": the slot engine and its kernels run on CUDA"
+        log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type}{why})")
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self._engine_now: Engine | None = None
         self.notes: list[str] = []   # what `--rows auto` chose, once per distinct choice

@@ -11,6 +11,11 @@ def available(device_type: str) -> tuple[bool, str]:
         return False, f"Triton kernels run on CUDA devices, not {device_type}"
     if importlib.util.find_spec("triton") is None:
         return False, "triton is not installed"
+    try:   # every kernel module imports it: what it takes from Triton came with Triton 3.4 (PDL's gdc_*)
+        importlib.import_module("tts_kernels.launch")
+    except ImportError as e:
+        import triton
+        return False, f"this Triton ({triton.__version__}) lacks what the kernels use: {e}"
     return True, ""
 
 

@@ -17,6 +17,7 @@ Off in Triton's interpreter and before sm_90, where the launch option does not e
 `enabled` is False (tests compare the two).
 """
 import functools
+import logging
 
 import torch
 import triton
@@ -25,7 +26,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from tts_kernels import compiled
 
-
+log = logging.getLogger(__name__)
 enabled = True
 
 
@@ -40,8 +41,18 @@ def programmatic(x: torch.Tensor) -> dict:
     on = enabled and x.is_cuda and compiled()
     if on:
         index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-        on = _capability(index) >= (9, 0)
+        on = pdl_possible(index)
     return {"PDL": on, "launch_pdl": on}
+
+
+@functools.lru_cache(maxsize=None)
+def pdl_possible(index: int) -> bool:
+    """Whether GPU `index` takes programmatic dependent launch (sm_90 and later); says so once if not."""
+    capability = _capability(index)
+    if capability < (9, 0):
+        log.info("kernels: launched without PDL (programmatic dependent launch needs sm_90; GPU %d is sm_%d%d)",
+                 index, *capability)
+    return capability >= (9, 0)
 
 
 @triton.jit

@@ -55,8 +55,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, INVARIANT_GEMM_ROWS,
-                            TAIL_MIN_ROWS, codec_stream_for, codec_window_for, prefill_tiles_for, tail_rows_for)
+from tts_cli.engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
+                            INVARIANT_GEMM_ROWS, TAIL_MIN_ROWS, codec_stream_for, codec_window_for,
+                            prefill_tiles_for, tail_rows_for)
 from tts_cli.engine.prefill import COLUMNS, Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep, PaddedGEMMs
@@ -279,8 +280,6 @@ class Engine:
         # the steps on a high-priority stream: where both have blocks waiting for an SM, theirs go first
         self.step_stream = torch.cuda.Stream(device, priority=-1) if codec_stream else None
         self.codec_stream = torch.cuda.Stream(device) if codec_stream else None
-        if codec_stream:
-            log.info("engine: the codec runs on its own CUDA stream, beside the next window's steps")
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, kernels=kernels, depth=depth,
                                codec_stream=self.codec_stream)
         if tail_rows is None:
@@ -302,8 +301,6 @@ class Engine:
                               pool=self.step.pool, padded_gemms=padded)
             self._levels.append(self._new_level(step, pin))
         self._level = self._levels[0]   # the step launched now
-        if tail_rows:
-            log.info("engine: the ragged end of a run steps %s rows", " then ".join(map(str, tail_rows)))
         if prefill_tiles is None:
             prefill_tiles = prefill_tiles_for(rows, device.type == "cuda")
         if device.type == "cuda" and len(prefill_tiles) > 1 and prefill_tiles[-1] * COLUMNS < INVARIANT_GEMM_ROWS:
@@ -311,6 +308,12 @@ class Engine:
                              f"numbers may differ from a full tile's (tts_cli.engine.INVARIANT_GEMM_ROWS), got "
                              f"{prefill_tiles}")
         self.prefill = Prefill(model, self.state, prefill_tiles, use_graphs)
+        log.info("engine: %d rows; the codec every %d steps, %s; the ragged end on %s; prefill tiles (prompts): %s",
+                 rows, codec_window, "on its own CUDA stream beside the next window's steps" if codec_stream else
+                 f"in line after the steps ({CODEC_STREAM_RULE} by default)",
+                 f"steps of {' then '.join(map(str, tail_rows))} rows" if tail_rows else
+                 f"the full step (tail steps: on CUDA from {2 * TAIL_MIN_ROWS} rows, with the codec in line)",
+                 ", ".join(map(str, prefill_tiles)))
         self.time_stages = time_stages and device.type == "cuda"
         self._windows_launched = 0
         self._codec_done = None   # the event after the last window's codec and copies

@@ -189,18 +189,19 @@ def test_a_slot_freed_at_a_window_end_is_refilled_for_the_next_step(synth, windo
 
 
 def test_the_engine_counts_its_time_in_row_callbacks_and_gpu_waits(synth):
-    """EngineStats: the time spent in on_result is counted (here 0.05 s a row, slept) within the
-    run's wall; on CPU nothing is waited for (the work is done when queued)."""
+    """EngineStats: the time spent in on_result is counted (here 0.2 s a row, slept) within the
+    run's wall, once; on CPU nothing is waited for (the work is done when queued)."""
     import time
     frames = [4, 6, 5]
     requests = [EngineRequest(key=i, prompt_embeds=_embeds(synth, i), seed=i, max_frames=f, min_new_tokens=f + 1)
                 for i, f in enumerate(frames)]
     engine = _engine(synth, rows=2, greedy=True)
     engine.reset_stats()
-    engine.run(requests, on_result=lambda result: time.sleep(0.05))
-    assert 0.15 <= engine.stats.callback_s < 0.15 + 0.05 and engine.stats.callback_s < engine.stats.wall_s
+    engine.run(requests, on_result=lambda result: time.sleep(0.2))
+    assert 0.6 <= engine.stats.callback_s < engine.stats.wall_s
     assert engine.stats.gpu_wait_s == 0
-    assert engine.stats.pcm_s < 0.05   # the rows it ends are handed over inside the PCM copies: not counted twice
+    # the rows it ends are handed over inside the PCM copies: their 0.6 s not counted there too
+    assert engine.stats.pcm_s < 0.3
 
 
 class _LateEvent:

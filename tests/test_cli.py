@@ -169,6 +169,26 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
     assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
 
 
+def test_with_gpus_the_default_call_gives_every_gpu_work(fake, tmp_path, monkeypatch):
+    """16 x 512 segments a call took a corpus of fewer segments whole to one worker (batches go to the
+    free worker): with --gpus a call holds at most the rows over twice the workers."""
+    from tts_cli.errors import TTSError
+    from tts_cli.scale import workers
+
+    def pool(model_dir, devices, settings, voices):   # stops the run, saying how the calls were sized
+        raise TTSError(f"calls of {settings.batch_size} segments on {len(devices)} workers")
+
+    monkeypatch.setattr(workers, "check_devices", lambda devices: None)
+    monkeypatch.setattr(workers, "WorkerPool", pool)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"Sentence {i}.\n" for i in range(100)))
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--gpus", "0,1,2,3")
+    assert "calls of 13 segments on 4 workers" in result.stderr, result.output
+    result = _invoke("synth", manifest, "--out", tmp_path / "out2", "--model", tmp_path / "model", "--gpus", "0,1",
+                     "--batch-size", 60)
+    assert "calls of 60 segments on 2 workers" in result.stderr, result.output
+
+
 def test_rows_auto_is_the_default_and_a_bad_rows_value_is_one_red_line(fake, tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "check_device", lambda device, given_by: None)
     manifest = tmp_path / "m.txt"

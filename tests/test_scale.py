@@ -59,6 +59,7 @@ def test_shard_runs_together_make_the_whole_manifest(monkeypatch, tmp_path):
         assert result.exit_code in (0, 1), result.output
         report = json.loads((out / "report.json").read_text())
         assert report["settings"]["shard"] == f"{i}/3"
+        assert report["totals"]["skipped_empty"] == (1 if i == 0 else 0)   # the manifest's blank line, once
         seen.append([row["id"] for row in report["rows"]])
         assert {p.stem for p in out.glob("*.wav")} == {row["id"] for row in report["rows"] if row["error"] is None}
     all_ids = [f"row-{i}" for i in range(30)] + ["bad/id"]
@@ -159,9 +160,10 @@ def test_a_worker_whose_batch_raises_sends_its_rows_failed_and_ends(monkeypatch)
     assert not received.poll() and tasks.qsize() == 1
 
 
-@needs_bundled_model
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                    reason="the [ray] extra is not installed (pip install -e '.[ray]'); make test installs it")
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the [ray] extra is not installed "
+                               "(pip install -e '.[ray]'); make test installs it")
+
+
 def _synthesize_with_local_ray(manifest: Path, out: Path, **options) -> dict[str, dict]:
     """synthesize_with_ray on a local Ray of 2 CPUs; the output rows by id (a repeated id: id*)."""
     import ray
@@ -184,20 +186,30 @@ def _synthesize_with_local_ray(manifest: Path, out: Path, **options) -> dict[str
     return rows
 
 
+@needs_bundled_model
+@needs_ray
 def test_ray_data_path_in_local_mode(tmp_path):
+    """Also: a row without an id fails (a batch knows no row numbers: two such rows of two batches
+    were both '000001', with one audio); ids that sanitize alike keep paths apart; a base seed near
+    the top of 64 bits wraps (it overflowed)."""
     manifest = tmp_path / "m.parquet"
-    pq.write_table(pa.table({"id": ["a", "b", "c", "a"], "text": ["Hello there.", "Second row.", "", "Again."],
-                             "seed": [1, None, None, None]}), manifest)
+    pq.write_table(pa.table({"id": ["a", "b", "c", "a", None, "x y", "x_y"],
+                             "text": ["Hello there.", "Second row.", "", "Again.", "No id.", "Spaced.", "Joined."],
+                             "seed": [1, None, None, None, None, None, None]}), manifest)
     rows = _synthesize_with_local_ray(manifest, tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, max_frames=3,
-                                      greedy=True)
-    assert sorted(rows) == ["a", "a*", "b", "c"]
+                                      greedy=True, base_seed=2**63 - 10)
+    assert sorted(rows) == ["000005", "a", "a*", "b", "c", "x y", "x_y"]
     for row_id in ("a", "b"):
         audio, rate = sf.read(io.BytesIO(rows[row_id]["audio"]["bytes"]))
         assert rate == 24000 and len(audio) == rows[row_id]["frames"] * 1920 > 0 and rows[row_id]["error"] is None
     assert rows["c"]["error"] == "empty text" and rows["c"]["audio"] is None
     assert rows["a*"]["error"] == "duplicate id 'a' (first used by row 1)"
+    assert rows["000005"]["error"] == "no id: the Ray path names rows by their id column only"
+    assert rows["x_y"]["audio"]["path"] == "x_y.flac" and rows["x y"]["audio"]["path"].startswith("x_y-")
 
 
+@needs_bundled_model
+@needs_ray
 def test_the_ray_path_clones_voices_as_tts_synth_does(tmp_path):
     """ICL and x-vector rows of a Base checkpoint (the reference relative to the manifest): the same
     audio as `tts synth` makes; a missing reference fails its row with the reason."""

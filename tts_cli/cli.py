@@ -279,8 +279,9 @@ def synth(
     batch_size: Optional[int] = setting_option(
         "batch_size", metavar="N", show_default=False,
         help="Segments per synthesize call (fewer after running out of GPU or host memory). Default: 8 on cpu (one "
-             "lockstep batch); on cuda 16 x --rows, queued into the engine's slots longest text first and "
-             "refilled as segments end (each call's end leaves slots idle: larger calls, fewer ends)."),
+             "lockstep batch); on cuda 16 x --rows (with --gpus at most the rows over twice the GPUs, so that "
+             "each gets work), queued into the engine's slots longest text first and refilled as segments end "
+             "(each call's end leaves slots idle: larger calls, fewer ends)."),
     rows: str = setting_option(
         "rows", metavar="auto|N",
         help=f"On cuda: the engine's slots, the rows every decode step runs whatever a call holds. auto: "
@@ -474,6 +475,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     names = dict(zip((row.index for row in manifest.rows),
                      output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
     shard_rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
+    skipped_empty = manifest.skipped_empty if shard_index == 0 else 0   # the manifest's blank lines, counted once
     check_engine_choices(depth, codec_precision, talker_precision)
     if devices:
         check_devices(devices)
@@ -499,7 +501,10 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     if on_cuda:
         say(f"rows: {engine_rows} (--rows)" if engine_rows else
             f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
-    batch_size = batch_size or (CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8)
+    if batch_size is None:
+        batch_size = CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8
+        if devices and on_cuda:   # two batches a worker at least: else one GPU takes a corpus of fewer segments
+            batch_size = max(1, min(batch_size, -(-len(shard_rows) // (2 * len(devices)))))
     settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
                            segment_chars=segment_chars, batch_size=batch_size, engine_rows=engine_rows, depth=depth,
                            codec_precision=codec_precision, talker_precision=talker_precision,
@@ -559,7 +564,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
             progress.stop()
         if synth_wer is not None:
             try:
-                wer_section, wer_rows = synth_wer.finish(result.records, manifest.skipped_empty)
+                wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)
                 if synth_wer.unheard:
                     result.notes.append(f"WER covers part of the run: it stopped before the ASR heard "
                                         f"{synth_wer.unheard} rows (not scored)")
@@ -580,7 +585,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         device_choice=device_choice.reason,
         dtype=loaded_numerics or numerics(first_device, codec_precision, weights_dtype(first_device, talker_precision)),
         greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
-        skipped_empty=manifest.skipped_empty, load_seconds=load_seconds,
+        skipped_empty=skipped_empty, load_seconds=load_seconds,
         wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
         segment_chars=segment_chars, max_text_chars=max_text_chars, shard=shard and f"{shard_index}/{shard_count}",
         devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,

@@ -5,10 +5,13 @@
 Each actor loads the synthesizer once and runs the same code as `tts synth` on its batches (row
 checks, long-text segments, out-of-memory recovery, crossfade joins). The output shards have the
 columns of `tts synth --format parquet` (audio as a `datasets` Audio struct of FLAC bytes) plus
-`frames` and `error` (null audio for a failed row). Ray Data schedules, retries failed tasks and
-writes; there is no ledger: rerun into a fresh output folder. The manifest needs an `id` column,
-and a row without a `seed` draws with base_seed + a hash of its id (tts synth uses the row index,
-which a Ray batch does not know); duplicate ids are found only within a batch.
+`frames` and `error` (null audio for a failed row). Ray Data schedules, retries tasks whose
+worker or node failed, and writes; an error of synthesis itself (a bug, a device fault) fails its
+block's rows, with the error, and the others are kept. There is no ledger: rerun into a fresh output
+folder. The manifest needs an `id` in every row (a row without one fails: a Ray batch does not know
+its row number), and a row without a `seed` draws with base_seed + a hash of its id (tts synth uses
+the row index); duplicate ids are found only within a batch. A row's audio path is its sanitized id,
+with a hash of the id where sanitizing changed it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
 (relative paths start from the manifest's folder); each actor encodes each distinct reference once,
@@ -18,13 +21,19 @@ Needs the `ray` extra: pip install -e '.[ray]' in the checkout. See README, "Sca
 """
 from __future__ import annotations
 
+import hashlib
+import logging
 import tempfile
 from pathlib import Path
 
 from ..errors import TTSError
 from ..manifest import (DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_references, check_schema, mark_duplicate_ids,
                         rows_from_table)
+from ..output.writer import sanitize_id
+from ..recipe import wrapped_seed
 from .shard import stable_id_number
+
+log = logging.getLogger(__name__)
 
 
 def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir: str | Path, actors: int = 1,
@@ -66,6 +75,15 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
     ).write_parquet(str(out_dir))
 
 
+def output_name(row_id: str) -> str:
+    """A row's audio path in its shard: its sanitized id, with a hash of the id where sanitizing
+    changed it (blocks cannot number collisions as tts synth does: 'a b' and 'a_b' would share it)."""
+    name = sanitize_id(row_id)
+    if name != row_id:
+        name += "-" + hashlib.sha256(row_id.encode("utf-8")).hexdigest()[:8]
+    return f"{name}.flac"
+
+
 class SynthesizerActor:
     """One per actor of the pool: a loaded synthesizer, called on pyarrow batches of manifest rows."""
 
@@ -89,18 +107,28 @@ class SynthesizerActor:
 
         from ..job import plan_row, synthesize_plans
         from ..output.formats import shard_schema
-        from ..output.writer import encode_audio, sanitize_id
+        from ..output.writer import encode_audio
 
         rows = rows_from_table(batch, self.defaults, "ray batch", base_dir=self.references_base)
         seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
-        for row, seed in zip(rows, seeds):
+        ids = batch.column("id").to_pylist()
+        for row, seed, cell in zip(rows, seeds, ids):
             if seed is None:
-                row.request.seed = self.defaults.base_seed + stable_id_number(row.request.id) % 2**31
+                row.request.seed = wrapped_seed(self.defaults.base_seed + stable_id_number(row.request.id) % 2**31)
+            if cell is None or not str(cell).strip():   # a row number is not known across blocks
+                row.problem = row.problem or "no id: the Ray path names rows by their id column only"
         mark_duplicate_ids(rows)
         check_references(rows)
-        plans = [plan_row(row, f"{sanitize_id(row.request.id)}.flac", self.settings) for row in rows if not row.problem]
-        outcomes = {id(plan.row): (plan, audio) for finished in synthesize_plans(plans, self.executor, self.settings)
-                    for plan, audio in finished}
+        plans = [plan_row(row, output_name(row.request.id), self.settings) for row in rows if not row.problem]
+        try:
+            outcomes = {id(plan.row): (plan, audio) for finished in synthesize_plans(plans, self.executor,
+                                                                                    self.settings)
+                        for plan, audio in finished}
+        except TTSError:
+            raise
+        except Exception as e:   # a bug or a device fault: this block's rows fail with it, the others are kept
+            log.error("synthesis failed on a block", exc_info=True)
+            outcomes = {id(plan.row): (plan, f"synthesis failed: {type(e).__name__}: {e}") for plan in plans}
         rate = self.executor.sample_rate
         table = []
         for row in rows:

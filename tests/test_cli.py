@@ -428,7 +428,7 @@ def test_bundled_model_end_to_end(tmp_path, monkeypatch):
     result = _invoke("-v", "synth", manifest, "--out", out, "--max-frames", 6, "--batch-size", 2)
     assert result.exit_code == 1, result.output
     assert "random weights: its audio is noise" in result.stderr
-    assert "tts: synthesis path: plain model (cpu)" in result.stderr   # --verbose: the path taken
+    assert "tts: synthesis path: plain model (cpu: the slot engine" in result.stderr   # --verbose: the path taken
     assert not logs.verbose()   # removed when the command ended
     report = json.loads((out / "report.json").read_text())
     rows = {r["id"]: r for r in report["rows"]}

@@ -78,7 +78,7 @@ def test_gpus_list_runs_one_worker_process_each(tmp_path, monkeypatch, capfd):
                                      "--max-frames", "3", "--batch-size", "1", "--greedy"])
     assert result.exit_code == 1, result.output
     # -v reaches the workers: each says which path it took, on the stderr they share with the parent
-    assert capfd.readouterr().err.count("tts (cpu): synthesis path: plain model (cpu)") == 2
+    assert capfd.readouterr().err.count("tts (cpu): synthesis path: plain model (cpu: ") == 2
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["devices"] == ["cpu", "cpu"]
     assert report["dtype"] == "float32"   # as the workers loaded it
@@ -157,6 +157,7 @@ def test_a_worker_whose_batch_raises_sends_its_rows_failed_and_ends(monkeypatch)
     messages = [received.recv() for _ in range(3)]
     assert [m[0] for m in messages] == ["ready", "done", "done"] and [m[1] for m in messages[1:]] == [0, 1]
     assert [str(o) for o in messages[2][2]] == ["on cpu: ValueError: a bug in synthesis (fake)"]
+    assert messages[1][4] == []   # the synthesizer's notes (--rows auto's choices ...), for the report
     assert not received.poll() and tasks.qsize() == 1
 
 

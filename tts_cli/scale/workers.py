@@ -88,7 +88,7 @@ class WorkerPool:
         # References are encoded here, in the parent, before any batch goes out (tts_cli/job.py
         # prepare_request): each once, into one cache, and the batches carry them to the workers.
         self.voices = voices
-        self.notes: list[str] = []                     # one line per worker that died
+        self.notes: list[str] = []                     # one line per worker that died; their synthesizers' notes
         context = multiprocessing.get_context("spawn")
         cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
         self.workers: list[Worker] = []              # those alive
@@ -131,7 +131,7 @@ class WorkerPool:
         unsent, answered = deque(range(len(batches))), 0
         while answered < len(batches):
             if not self.workers:
-                raise RunCannotGoOn(f"every worker process died ({len(self.notes)} of {self.started}; the notes "
+                raise RunCannotGoOn(f"every worker process died ({self.started} of {self.started}; the notes "
                                     "say how)")
             while unsent:   # to the least busy worker first
                 worker = min(self.workers, key=lambda w: len(w.held))
@@ -142,13 +142,14 @@ class WorkerPool:
             ready = wait([w.results for w in self.workers])   # a message, or the EOF of a worker that died
             worker = next(w for w in self.workers if w.results in ready)
             try:
-                _, index, outcomes, seconds = worker.results.recv()
+                _, index, outcomes, seconds, notes = worker.results.recv()
             except ENDED:
                 for index, outcomes in self._lost(worker, batches):
                     answered += 1
                     yield index, list(enumerate(outcomes)), 0.0
                 continue
             worker.held.remove(index)
+            self.notes += [note for note in notes if note not in self.notes]   # its synthesizer's, as in process
             answered += 1
             yield index, list(enumerate(outcomes)), seconds
 
@@ -226,9 +227,9 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
                 # A device fault or a bug: this batch's rows fail with it, and the worker ends (a device
                 # after a fault is not to be trusted; failing at once, it would take most batches).
                 sender.submit(results.send, ("done", index, [TTSError(f"on {device}: {type(e).__name__}: {e}")]
-                                             * len(requests), perf_counter() - start))
+                                             * len(requests), perf_counter() - start, list(synth.notes)))
                 break
-            sender.submit(results.send, ("done", index, outcomes, perf_counter() - start))
+            sender.submit(results.send, ("done", index, outcomes, perf_counter() - start, list(synth.notes)))
         else:
             return
     raise SystemExit(FAULT_EXIT)   # (after the sender has sent the failed batch)

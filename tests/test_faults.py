@@ -49,13 +49,18 @@ def test_a_row_out_of_memory_even_alone_fails_and_the_others_are_kept(bundled):
                for o in outcomes)
 
 
+def _synth_fake(tmp_path, rows: str, batch_size: int):
+    """`tts synth` of the manifest lines `rows` on the fake synthesizer; (the CLI's result, its --out)."""
+    manifest, out = tmp_path / "m.txt", tmp_path / "out"
+    manifest.write_text(rows)
+    return runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                                   "--batch-size", str(batch_size)]), out
+
+
 def test_out_of_memory_through_the_cli_fails_only_the_row_at_fault(monkeypatch, tmp_path):
     fake = use_fake_synthesizer(monkeypatch, tmp_path)
-    manifest = tmp_path / "m.txt"
-    manifest.write_text("a\tOne.\nb\tTwo.\nc\tThree oom-shared.\nd\tFour.\ne\tFive oom-always.\nf\tSix.\n")
-    out = tmp_path / "out"
-    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
-                                     "--batch-size", "4"])
+    result, out = _synth_fake(tmp_path, "a\tOne.\nb\tTwo.\nc\tThree oom-shared.\nd\tFour.\ne\tFive oom-always.\n"
+                                        "f\tSix.\n", batch_size=4)
     assert result.exit_code == 1, result.output
     report = json.loads((out / "report.json").read_text())
     errors = {row["id"]: row["error"] for row in report["rows"]}
@@ -74,11 +79,7 @@ def test_host_memory_running_out_is_survived_like_gpu_memory(monkeypatch, tmp_pa
     from tts_cli.job import exhausted_memory
 
     fake = use_fake_synthesizer(monkeypatch, tmp_path)
-    manifest = tmp_path / "m.txt"
-    manifest.write_text("a\tOne.\nb\tTwo host-oom.\nc\tThree.\n")
-    out = tmp_path / "out"
-    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
-                                     "--batch-size", "3"])
+    result, out = _synth_fake(tmp_path, "a\tOne.\nb\tTwo host-oom.\nc\tThree.\n", batch_size=3)
     assert result.exit_code == 0, result.output
     assert fake.batches == [["a", "b", "c"], ["a"], ["b"], ["c"]]
     report = json.loads((out / "report.json").read_text())

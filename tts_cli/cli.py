@@ -131,8 +131,9 @@ def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Op
         option = "instruct"
         if instruct and cfg.model_type == BASE:
             check_voice(cfg, None, instruct, False)
-        if instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs"):
-            raise RequestError(text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs"))
+        too_long = instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs")
+        if too_long:
+            raise RequestError(too_long)
         option = "ref_audio"
         if ref_audio and ref_audio.strip():   # (a blank one is none, as the manifest reads it)
             request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text,

@@ -366,9 +366,9 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         plans = [plan_row(row, names[row.index], settings) for row in rows
                  if row.problem is None or row.reference_unreadable]
         earlier = dict(ledger.latest)   # what earlier runs recorded: no outcome of this run's
-        todo, resumed, kept, redone = _rows_to_do(plans, ledger, out_dir, settings)
-        # A redone row's file is replaced before its new ledger line: its old line must stop naming it first.
-        ledger.append([_entry(plan, error=REDO_PENDING) for plan in redone])
+        todo, resumed, kept, replaced = _rows_to_do(plans, ledger, out_dir, settings)
+        # A replaced row's file is rewritten before its new ledger line: its old line must stop naming it first.
+        ledger.append([_entry(plan, error=REDO_PENDING) for plan in replaced])
         if kept:
             notes.append(f"{len(kept)} rows made by an earlier run are kept though their reference cannot be read "
                          f"now (first: row {kept[0].number}: {kept[0].problem})")

@@ -300,6 +300,16 @@ out = torch.empty(batch, frames, 1)
 causal_conv(src, to_wave.tap_matrix(), to_wave.conv.bias, frames, out=out)
 with torch.no_grad():
     torch.testing.assert_close(time_major(out), to_wave.conv(time_major(src)), rtol=1e-5, atol=1e-5)
+# dilated, fp16, the input rows and the waveform rows inside larger buffers (batch strides of their own)
+to_wave = CausalConv1d(channels, 1, 7, dilation=2)
+rows = torch.randn(batch, 12 + frames + 3, channels, generator=g).half()
+waves = torch.full((batch, frames + 4, 1), float("nan"))
+causal_conv(rows[:, :12 + frames], to_wave.tap_matrix().half(), to_wave.conv.bias, frames, 2, out=waves[:, 4:])
+with torch.no_grad():
+    expected = F.conv1d(time_major(rows[:, :12 + frames].float()), to_wave.conv.weight.half().float(),
+                        to_wave.conv.bias, dilation=2)
+torch.testing.assert_close(time_major(waves[:, 4:]), expected, rtol=1e-5, atol=1e-5)
+assert waves[:, :4].isnan().all()
 
 # fp16 inputs and weights, fp16 snake_out: values beyond fp16's range are stored as infinities
 src = torch.randn(batch, 6 + frames, channels, generator=g)

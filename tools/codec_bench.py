@@ -245,7 +245,7 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
         c_in = src.shape[2]
         tma = conv.takes_tma(src, weight, frames)
         if n == 1:
-            kind = "one channel"
+            kind = f"one channel, {conv.tiles(c_in, 8, 1, src.dtype == torch.float16)} then the taps' sums"
         elif tma:
             kind = f"TMA {conv_tma.tiles(c_in, n, k // c_in)}"
         else:
@@ -255,8 +255,9 @@ def conv_times(codec, rows: int, window: int, sweep: list[tuple[int, ...]], only
         timed.append((conv_kind(i, c_in, k, n), t, 2 * m * k * n))
         line = (f"{i:2d} src {tuple(src.shape)} w {tuple(weight.shape)} d={args[4]} {flags:3s} {t:7.1f} us "
                 f"{2 * m * k * n / t / 1e6:5.0f} TF/s {moved / t / 1e6:5.2f} TB/s  {kind}")
-        if n > 1:
-            # the tile goes to whichever kernel takes the convolution (conv.py's, or conv_tma's on sm_90)
+        if sweep:
+            # the tile goes to whichever kernel takes the convolution (conv.py's, or conv_tma's on sm_90;
+            # for the waveform's, its GEMM)
             kernel = conv_tma if tma else conv
             saved = kernel.tiles
             for tiles in sweep:

@@ -23,8 +23,8 @@ and where TMA can address the tensors (`takes_tma`).
 Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation
 and epilogue, the residual stream (`residual`, `out`) in fp16 too, the waveform in fp32) or both
 fp32 (TF32 when torch allows it for convolutions, its operands rounded to nearest, else exact;
-the one-channel convolution, on the CUDA cores, sums exactly in fp32 either way). Triton's TF32
-GEMMs measured 2-4x slower than cuDNN's on the H200, its fp16 ones 2-3x faster (docs/bench.md).
+the one-channel convolution sums exactly in fp32 either way). Triton's TF32 GEMMs measured 2-4x
+slower than cuDNN's on the H200, its fp16 ones 2-3x faster (docs/bench.md).
 A value beyond fp16's range (65504) stored in an fp16 `snake_out` or `out` becomes an infinity,
 and every later convolution turns it into infinities or NaN (SnakeBeta's sine of an infinity is
 NaN), so it reaches the waveform: the caller finds it there (tts_cli.model.codec).
@@ -146,22 +146,16 @@ def epilogue(acc, b, t, n, m_valid, n_valid, n_out, bias_ptr, res_ptr, out_ptr, 
 
 
 @triton.jit
-def _causal_conv_to_one(src_ptr, weight_ptr, bias_ptr, out_ptr, rows, frames, s_b, s_t, o_b,
-                        C_IN: tl.constexpr, C_PADDED: tl.constexpr, TAPS: tl.constexpr, DILATION: tl.constexpr,
-                        BM: tl.constexpr):
-    """A convolution to one output channel (the waveform) on the CUDA cores: a tensor-core tile
-    would be 15/16 padding. Each tap's products are summed over the channels, the taps in order."""
+def _sum_taps(partial_ptr, bias_ptr, out_ptr, rows, frames, p_b, o_b, TAPS: tl.constexpr, DILATION: tl.constexpr,
+              COLUMNS: tl.constexpr, BM: tl.constexpr):
+    """A convolution to one channel, its second half: output frame t = the sum over the taps, in
+    order, of partial[t + tap * DILATION, tap] (input frame x tap weights, `to_one`), then + bias."""
     m = tl.program_id(0) * BM + tl.arange(0, BM)
     m_valid = m < rows * frames
     b, t = m // frames, m % frames
-    c = tl.arange(0, C_PADDED)
-    c_valid = c < C_IN
     acc = tl.zeros([BM], dtype=tl.float32)
     for tap in tl.static_range(TAPS):
-        x = tl.load(src_ptr + (b * s_b + (t + tap * DILATION) * s_t)[:, None] + c[None, :],
-                    mask=m_valid[:, None] & c_valid[None, :], other=0.0)
-        w = tl.load(weight_ptr + tap * C_IN + c, mask=c_valid, other=0.0)
-        acc += tl.sum(x.to(tl.float32) * w.to(tl.float32)[None, :], 1)
+        acc += tl.load(partial_ptr + b * p_b + (t + tap * DILATION) * COLUMNS + tap, mask=m_valid, other=0.0)
     tl.store(out_ptr + b * o_b + t, acc + tl.load(bias_ptr), mask=m_valid)
 
 
@@ -181,6 +175,9 @@ def tiles(c_in: int, n_out: int, taps: int, half: bool) -> tuple[int, int, int, 
         return 128, 64, block_k, 4, 4
     if n_out == 96:
         return 128 if taps == 7 else 64, 32, block_k, 4, 4
+    if n_out <= 16:
+        # the waveform convolution's first half (`to_one`): a stream of the input through one N block
+        return 128, 16, block_k, 4, 3
     if taps == 7 and c_in in (384, 768, 1024):
         return 128, 128, block_k, 8, 3
     return 64, max(16, min(64, triton.next_power_of_2(n_out))), block_k, 8, 3
@@ -205,13 +202,6 @@ def takes_tma(src: torch.Tensor, weight: torch.Tensor, frames: int) -> bool:
         return False
     from tts_kernels import conv_tma
     return conv_tma.fits(src, weight, frames)
-
-
-def to_one_tiles(c_in: int) -> tuple[int, int]:
-    """(BLOCK_M, warps) of a convolution to one channel: 128 values of the padded input per thread
-    (H200, 64 rows x 4 frames, 96 channels: 114.6 us at 128 x 4 warps, 113.4 at 512 x 16, 123.1 at
-    256 x 8; 424-677 at 256 per thread, which spill; docs/bench.md at 0bca9b7, 2026-12-01)."""
-    return 128, 4
 
 
 def _rows_view(x: torch.Tensor, frames: int, n: int, name: str) -> tuple[int, int]:
@@ -245,7 +235,7 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     snake_out each fp32 or fp16 (the sums and the epilogue in fp32), each [B, frames, N] or the
     same memory seen as [B, frames * N / C, C] (a transposed convolution's samples), any batch
     stride; in an fp16 out or snake_out a value beyond fp16's range is an infinity (module doc). One
-    output channel and only `out` (the waveform) runs on the CUDA cores."""
+    output channel and only `out` (the waveform) runs as `_to_one`."""
     batch, _, c_in = src.shape
     n_out = weight.shape[1]
     taps = weight.shape[0] // c_in
@@ -267,31 +257,54 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     o_b, o_t = _rows_view(out, frames, n_out, "out") if out is not None else (0, 0)
     so_b, so_t = _rows_view(snake_out, frames, n_out, "snake_out") if snake_out is not None else (0, 0)
     if n_out == 1 and residual is None and snake_out is None:
-        block_m, warps = to_one_tiles(c_in)
-        block_m = block_m if compiled() else INTERPRETER_BLOCK_M
-        _causal_conv_to_one[(triton.cdiv(batch * frames, block_m),)](
-            src, weight, bias, out, batch, frames, src.stride(0), src.stride(1), o_b,
-            C_IN=c_in, C_PADDED=triton.next_power_of_2(c_in), TAPS=taps, DILATION=dilation, BM=block_m,
-            num_warps=warps)
+        _to_one(src, weight, bias, frames, dilation, out, o_b)
         return
+    _gemm(src, weight, bias, frames, dilation, residual, out, snake, snake_out, (r_b, r_t, o_b, o_t, so_b, so_t),
+          # TF32 exactly when torch would use it for a convolution (cuDNN's switch), the operands rounded to
+          # nearest first (on the GPU: the interpreter's products are exact fp32); fp16 inputs ignore it.
+          "tf32" if torch.backends.cudnn.allow_tf32 else "ieee")
+
+
+def _gemm(src, weight, bias, frames, dilation, residual, out, snake, snake_out, strides, precision: str) -> None:
+    """causal_conv's GEMM (its checks done there): conv_tma's kernel where it takes the shape, else conv.py's."""
+    batch, _, c_in = src.shape
+    n_out = weight.shape[1]
+    taps = weight.shape[0] // c_in
     if takes_tma(src, weight, frames):
         from tts_kernels.conv_tma import conv_tma
-        conv_tma(src, weight, bias, frames, dilation, taps, (r_b, r_t, o_b, o_t, so_b, so_t), residual, out,
-                 snake, snake_out)
+        conv_tma(src, weight, bias, frames, dilation, taps, strides, residual, out, snake, snake_out)
         return
     block_m, block_n, block_k, warps, stages = tiles(c_in, n_out, taps, src.dtype == torch.float16)
     block_m = block_m if compiled() else INTERPRETER_BLOCK_M
     c_in_padded = triton.cdiv(c_in, block_k) * block_k
-    # TF32 exactly when torch would use it for a convolution (cuDNN's switch), the operands rounded to
-    # nearest first (on the GPU: the interpreter's products are exact fp32); fp16 inputs ignore it.
-    precision = "tf32" if torch.backends.cudnn.allow_tf32 else "ieee"
     n_blocks = triton.cdiv(n_out, block_n)
     _causal_conv[(triton.cdiv(batch * frames, block_m) * n_blocks,)](
         src, weight, bias, residual if residual is not None else bias, out if out is not None else bias,
         snake_out if snake_out is not None else bias, snake if snake is not None else bias, batch, frames, n_out,
-        src.stride(0), src.stride(1), r_b, r_t, o_b, o_t, so_b, so_t,
+        src.stride(0), src.stride(1), *strides,
         C_IN=c_in, C_IN_PADDED=c_in_padded, TAPS=taps, DILATION=dilation,
         RESIDUAL=residual is not None, OUT=out is not None, SNAKE_OUT=snake_out is not None,
         BM=block_m, BN=block_n, BK=block_k, N_BLOCKS=n_blocks, PRECISION=precision,
         ROUND_TF32=precision == "tf32" and src.dtype == torch.float32 and compiled(), LIBDEVICE=compiled(),
         num_warps=warps, num_stages=stages)
+
+
+def _to_one(src, weight, bias, frames, dilation, out, o_b) -> None:
+    """A convolution to one output channel (the waveform) in two launches: every input frame times
+    the taps' weights side by side ([C_in, COLUMNS], one tap per column) as one GEMM, so each input
+    value is read once, then each output frame's sum over its taps (`_sum_taps`). A one-channel GEMM
+    tile would be 15/16 padding, and the CUDA-core kernel this replaces, reading the input once per
+    tap, took ~5x the time of its bytes (docs/bench.md, 2026-12-04). The products are summed in
+    exact fp32 (no TF32; fp16 ones are exact in fp32)."""
+    batch, length, c_in = src.shape
+    taps = weight.shape[0] // c_in
+    columns = max(8, triton.next_power_of_2(taps))
+    per_tap = torch.zeros(c_in, columns, dtype=weight.dtype, device=weight.device)
+    per_tap[:, :taps] = weight.view(taps, c_in).t()
+    partial = src.new_empty(batch, length, columns, dtype=torch.float32)
+    no_bias = torch.zeros(columns, dtype=torch.float32, device=src.device)
+    _gemm(src, per_tap, no_bias, length, 1, None, partial, None, None, (0, 0, length * columns, columns, 0, 0), "ieee")
+    block_m = 1024 if compiled() else INTERPRETER_BLOCK_M
+    _sum_taps[(triton.cdiv(batch * frames, block_m),)](partial, bias, out, batch, frames, length * columns, o_b,
+                                                       TAPS=taps, DILATION=dilation, COLUMNS=columns, BM=block_m,
+                                                       num_warps=4)

@@ -508,18 +508,25 @@ def test_time_major_conv_kernel_follows_torch_at_vocoder_shapes(channels, dilati
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="the TMA convolution is for Hopper (sm_90)")
-@pytest.mark.parametrize("c_in, n_out, taps, dilation, frames, residual", [
-    (96, 96, 7, 3, 7680, False),        # the last block's dilated convolutions
-    (192, 192, 7, 9, 2560, True),
-    (1024, 1536, 7, 1, 4, False),       # the first convolution: 4 frames, tiles past a row's end
-    (768, 1920, 2, 1, 128, False),      # a transposed convolution as two taps (N = stride x C_out)
+@pytest.mark.parametrize("c_in, n_out, taps, dilation, frames, residual, tile", [
+    (96, 96, 7, 3, 7680, False, None),        # the last block's dilated convolutions
+    (96, 96, 7, 3, 7680, False, (128, 128, 32, 8, 4)),   # 96 columns padded to 128, or split 64 + 32
+    (96, 96, 7, 3, 7680, False, (128, 96, 32, 8, 4)),
+    (192, 192, 7, 9, 2560, True, None),
+    (192, 192, 7, 9, 2560, True, (128, 192, 32, 8, 3)),  # 128 + 64
+    (1024, 1536, 7, 1, 4, False, None),       # the first convolution: 4 frames, tiles past a row's end
+    (768, 1920, 2, 1, 128, False, None),      # a transposed convolution as two taps (N = stride x C_out)
 ])
-def test_tma_conv_kernel_gives_the_triton_kernels_outputs(monkeypatch, c_in, n_out, taps, dilation, frames, residual):
-    """tts_kernels.conv_tma against conv.py's kernel on the same fp16 inputs and weights (64 rows):
-    the same sums over the taps and channel chunks (in the same order where the two BLOCK_K agree),
-    the same epilogue (bias, residual, output, SnakeBeta). Rows of the batch after the first hold other values, so a tile
-    that reads another row's frames would show."""
+def test_tma_conv_kernel_gives_the_triton_kernels_outputs(monkeypatch, c_in, n_out, taps, dilation, frames, residual,
+                                                          tile):
+    """tts_kernels.conv_tma (at its tile, or `tile`) against conv.py's kernel on the same fp16 inputs
+    and weights (64 rows): the same sums over the taps and channel chunks (in the same order where
+    the two BLOCK_K agree), the same epilogue (bias, residual, output, SnakeBeta). Rows of the batch
+    after the first hold other values, so a tile that reads another row's frames would show."""
     import tts_kernels.conv as conv
+    import tts_kernels.conv_tma as conv_tma
+    if tile is not None:
+        monkeypatch.setattr(conv_tma, "tiles", lambda *shape: tile)
     g = torch.Generator("cuda").manual_seed(0)
     context = (taps - 1) * dilation
     src = torch.randn(64, context + frames, c_in, device="cuda", generator=g).half()

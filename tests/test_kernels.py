@@ -735,3 +735,14 @@ def test_vocoder_epilogue_compiles_for_sm90_to_the_hardware_sine():
     assert found, result.stdout
     mufu, local_loads, local_stores = map(int, found.groups())
     assert mufu >= 16 and local_loads == local_stores == 0, result.stdout
+
+
+def test_tma_convolution_splits_an_n_block_into_two_powers_of_two():
+    """conv_tma runs an N block that is not a power of two (96 channels) as two wgmmas (64 + 32
+    columns), none of them padding; other widths are refused by name."""
+    pytest.importorskip("triton.experimental.gluon")
+    from tts_kernels.conv_tma import split
+    assert split(96) == (64, 32) and split(192) == (128, 64) and split(128) == (128, 0) and split(72) == (64, 8)
+    for width in (100, 68):
+        with pytest.raises(ValueError, match=f"an N block of {width} is not a power of two"):
+            split(width)

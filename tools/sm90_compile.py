@@ -225,14 +225,15 @@ def conv_1x1_launch(rows: int, channels: int, warps: int | None, stages: int | N
     return conv._causal_conv, args, launch_options(kwargs, warps, stages)
 
 
-def conv_tma_launch(rows: int, channels: int, warps: int | None, stages: int | None):
-    """The same convolution as Gluon's TMA kernel (tts_kernels.conv_tma) at its tiles (warps and
-    stages replaced where given)."""
+def conv_tma_launch(rows: int, channels: int, warps: int | None, stages: int | None, tiles: dict[str, int]):
+    """The same convolution as Gluon's TMA kernel (tts_kernels.conv_tma) at its tiles (warps, stages
+    and `tiles`' block_m, block_n, block_k replaced where given)."""
     import tts_kernels.conv_tma as conv_tma
     frames = 4 * 1920 * 96 // channels
     weight, bias = torch.zeros(7 * channels, channels, dtype=torch.float16), torch.zeros(channels)
     block_m, block_n, block_k, tile_warps, tile_stages = conv_tma.tiles(channels, channels, 7)
-    tile = block_m, block_n, block_k, warps or tile_warps, stages or tile_stages
+    tile = (tiles.get("block_m", block_m), tiles.get("block_n", block_n), tiles.get("block_k", block_k),
+            warps or tile_warps, stages or tile_stages)
     snake_out = torch.zeros(rows, frames, channels, dtype=torch.float16)
     args, kwargs = captured_launch(conv_tma._conv_tma, lambda: conv_tma.conv_tma(
         torch.zeros(rows, 54 + frames, channels, dtype=torch.float16), weight, bias, frames, 9, 7,
@@ -270,7 +271,7 @@ def main() -> None:
                         help="depth, attention: the weights' dtype, as the engine's --talker-precision")
     parser.add_argument("--tiles", default="", help="depth: depth_schedule.Shapes fields to override, "
                         "'field=value,...', e.g. 'gate_up_block_k=64'; gemm-rows (and -silu): linear.RowsTile's, "
-                        "e.g. 'block_n=64,swap=1'")
+                        "e.g. 'block_n=64,swap=1'; conv-tma: block_m, block_n, block_k, e.g. 'block_n=96'")
     parser.add_argument("--maxnreg", type=int, help="cap the registers per thread (ptxas spills the rest)")
     parser.add_argument("--ptx", help="also write the PTX here")
     args = parser.parse_args()
@@ -288,7 +289,7 @@ def main() -> None:
     elif args.kernel == "sampler":
         launch = sampler_launch(args.rows, args.warps, args.stages)
     elif args.kernel == "conv-tma":
-        launch = conv_tma_launch(args.rows, args.channels, args.warps, args.stages)
+        launch = conv_tma_launch(args.rows, args.channels, args.warps, args.stages, tiles)
     elif args.kernel == "conv-1x1":
         launch = conv_1x1_launch(args.rows, args.channels, args.warps, args.stages)
     else:

@@ -10,6 +10,9 @@ for each width (TILES) it takes 8-23% off the 384- and 192-channel convolutions 
 transposed ones, 2-8% off the 96-channel ones; the 768-channel 7-tap ones stay in conv.py's
 kernel (docs/bench.md at 0bca9b7, 2026-12-02).
 
+An N block need not be a power of two: 96 columns run as two wgmmas of 64 and 32 (`split`) into
+two accumulators, where a block of 128 would compute 32 padded columns.
+
 The sums: over the taps in order, each tap's channels in chunks of BLOCK_K, each chunk one wgmma
 (k16 steps in order), fp32 accumulation: the order of conv.py's kernel, whatever the two BLOCK_K
 (the GPU test finds the two kernels' outputs bit-identical at four vocoder shapes). A
@@ -34,14 +37,18 @@ MIN_FRAMES = 128
 
 
 @gluon.jit
-def _conv_tma(a_desc, w_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr,
+def _conv_tma(a_desc, w_desc, w2_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr,
               frames, batch_rows, n_out, r_b, r_t, o_b, o_t, so_b, so_t,
               C_IN: gl.constexpr, TAPS: gl.constexpr, DILATION: gl.constexpr,
-              RESIDUAL: gl.constexpr, OUT: gl.constexpr, SNAKE_OUT: gl.constexpr, STAGES: gl.constexpr,
-              EPILOGUE_ROWS: gl.constexpr, num_warps: gl.constexpr):
+              RESIDUAL: gl.constexpr, OUT: gl.constexpr, SNAKE_OUT: gl.constexpr, SPLIT: gl.constexpr,
+              STAGES: gl.constexpr, EPILOGUE_ROWS: gl.constexpr, num_warps: gl.constexpr):
     BM: gl.constexpr = a_desc.block_shape[0]
     BK: gl.constexpr = a_desc.block_shape[1]
-    BN: gl.constexpr = w_desc.block_shape[1]
+    # SPLIT: the N block is w_desc's columns and then w2_desc's, each chunk two wgmmas (`split`)
+    BN1: gl.constexpr = w_desc.block_shape[1]
+    BN2: gl.constexpr = w2_desc.block_shape[1] if SPLIT else 0
+    BN: gl.constexpr = BN1 + BN2
+    SUMS_N: gl.constexpr = 2 * BN1 if SPLIT else BN1   # the epilogue's width: a power of two
     CHUNKS: gl.constexpr = C_IN // BK
     STEPS: gl.constexpr = TAPS * CHUNKS
     # Program order as conv.py's: the N blocks of one M block next to each other (same input rows in
@@ -56,11 +63,14 @@ def _conv_tma(a_desc, w_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors
 
     a_smem = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_shape, a_desc.layout)
     w_smem = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_shape, w_desc.layout)
+    if SPLIT:
+        w2_smem = gl.allocate_shared_memory(w2_desc.dtype, [STAGES] + w2_desc.block_shape, w2_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
     fence_async_shared()
-    chunk_bytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
+    chunk_bytes: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes + \
+        (w2_desc.block_type.nbytes if SPLIT else 0)
 
     for s in gl.static_range(STAGES - 1):
         if s < STEPS:
@@ -69,16 +79,27 @@ def _conv_tma(a_desc, w_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors
                                             ready.index(s), a_smem.index(s))
             tma.async_copy_global_to_shared(w_desc, [(s // CHUNKS) * C_IN + (s % CHUNKS) * BK, n0],
                                             ready.index(s), w_smem.index(s))
+            if SPLIT:
+                tma.async_copy_global_to_shared(w2_desc, [(s // CHUNKS) * C_IN + (s % CHUNKS) * BK, n0 + BN1],
+                                                ready.index(s), w2_smem.index(s))
 
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BN, 16])
-    acc = gl.zeros([BM, BN], gl.float32, layout=acc_layout)
+                                                         instr_shape=[16, BN1, 16])
+    acc = gl.zeros([BM, BN1], gl.float32, layout=acc_layout)
+    if SPLIT:
+        acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                              instr_shape=[16, BN2, 16])
+        acc2 = gl.zeros([BM, BN2], gl.float32, layout=acc2_layout)
     for i in range(STEPS):
         slot = i % STAGES
         mbarrier.wait(ready.index(slot), phase=(i // STAGES) & 1)
         acc = warpgroup_mma(a_smem.index(slot), w_smem.index(slot), acc, is_async=True)
-        # the product of step i - 1 is done after this: its stage takes step i + STAGES - 1
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
+        # the products of step i - 1 are done after this: its stage takes step i + STAGES - 1
+        if SPLIT:
+            acc2 = warpgroup_mma(a_smem.index(slot), w2_smem.index(slot), acc2, is_async=True)
+            acc, acc2 = warpgroup_mma_wait(num_outstanding=2, deps=[acc, acc2])
+        else:
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         ahead = i + STAGES - 1
         if ahead < STEPS:
             stage = ahead % STAGES
@@ -87,22 +108,34 @@ def _conv_tma(a_desc, w_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors
                                                      (ahead % CHUNKS) * BK], ready.index(stage), a_smem.index(stage))
             tma.async_copy_global_to_shared(w_desc, [(ahead // CHUNKS) * C_IN + (ahead % CHUNKS) * BK, n0],
                                             ready.index(stage), w_smem.index(stage))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+            if SPLIT:
+                tma.async_copy_global_to_shared(w2_desc, [(ahead // CHUNKS) * C_IN + (ahead % CHUNKS) * BK,
+                                                          n0 + BN1], ready.index(stage), w2_smem.index(stage))
+    if SPLIT:
+        acc, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=[acc, acc2])
+    else:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     for s in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(s))
 
     # The epilogue in row chunks, through shared memory into a layout of whole row segments per
     # warp: in the wgmma layout a thread's 64-128 values each need their own 64-bit address, and
     # the SnakeBeta's temporaries on top of them took every register and spilled (sm_90, offline).
-    sums = gl.allocate_shared_memory(gl.float32, [BM, BN], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
-    sums.store(acc)
+    sums = gl.allocate_shared_memory(gl.float32, [BM, SUMS_N], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    if SPLIT:
+        sums.slice(0, BN1, dim=1).store(acc)
+        sums.slice(BN1, BN2, dim=1).store(acc2)
+    else:
+        sums.store(acc)
     gl.thread_barrier()
-    ACROSS: gl.constexpr = 32 if BN >= 128 else BN // 4     # threads of a warp along a row, 4 values each
+    ACROSS: gl.constexpr = 32 if SUMS_N >= 128 else SUMS_N // 4     # threads of a warp along a row, 4 values each
     rows_layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // ACROSS, ACROSS], [num_warps, 1], [1, 0])
-    n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, rows_layout))
+    # the columns past BN (a split block's padding) are never stored: n_valid masks them
+    n = n0 + gl.arange(0, SUMS_N, layout=gl.SliceLayout(0, rows_layout))
+    n_valid = (n < n_out) & (n < n0 + BN)
     for r in gl.static_range(0, BM, EPILOGUE_ROWS):
         t = t0 + r + gl.arange(0, EPILOGUE_ROWS, layout=gl.SliceLayout(1, rows_layout))
-        epilogue(sums.slice(r, EPILOGUE_ROWS, dim=0).load(rows_layout), b, t, n, t < frames, n < n_out, n_out,
+        epilogue(sums.slice(r, EPILOGUE_ROWS, dim=0).load(rows_layout), b, t, n, t < frames, n_valid, n_out,
                  bias_ptr, res_ptr, out_ptr, snake_out_ptr, factors_ptr, r_b, r_t, o_b, o_t, so_b, so_t,
                  RESIDUAL, OUT, SNAKE_OUT, True)
 
@@ -154,6 +187,16 @@ def fits(src: torch.Tensor, weight: torch.Tensor, frames: int) -> bool:
             and measured_tile(c_in, weight.shape[0] // c_in) is not None)
 
 
+def split(block_n: int) -> tuple[int, int]:
+    """An N block as the columns of its two wgmmas: (block_n, 0) for a power of two, else the largest
+    power of two below it and the rest (96 = 64 + 32: no padded columns), which must be one too."""
+    first = 1 << (block_n.bit_length() - 1)
+    second = block_n - first
+    if second and (second & (second - 1) or second < 8):
+        raise ValueError(f"an N block of {block_n} is not a power of two nor the sum of two (each at least 8)")
+    return first, second
+
+
 def conv_tma(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, frames: int, dilation: int, taps: int,
              strides: tuple[int, int, int, int, int, int], residual, out, snake, snake_out,
              tile: tuple[int, int, int, int, int] | None = None) -> None:
@@ -166,11 +209,14 @@ def conv_tma(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, frames
     # every frame of the buffer as a row, up to the last batch entry's last: TMA reads past it as zeros
     rows = src.as_strided(((batch - 1) * (src.stride(0) // c_in) + length, c_in), (c_in, 1))
     a_desc = TensorDescriptor.from_tensor(rows, [block_m, block_k], shared_layout([block_m, block_k]))
-    w_desc = TensorDescriptor.from_tensor(weight, [block_k, block_n], shared_layout([block_k, block_n]))
+    first, second = split(block_n)
+    w_desc = TensorDescriptor.from_tensor(weight, [block_k, first], shared_layout([block_k, first]))
+    w2_desc = TensorDescriptor.from_tensor(weight, [block_k, second], shared_layout([block_k, second])) \
+        if second else w_desc
     grid = (batch * triton.cdiv(frames, block_m) * triton.cdiv(n_out, block_n),)
-    _conv_tma[grid](a_desc, w_desc, bias, residual if residual is not None else bias,
+    _conv_tma[grid](a_desc, w_desc, w2_desc, bias, residual if residual is not None else bias,
                     out if out is not None else bias, snake_out if snake_out is not None else bias,
                     snake if snake is not None else bias, frames, src.stride(0) // c_in, n_out, *strides,
                     C_IN=c_in, TAPS=taps, DILATION=dilation, RESIDUAL=residual is not None, OUT=out is not None,
-                    SNAKE_OUT=snake_out is not None, STAGES=stages, EPILOGUE_ROWS=EPILOGUE_ROWS,
+                    SNAKE_OUT=snake_out is not None, SPLIT=second > 0, STAGES=stages, EPILOGUE_ROWS=EPILOGUE_ROWS,
                     num_warps=warps)

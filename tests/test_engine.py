@@ -577,7 +577,62 @@ def test_prefill_tiles_of_several_sizes_give_each_request_the_codes_and_audio_of
         np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
 
 
+def test_voice_prefixes_give_the_codes_and_audio_of_whole_prompts(synth):
+    """With voice prefixes, a named speaker's leading positions (8 or 9 here: with a language id)
+    are computed once per speaker and language and copied into each slot; its prompt's rest runs
+    in 16-column tiles if it fits one chunk (3 of TEXTS' 6), else in 32-column ones from the prefix
+    on. Requests with a voice prefix (keys other than 3 mod 4) and without, among each other: the
+    codes and audio of the engine without voice prefixes."""
+    frames = [6, 9, 6, 7, 6, 12, 6, 8, 6, 6, 10, 6, 9, 6, 7, 6, 6, 11, 6, 6]
+    prompts = [synth.prompt(Request(id=str(i), text=t, speaker=s, language=lang))
+               for i, (t, s, lang) in enumerate(TEXTS)]
+    requests = [EngineRequest(key=i, prompt_embeds=prompt_embeddings(synth.model.talker, prompts[i % len(TEXTS)]),
+                              seed=100 + i, max_frames=f, min_new_tokens=f + 1,
+                              voice_prefix=prompts[i % len(TEXTS)].voice_prefix() if i % 4 != 3 else None)
+                for i, f in enumerate(frames)]
+    assert [len(p) - p.voice_positions for p in prompts] == [16, 15, 34, 19, 18, 13]
+    sampling = synth.ckpt.sampling
+
+    def run(voice_prefixes):
+        engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), codec_window=4, voice_prefixes=voice_prefixes)
+        starts = []
+        for prefill in (engine.prefill, engine.voice_prefill):
+            if prefill is not None:
+                tile = prefill._tile
+                prefill._tile = lambda *args, prefill=prefill, tile=tile: (
+                    starts.append((prefill.columns, args[-1])), tile(*args))[1]
+        results = engine.run(requests)
+        return engine, set(starts), results
+    plain_engine, plain_starts, plain = run(False)
+    engine, starts, voiced = run(True)
+    assert plain_engine.voice_prefill is None and plain_starts == {(32, 0)}
+    assert starts == {(32, 0), (16, 8), (16, 9), (32, 8), (32, 9)}
+    assert len(engine.voice_prefill.voices) == len({p.voice_prefix() for p in prompts})
+    for i, (a, b) in enumerate(zip(voiced, plain)):
+        assert len(a.codes) == frames[i]
+        assert np.array_equal(a.codes, b.codes), f"request {i}"
+        np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
+
+
+def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):
+    """The same speaker and language: one prefix, whatever the text; another speaker or language:
+    another; an instruct or a cloned voice's x-vector: none (tts_cli.model.prompt.Prompt.voice_prefix)."""
+    from tts_cli.model.prompt import assistant_text, build_prompt
+
+    def prefix(text="Rice is often served in round bowls.", **fields):
+        return synth.prompt(Request(id="p", text=text, **{"speaker": "vivian", **fields})).voice_prefix()
+    assert prefix() == prefix(text="Glue the sheet to the dark blue background.")
+    assert prefix() != prefix(speaker="ryan") and prefix() != prefix(language="english")
+    assert len(prefix()[0]) == len(prefix()[1]) == 8 and len(prefix(language="english")[0]) == 9
+    assert prefix(instruct="Speak softly.") is None
+    ids = synth.tokenize(assistant_text("Rice is often served in round bowls."))
+    cloned = build_prompt(synth.cfg, ids, None, "auto", speaker_embedding=torch.zeros(8))
+    assert cloned.voice_prefix() is None
+
+
 def test_prefill_tiles_on_cuda_are_the_multiples_of_8_prompts_up_to_rows_over_8():
+    assert prefill_tiles_for(512, cuda=True, columns=16) == (64, 48, 32, 16)
     assert prefill_tiles_for(512, cuda=True) == (64, 56, 48, 40, 32, 24, 16, 8)
     assert prefill_tiles_for(128, cuda=True) == (16, 8)
     assert prefill_tiles_for(64, cuda=True) == (8,) and prefill_tiles_for(16, cuda=True) == (2,)

@@ -631,15 +631,18 @@ def _random_1_7b_and_prompts():
 
 def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     """At the real 1.7B shapes (random fp16 weights), 256 slots (the loop for the code predictor,
-    the codec in line, the large-row GEMMs): a seeded request alone, then in slot 200 of a full
-    engine among 299 others that refill slots as they end, gives the same codes and PCM, bit for bit."""
+    the codec in line, the large-row GEMMs, voice prefixes: every prompt is vivian's): a seeded
+    request alone, then in slot 200 of a full engine among 299 others that refill slots as they end,
+    gives the same codes and PCM, bit for bit."""
     model, codec, sampling, embeds = _random_1_7b_and_prompts()
     engine = Engine(model, codec, rows=256, context=128, talker_defaults=talker_settings(sampling),
                     cp_defaults=code_predictor_settings(sampling))
+    assert engine.voice_prefill is not None
+    voice = Synthesizer.from_pretrained(TINY).prompt(Request(id="v", text=TEXTS[0], speaker="vivian")).voice_prefix()
 
     def request(key, frames):
         return EngineRequest(key=key, prompt_embeds=embeds[key % len(embeds)], seed=7 + key, max_frames=frames,
-                             min_new_tokens=frames + 1)
+                             min_new_tokens=frames + 1, voice_prefix=voice)
 
     alone = engine.run([request(0, 30)])[0]
     others = [request(key, 6 + (5 * key) % 40) for key in range(1, 300)]
@@ -649,32 +652,38 @@ def test_seeded_row_is_bit_identical_whatever_its_batch_mates_at_256_rows():
     assert np.array_equal(crowded.pcm, alone.pcm)
 
 
-def test_a_prompt_prefills_to_the_same_numbers_in_every_tile_size_at_512_rows():
+@pytest.mark.parametrize("voice", [False, True], ids=["whole", "after-voice-prefix"])
+def test_a_prompt_prefills_to_the_same_numbers_in_every_tile_size_at_512_rows(voice):
     """At the real 1.7B shapes (random fp16 weights), 512 slots: the prefill's tiles of 8 to 64 prompts
-    (tts_cli.engine.prefill_tiles_for) give a prompt (one of 2 chunks, one of 1) the same hidden state,
-    logits and cached keys and values, bit for bit, whatever the tile's size, the prompt's place in
-    it and its slot."""
+    (tts_cli.engine.prefill_tiles_for; with voice prefixes, the voice prefill's 16 to 64 prompts of
+    16-column chunks over what follows the 8 positions of the voice prefix, copied in first) give a
+    prompt (one of several chunks, one of 1) the same hidden state, logits and cached keys and
+    values, bit for bit, whatever the tile's size, the prompt's place in it and its slot."""
     model, codec, sampling, embeds = _random_1_7b_and_prompts()
     engine = Engine(model, codec, rows=512, context=128, talker_defaults=talker_settings(sampling),
-                    cp_defaults=code_predictor_settings(sampling))
-    assert engine.prefill.sizes == (64, 56, 48, 40, 32, 24, 16, 8)
+                    cp_defaults=code_predictor_settings(sampling), voice_prefixes=voice)
+    prefill, start = (engine.voice_prefill, 8) if voice else (engine.prefill, 0)
+    assert prefill.sizes == ((64, 48, 32, 16) if voice else (64, 56, 48, 40, 32, 24, 16, 8))
     kv = engine.state.talker_kv
 
-    def prefill(prompts, probe_at, slot):
+    def run(prompts, probe_at, slot):
         slots = [(slot + 1 + i) % 512 for i in range(len(prompts))]
         slots[probe_at] = slot
-        hidden, logits = engine.prefill(prompts, torch.tensor(slots, device="cuda"),
-                                        torch.tensor([p.shape[0] for p in prompts], device="cuda"))
+        slots = torch.tensor(slots, device="cuda")
+        if voice:
+            prefill.voice_prefix("vivian", embeds[0][:start], slots)
+        hidden, logits = prefill([p[start:] for p in prompts], slots,
+                                 torch.tensor([p.shape[0] for p in prompts], device="cuda"), start)
         length = prompts[probe_at].shape[0]
         return (hidden[probe_at].clone(), logits[probe_at].clone(),
                 [torch.cat([layer.k[slot, :, :length], layer.v[slot, :, :length]]).clone() for layer in kv])
 
-    for probe in (torch.cat(embeds[:2]), embeds[2]):
-        assert (probe.shape[0] > 32) == (probe is not embeds[2])
-        alone = prefill([probe], 0, 0)
+    for probe in (torch.cat(embeds[:2]), embeds[4]):
+        assert (probe.shape[0] - start > prefill.columns) == (probe is not embeds[4])
+        alone = run([probe], 0, 0)
         for n, probe_at, slot in ((9, 8, 300), (23, 5, 17), (51, 50, 511), (64, 0, 64), (70, 66, 129)):
             others = [embeds[(i * 5) % len(embeds)] for i in range(n - 1)]
-            got = prefill(others[:probe_at] + [probe] + others[probe_at:], probe_at, slot)
+            got = run(others[:probe_at] + [probe] + others[probe_at:], probe_at, slot)
             for a, b in zip([*got[:2], *got[2]], [*alone[:2], *alone[2]]):
                 assert torch.equal(a, b), f"{n} prompts, the probe's place {probe_at}"
 
@@ -888,7 +897,8 @@ def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
     only on events: the step before's, and at a window boundary the flags of the window's last
     step. 6 requests of different lengths through 4 slots: admissions into freed slots, releases
     of slots nobody takes. Half of them come as a PromptSource, whose vectors the engine builds
-    while it waits for the GPU."""
+    while it waits for the GPU; all have voice prefixes (copied into their slots, the rest in tiles
+    of 16 or 32 columns)."""
     synth = Synthesizer.from_pretrained(TINY, device="cuda")
     sampling = synth.ckpt.sampling
     frames = [12, 30, 7, 20, 27, 11]
@@ -902,10 +912,10 @@ def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
     def requests():
         return [EngineRequest(key=i, prompt_embeds=None if i % 2 else prompt_embeddings(synth.model.talker, p),
                               source=PromptSource(len(p), False, functools.partial(vectors, i)), seed=i,
-                              max_frames=f, min_new_tokens=f + 1)
+                              max_frames=f, min_new_tokens=f + 1, voice_prefix=p.voice_prefix())
                 for i, (p, f) in enumerate(zip(prompts, frames))]
     engine = Engine(synth.model, synth.codec, rows=4, context=128, talker_defaults=talker_settings(sampling),
-                    cp_defaults=code_predictor_settings(sampling))
+                    cp_defaults=code_predictor_settings(sampling), voice_prefixes=True)
     engine.run(requests())   # the first run captures the prefill's graphs and compiles the kernels
     fresh = requests()
     built.clear()

@@ -169,6 +169,21 @@ torch.testing.assert_close(fused(x, positions, None, [kv.for_rows(slots, at=20) 
                            plain(x, positions, mask, [kv.for_rows(slots, at=20) for kv in a]), rtol=1e-5, atol=1e-5)
 torch.testing.assert_close(b[0].k[slots], a[0].k[slots], rtol=1e-5, atol=1e-5)
 assert not b[0].k[1].any(), "a row outside the prefill was written"
+# a voice prefix (the engine's Prefill.voice_prefix): 5 shared positions through the fused layers
+# alone into a cache of one row, copied into two slots, then a chunk of 6 from position 5: the
+# whole prompts' outputs and cached keys through the plain layers
+prefix, rest = torch.randn(1, 5, 64, generator=g), torch.randn(2, 6, 64, generator=g)
+alone = [StaticKV(1, 2, 8, cfg.head_dim, "cpu", torch.float32) for _ in range(cfg.num_layers)]
+fused(prefix, torch.arange(5)[None], None, alone)
+a, b = caches(), caches()
+for kv, one in zip(b, alone):
+    kv.k[slots, :, :5], kv.v[slots, :, :5] = one.k[0, :, :5], one.v[0, :, :5]
+got = fused(rest, torch.arange(5, 11).expand(2, 6), None, [kv.for_rows(slots, at=5) for kv in b])
+whole = torch.cat([prefix.expand(2, 5, 64), rest], dim=1)
+expected = plain(whole, torch.arange(11).expand(2, 11), torch.ones(11, 11, dtype=torch.bool).tril()[None, None],
+                 [kv.for_rows(slots) for kv in a])
+torch.testing.assert_close(got, expected[:, 5:], rtol=1e-5, atol=1e-5)
+torch.testing.assert_close(b[0].k[slots, :, :11], a[0].k[slots, :, :11], rtol=1e-5, atol=1e-5)
 # the code predictor's pattern: 2 tokens at 0, then one token per call at a shared offset
 a, b = caches(), caches()
 for step, at in enumerate([0, 2, 3, 4]):

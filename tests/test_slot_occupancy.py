@@ -9,7 +9,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from slot_occupancy import bench_lengths, packed_token_rows, prompt_positions, simulate  # noqa: E402
+from slot_occupancy import (bench_lengths, packed_token_rows, prompt_positions, simulate,  # noqa: E402
+                            voice_token_rows)
 
 from tts_cli.bench import make_requests, read_sentences  # noqa: E402
 from tts_cli.cli import BUNDLED_MODEL_DIR  # noqa: E402
@@ -69,6 +70,13 @@ def test_packed_token_rows_fill_whole_tiles_per_admission():
     less 20 shared positions each, 210 and 130 tokens: a tile each."""
     assert packed_token_rows([3, 2], [100, 90, 80, 70]) == 3 * 256
     assert packed_token_rows([3, 2], [100, 90, 80, 70], shared=20) == 2 * 256
+
+
+def test_voice_token_rows_put_the_short_rests_in_16_column_tiles():
+    """At 512 slots, less 8 shared positions: admission one's rests 12, 22, 10 take a 16-prompt tile
+    of one 16-column chunk (12, 10) and an 8-prompt tile of one 32-column chunk (22); admission two's
+    32 and 12 the same two tiles."""
+    assert voice_token_rows([3, 2], [20, 30, 18, 40], shared=8, slots=512) == 2 * (16 * 16 + 8 * 32)
 
 
 def test_the_bench_prompts_share_their_first_8_positions():

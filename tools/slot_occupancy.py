@@ -17,9 +17,10 @@ requests still speaking move at a window boundary into a step of half the rows, 
 tts_cli.engine.TAIL_MIN_ROWS, or --tail-min-rows), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
 step's wall time by rows) it also prices the tail steps. With --prefill, the prompt rows the
 admissions' prefill tiles hold (padding included) in tiles of rows / 8 prompts alone and in the
-tile sizes the engine runs on CUDA (tts_cli.engine.prefill_tiles_for), and the token rows of two
+tile sizes the engine runs on CUDA (tts_cli.engine.prefill_tiles_for), the token rows of two
 rules the engine does not have: each admission's prompts packed back to back in tiles of 256 tokens,
-and so packed after the leading positions every bench prompt shares (computed once, cached).
+and so packed after the leading positions every bench prompt shares (computed once, cached), and
+those of the engine's voice prefixes (from 256 slots on CUDA: tts_cli.engine.voice_prefixes_for).
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
                                    [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6] [--prefill]
@@ -32,7 +33,7 @@ import math
 
 from tts_cli.bench import auto_frames, default_requests, read_sentences
 from tts_cli.engine import TAIL_MIN_ROWS, prefill_tiles_for
-from tts_cli.engine.prefill import COLUMNS, split_tiles
+from tts_cli.engine.prefill import COLUMNS, VOICE_COLUMNS, split_tiles
 
 
 def bench_lengths(count: int, frames: int | None = None) -> list[int]:
@@ -64,6 +65,23 @@ def packed_token_rows(admissions: list[int], positions: list[int], shared: int =
     for n in admissions:
         tokens = sum(positions[k % len(positions)] - shared for k in range(first, first + n))
         rows += tile * math.ceil(tokens / tile)
+        first += n
+    return rows
+
+
+def voice_token_rows(admissions: list[int], positions: list[int], shared: int, slots: int) -> int:
+    """The prefill's token rows with the engine's voice prefixes (tts_cli/engine/prefill.py): each
+    prompt less its `shared` positions, those whose rest fits VOICE_COLUMNS in tiles of
+    VOICE_COLUMNS-column chunks, the others in COLUMNS-column ones, each set in the tile sizes the
+    engine runs on CUDA."""
+    rows = first = 0
+    for n in admissions:
+        rests = [positions[k % len(positions)] - shared for k in range(first, first + n)]
+        for columns, group in ((VOICE_COLUMNS, [r for r in rests if r <= VOICE_COLUMNS]),
+                               (COLUMNS, [r for r in rests if r > VOICE_COLUMNS])):
+            if group:
+                chunks = math.ceil(max(group) / columns)
+                rows += sum(split_tiles(len(group), prefill_tiles_for(slots, True, columns))) * chunks * columns
         first += n
     return rows
 
@@ -176,9 +194,10 @@ def main() -> None:
                           f"tiles of {', '.join(map(str, prefill_tiles_for(slots, True)))} ({sized / whole:.2f}x)")
             tokens = sized * COLUMNS
             packed, after = (packed_token_rows(now["admissions"], positions, skip) for skip in (0, shared))
+            voiced = voice_token_rows(now["admissions"], positions, shared, slots)
             priced.append(f"c{slots}: {tokens} token rows in those tiles; packed in 256-token tiles {packed} "
                           f"({packed / tokens:.2f}x); packed after the {shared} positions all prompts share {after} "
-                          f"({after / tokens:.2f}x)")
+                          f"({after / tokens:.2f}x); with voice prefixes {voiced} ({voiced / tokens:.2f}x)")
     for line in priced:
         print(line)
 

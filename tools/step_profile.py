@@ -1,6 +1,7 @@
 """Where a decode step's GPU time goes, kernel by kernel: the engine's stage graphs (depth, codec,
 talker) at `rows` rows on random weights at the real shapes, each replayed under torch's profiler;
-then the prefill: its first tile graph (rows / 8 prompts x 32 positions) and one whole admission
+then the prefill: the largest tile graph of each prefill (rows / 8 prompts x 32 positions; with
+voice prefixes also x 16 positions after the prefix) and one whole admission
 of that many prompts (the tile plus the eager work around it: padding, logits, first draw, slot
 state).
 
@@ -89,8 +90,9 @@ def main() -> None:
     requests = make_requests(synth, read_sentences(), engine.prefill.tile_rows, 8, "vivian")
     admission = list(enumerate(requests))   # into slots 0, 1, ... (idle after filled_engine's run)
     launches = {f"{name} stage": graph.replay for name, graph in engine.step.graphs.items()}
-    first_tile = engine.prefill.graphs[engine.prefill.tile_rows, 0][0]   # keyed (prompts, column chunk)
-    launches["prefill tile (graph of its first 32 positions)"] = first_tile.replay
+    for prefill in (p for p in (engine.prefill, engine.voice_prefill) if p is not None and p.graphs):
+        (size, _, start), (graph, _, _) = max(prefill.graphs.items(), key=lambda item: item[0])  # the largest tile
+        launches[f"prefill tile ({size} prompts x {prefill.columns} positions from {start})"] = graph.replay
     launches[f"admission of {len(admission)} prompts (tile and eager work)"] = lambda: engine._prefill(admission)
     with torch.no_grad():
         for name, launch in launches.items():

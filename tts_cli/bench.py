@@ -113,10 +113,11 @@ def make_requests(synth: Synthesizer, sentences: list[str], count: int, frames: 
         text = sentences[key % len(sentences)]
         n = frames or auto_frames(text)
         request = Request(id=str(key), text=text, speaker=None if reference else speaker, reference=reference)
-        row = synth.row_input(request, n)
-        requests.append(EngineRequest(key=key, prompt_embeds=row.prompt_embeds, seed=key, max_frames=n,
-                                      min_new_tokens=n + 1, trailing_text=row.trailing_text,
-                                      codec_prime=icl_codes(reference)))
+        prompt = synth.prompt(request)
+        embeds, trailing_text = synth.prompt_vectors(prompt)
+        requests.append(EngineRequest(key=key, prompt_embeds=embeds, seed=key, max_frames=n, min_new_tokens=n + 1,
+                                      trailing_text=trailing_text, codec_prime=icl_codes(reference),
+                                      voice_prefix=prompt.voice_prefix()))
     return requests
 
 
@@ -152,16 +153,21 @@ def warmup_requests(requests: list[EngineRequest], concurrency: int) -> list[Eng
 @torch.no_grad()
 def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineRequest], **engine_options) -> Engine:
     """An engine of `concurrency` slots whose context fits `requests`, warmed up (graphs captured,
-    kernels compiled) on `warmup_requests`, and again for each smaller prefill tile (its graphs are
-    captured when first needed), its stats reset."""
+    kernels compiled) on `warmup_requests`, and again for each smaller prefill tile of each prefill
+    the requests take (Engine.prefill_route; its graphs are captured when first needed), its stats
+    reset."""
     sampling = synth.ckpt.sampling
     context = max(r.prompt_length + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
                     trailing_text=any(r.trailing_text is not None for r in requests), **engine_options)
     engine.run(warmup_requests(requests, concurrency))
-    for size in engine.prefill.sizes[1:]:
-        engine.run(warmup_requests(requests, size)[:size])
+    routes = {}
+    for r in requests:
+        routes.setdefault(engine.prefill_route(r), []).append(r)
+    for (prefill, _), routed in routes.items():
+        for size in prefill.sizes[1:]:
+            engine.run(warmup_requests(routed, size)[:size])
     if engine.device.type == "cuda":
         engine.collect_stage_times()
         torch.cuda.synchronize()

@@ -398,7 +398,8 @@ class Synthesizer:
         engine_requests = [EngineRequest(key=i, prompt_embeds=None, seed=r.seed, max_frames=cap,
                                          min_new_tokens=min_new_tokens, talker=talker, cp=cp, codec_prime=prime,
                                          source=PromptSource(len(p), bool(p.trailing_text_ids),
-                                                             functools.partial(self.prompt_vectors, p)))
+                                                             functools.partial(self.prompt_vectors, p)),
+                                         voice_prefix=p.voice_prefix())
                            for i, (r, p, cap, prime) in enumerate(zip(requests, prompts, caps, primes))]
         needs = [len(p) + cap + 1 for p, cap in zip(prompts, caps)]
         start = time.perf_counter()

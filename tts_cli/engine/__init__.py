@@ -59,19 +59,31 @@ def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
     return tuple(tails)
 
 
-# The prefill's tiles (prefill.py) hold rows / 8 prompts x 32 positions. On CUDA an admission's last
-# tile may also hold any multiple of PREFILL_TILE_STEP prompts below that, so that a few prompts run a
-# tile of a few (at 512 slots on the bench's Harvard work a third fewer prompt rows than whole tiles:
-# tools/slot_occupancy.py --prefill). Such a tile's GEMMs still have INVARIANT_GEMM_ROWS rows or more.
-PREFILL_TILE_STEP = INVARIANT_GEMM_ROWS // 32   # 32: prefill.COLUMNS, the positions of a tile's prompt
-
-
-def prefill_tiles_for(rows: int, cuda: bool) -> tuple[int, ...]:
-    """The prefill's tile sizes in prompts (largest first) for an engine of `rows` slots."""
-    tile = max(1, rows // 8)
-    if not cuda or tile <= PREFILL_TILE_STEP or tile % PREFILL_TILE_STEP:
+# The prefill's tiles (prefill.py) hold rows / 8 prompts x their chunks' columns (32, or 16 with voice
+# prefixes). On CUDA an admission's last tile may also hold any multiple of INVARIANT_GEMM_ROWS / columns
+# prompts below that, so that a few prompts run a tile of a few (at 512 slots on the bench's Harvard
+# work a third fewer prompt rows than whole tiles: tools/slot_occupancy.py --prefill). Such a tile's
+# GEMMs still have INVARIANT_GEMM_ROWS rows or more.
+def prefill_tiles_for(rows: int, cuda: bool, columns: int = 32) -> tuple[int, ...]:
+    """The prefill's tile sizes in prompts (largest first) for an engine of `rows` slots whose
+    tiles' chunks have `columns` positions (prefill.COLUMNS, or VOICE_COLUMNS)."""
+    tile, step = max(1, rows // 8), INVARIANT_GEMM_ROWS // columns
+    if not cuda or tile <= step or tile % step:
         return (tile,)
-    return tuple(range(tile, 0, -PREFILL_TILE_STEP))
+    return tuple(range(tile, 0, -step))
+
+
+# From this many slots on CUDA, the prefill computes a named speaker's leading prompt positions once
+# and runs those prompts from after them, in tiles of their own of 16-column chunks (prefill.py,
+# "Voice prefixes"). The bench's prompts then take 0.75x (256 slots) and 0.73x (512) the token rows
+# of 32-column chunks; with 64 and 128 slots, whose tiles of 8 and 16 prompts leave less to sort,
+# 1.04x and 0.95x (tools/slot_occupancy.py --prefill). Not yet measured on a GPU.
+VOICE_PREFIX_MIN_ROWS = 256
+
+
+def voice_prefixes_for(rows: int, cuda: bool) -> bool:
+    """Whether the prefill uses voice prefixes when the caller does not say."""
+    return cuda and rows >= VOICE_PREFIX_MIN_ROWS
 
 
 # The engine's slots in `tts synth`: every call runs this many rows whatever it holds, so that a

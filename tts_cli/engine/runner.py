@@ -57,8 +57,8 @@ import torch
 
 from tts_cli.engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                             INVARIANT_GEMM_ROWS, TAIL_MIN_ROWS, codec_stream_for, codec_window_for,
-                            prefill_tiles_for, tail_rows_for)
-from tts_cli.engine.prefill import COLUMNS, Prefill
+                            prefill_tiles_for, tail_rows_for, voice_prefixes_for)
+from tts_cli.engine.prefill import COLUMNS, VOICE_COLUMNS, Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep, PaddedGEMMs
 from tts_cli.errors import NonFiniteError, RequestError, SynthesisCancelled
@@ -98,6 +98,7 @@ class EngineRequest:
     trailing_text: torch.Tensor | None = None   # [N, H] fp32 on the device: streaming text mode, frame f adds row f
     codec_prime: torch.Tensor | None = None     # [R, 16] int64: an ICL reference's codes, decoded before its own
     source: PromptSource | None = None          # with prompt_embeds None: how to build it and trailing_text
+    voice_prefix: tuple | None = None   # Prompt.voice_prefix(): its leading positions' ids (engine voice prefixes)
 
     @property
     def prompt_length(self) -> int:
@@ -239,10 +240,14 @@ class Engine:
                  time_stages: bool = False, fused_kernels: bool | None = None, codec_window: int | None = None,
                  depth: str = DEFAULT_DEPTH, codec_precision: str = DEFAULT_CODEC_PRECISION,
                  codec_stream: bool | None = None, trailing_text: bool = False,
-                 tail_rows: tuple[int, ...] | None = None, prefill_tiles: tuple[int, ...] | None = None):
+                 tail_rows: tuple[int, ...] | None = None, prefill_tiles: tuple[int, ...] | None = None,
+                 voice_prefixes: bool | None = None):
         """tail_rows: the row counts of the tail steps, largest first (module doc); None: on CUDA with
         the codec in line, tts_cli.engine.tail_rows_for's. prefill_tiles: the prefill's tile sizes in
-        prompts, largest first (prefill.py); None: tts_cli.engine.prefill_tiles_for's."""
+        prompts, largest first (prefill.py); None: tts_cli.engine.prefill_tiles_for's.
+        voice_prefixes: a request's voice_prefix computed once and its prefill's tiles started after
+        it, tiles of their own in chunks of prefill.VOICE_COLUMNS (prefill.py); None:
+        tts_cli.engine.voice_prefixes_for's."""
         if rows < 1:   # else its loop would wait forever for a free slot
             raise ValueError(f"an engine needs at least one row slot, got rows={rows}")
         device = model.talker.codec_embedding.weight.device
@@ -308,6 +313,13 @@ class Engine:
                              f"numbers may differ from a full tile's (tts_cli.engine.INVARIANT_GEMM_ROWS), got "
                              f"{prefill_tiles}")
         self.prefill = Prefill(model, self.state, prefill_tiles, use_graphs)
+        if voice_prefixes is None:
+            voice_prefixes = voice_prefixes_for(rows, device.type == "cuda")
+        # the prompts with a voice prefix: their own tiles, of 16-column chunks
+        self.voice_prefill = Prefill(model, self.state, prefill_tiles_for(rows, device.type == "cuda", VOICE_COLUMNS),
+                                     use_graphs, VOICE_COLUMNS) if voice_prefixes else None
+        if voice_prefixes:
+            log.info("engine: a named voice's leading prompt positions are computed once (voice prefixes)")
         log.info("engine: %d rows; the codec every %d steps, %s; the ragged end on %s; prefill tiles (prompts): %s",
                  rows, codec_window, "on its own CUDA stream beside the next window's steps" if codec_stream else
                  f"in line after the steps ({CODEC_STREAM_RULE} by default)",
@@ -380,7 +392,7 @@ class Engine:
                 self._copy_codec_rows(primed_slots, [p[0] for p in primes if p is not None])
         if self.codec_stream is not None:
             on_device.record_stream(self.codec_stream)
-        last_hidden, last_logits = self.prefill([r.prompt_embeds for r in requests], slots, lengths)
+        last_hidden, last_logits = self._prefill_tiles(requests, slots, lengths)
         talker = RowSampling.stack([r.talker or self.talker_defaults for r in requests], self.device)
         cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
         seen = torch.zeros(len(requests), self.model.cfg.codec_vocab_size, dtype=torch.bool, device=self.device)
@@ -395,6 +407,37 @@ class Engine:
                          min_new_tokens=min_new_tokens, seeds=seeds, talker=talker, cp=cp,
                          trailing_text=trailing, trailing_lengths=trailing_lengths)
         return [None if p is None else p[1] for p in primes]
+
+    def prefill_route(self, request: EngineRequest) -> tuple[Prefill, int]:
+        """The prefill that runs the request's prompt and the position it starts from: with voice
+        prefixes and a voice prefix, from the prefix's end, in voice_prefill's tiles (16-column
+        chunks) if the rest fits one chunk, else in the 32-column tiles; otherwise from 0 in those."""
+        if self.voice_prefill is None or request.voice_prefix is None:
+            return self.prefill, 0
+        start = len(request.voice_prefix[0])
+        fits = request.prompt_length - start <= self.voice_prefill.columns
+        return self.voice_prefill if fits else self.prefill, start
+
+    def _prefill_tiles(self, requests: list[EngineRequest], slots: torch.Tensor, lengths: torch.Tensor):
+        """The prefill's tiles over the requests' prompts (prefill_route) -> (last hidden [n, H],
+        logits [n, V]), their voice prefixes' keys and values copied into their slots first."""
+        routes = {}   # (prefill, start) -> the requests' indices
+        for i, r in enumerate(requests):
+            routes.setdefault(self.prefill_route(r), []).append(i)
+        if list(routes) == [(self.prefill, 0)]:
+            return self.prefill([r.prompt_embeds for r in requests], slots, lengths)
+        for key in dict.fromkeys(r.voice_prefix for r in requests if r.voice_prefix is not None):
+            group = [i for i, r in enumerate(requests) if r.voice_prefix == key]
+            self.voice_prefill.voice_prefix(key, requests[group[0]].prompt_embeds[:len(key[0])],
+                                            slots[to_device(group, self.device)])
+        hidden = logits = None
+        for (prefill, start), group in routes.items():
+            rows = to_device(group, self.device)
+            h, l = prefill([requests[i].prompt_embeds[start:] for i in group], slots[rows], lengths[rows], start)
+            if hidden is None:
+                hidden, logits = h.new_empty(len(requests), h.shape[1]), l.new_empty(len(requests), l.shape[1])
+            hidden[rows], logits[rows] = h, l
+        return hidden, logits
 
     def _trailing_length(self, request: EngineRequest) -> int:
         """The trailing text vectors its slot takes: no more than a slot has positions (a request

@@ -46,9 +46,19 @@ class Prompt:
     trailing_text_ids: list[int] = field(default_factory=list)   # streaming text: one per decode step
     speaker_embedding: torch.Tensor | None = None   # [H], at the SPEAKER_EMBEDDING position
     reference_codes: torch.Tensor | None = None     # [frames, 16], at the REFERENCE_FRAME positions
+    voice_positions: int = 0    # the leading positions set by the speaker and language alone (voice_prefix)
 
     def __len__(self) -> int:
         return len(self.text_ids)
+
+    def voice_prefix(self) -> tuple | None:
+        """The ids of the positions before the text (the role, the codec control tokens with a named
+        speaker), which every prompt of this speaker and language shares: their keys and values do
+        not depend on what follows, so the engine computes them once. None for a cloned voice (its
+        x-vector sits among them) and for a prompt with an instruct (as many prefixes as instructs)."""
+        if not self.voice_positions:
+            return None
+        return tuple(self.text_ids[:self.voice_positions]), tuple(self.codec_ids[:self.voice_positions])
 
 
 def assistant_text(text: str) -> str:
@@ -117,6 +127,7 @@ def build_prompt(cfg: ModelConfig, text_ids: list[int], speaker: str | None, lan
     codec = [NO_CODEC] * len(text)
     text += [cfg.tts_pad_id] * (len(control) - 1) + [cfg.tts_bos_id]
     codec += control
+    voice_positions = len(text) if speaker_embedding is None and not instruct_ids else 0
     trailing: list[int] = []
     if reference_codes is not None:
         ref_body = _text_body(cfg, reference_ids or [], 2, "reference text")
@@ -138,7 +149,8 @@ def build_prompt(cfg: ModelConfig, text_ids: list[int], speaker: str | None, lan
         codec.append(cfg.codec_bos_id)
         trailing = body[1:] + [cfg.tts_eos_id]
     return Prompt(text_ids=text, codec_ids=codec, text_tokens=len(body), trailing_text_ids=trailing,
-                  speaker_embedding=speaker_embedding, reference_codes=reference_codes)
+                  speaker_embedding=speaker_embedding, reference_codes=reference_codes,
+                  voice_positions=voice_positions)
 
 
 def prompt_embeddings(talker, prompt: Prompt, code_predictor=None) -> torch.Tensor:

@@ -359,10 +359,31 @@ def test_a_stop_keeps_what_the_asr_heard_before_it():
     assert (row.error, row.not_scored) == (None, "not heard: the run was stopped by SIGINT")
 
 
+def test_a_dead_asr_worker_keeps_what_was_heard_before_it():
+    """A worker's death after some rows were heard: those keep their transcripts, the rest are
+    'not heard' (not scored, not failed); a death before any row was heard is an error (below)."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tts_cli.quality.asr_pool import AsrPool, NotHeard
+
+    pool = AsrPool.__new__(AsrPool)   # its results() over futures of our own, no worker processes
+    heard, failed_file, lost = Future(), Future(), Future()
+    heard.set_result("a transcript")
+    failed_file.set_result("ASR failed on b.wav: ValueError: odd file")
+    lost.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+    pool._futures, pool._broken, pool.model_path = {"a": heard, "b": failed_file, "c": lost}, None, "model"
+    results = pool.results()
+    assert results["a"] == "a transcript" and results["b"] == "ASR failed on b.wav: ValueError: odd file"
+    assert isinstance(results["c"], NotHeard) and results["c"].startswith("not heard: an ASR worker died")
+    assert not isinstance(results["b"], NotHeard)   # an unreadable file still fails its row
+
+
 @pytest.mark.parametrize("noticed", [False, True], ids=["row-first", "death-noticed-first"])
 def test_an_asr_worker_that_dies_is_named_and_leaves_synthesis_alone(noticed):
-    """The ASR pool's side of a worker's death: one error that says so, which `tts synth` turns
-    into the note "WER not computed: ..." (ASR never fails a row's synthesis or the exit status).
+    """The ASR pool's side of a worker's death before any row was heard: one error that says so,
+    which `tts synth` turns into the note "WER not computed: ..." (ASR never fails a row's synthesis
+    or the exit status).
     Whether a row comes before the pool notices the death or after: submitting it does not fail
     (it runs inside the synthesis loop)."""
     _needs_asr()

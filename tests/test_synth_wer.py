@@ -155,6 +155,7 @@ def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
     wer.pool = SimpleNamespace(results=lambda: {"a": NotHeard("not heard: the run was stopped by SIGTERM")})
     _, [row] = wer.finish([record], 0)
     assert (row["error"], row["not_scored"], wer.unheard) == (None, "not heard: the run was stopped by SIGTERM", 1)
+    assert wer.unheard_why == "not heard: the run was stopped by SIGTERM"   # the report's note gives it
 
 
 @pytest.mark.wer

@@ -567,8 +567,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
             try:
                 wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)
                 if synth_wer.unheard:
-                    result.notes.append(f"WER covers part of the run: it stopped before the ASR heard "
-                                        f"{synth_wer.unheard} rows (not scored)")
+                    result.notes.append(f"WER covers part of the run: {synth_wer.unheard} rows were not scored, "
+                                        f"{synth_wer.unheard_why}")
             except TTSError as e:
                 result.notes.append(f"WER not computed: {e}")
     finally:

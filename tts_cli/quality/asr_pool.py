@@ -43,8 +43,8 @@ def _nothing() -> None:
 
 
 class NotHeard(str):
-    """Why a row's audio was not transcribed, though nothing is wrong with it (the run stopped first):
-    the row is not scored, not failed."""
+    """Why a row's audio was not transcribed, though nothing is wrong with it (the run stopped first,
+    or an ASR worker died): the row is not scored, not failed."""
 
 
 class AsrPool:
@@ -72,7 +72,8 @@ class AsrPool:
 
     def results(self) -> dict[str, Transcript | str]:
         """Every submitted row: its Transcript, or the error text of a row whose file could not be
-        heard, or that was not heard because the run was stopped while it waited."""
+        heard, or NotHeard: the run was stopped, or a worker died, while it waited. Raises TTSError
+        when a worker died before any row was heard (the model would not load, most likely)."""
         heard: dict[str, Transcript | str] = {}
         try:
             with stops_here():
@@ -81,13 +82,20 @@ class AsrPool:
                 for key, future in self._futures.items():
                     heard[key] = future.result()
         except BrokenProcessPool as e:
-            raise TTSError(f"an ASR worker died (model {self.model_path} could not be loaded, or a worker was "
-                           f"killed or ran out of memory): {e}") from e
-        except RunStopped as stop:   # what the workers heard before it is kept
-            heard.update((key, future.result() if future.done() and not future.cancelled()
-                          and future.exception() is None else NotHeard(f"not heard: the run was {stop}"))
-                         for key, future in self._futures.items() if key not in heard)
+            why = (f"an ASR worker died (model {self.model_path} could not be loaded, or a worker was killed or ran "
+                   f"out of memory): {e}")
+            self._keep_finished(heard, f"not heard: {why}")
+            if all(isinstance(result, NotHeard) for result in heard.values()):
+                raise TTSError(why) from e
+        except RunStopped as stop:
+            self._keep_finished(heard, f"not heard: the run was {stop}")
         return heard
+
+    def _keep_finished(self, heard: dict, why: str) -> None:
+        """What the workers heard before the stop or the death is kept; the other rows are NotHeard(why)."""
+        heard.update((key, future.result() if future.done() and not future.cancelled()
+                      and future.exception() is None else NotHeard(why))
+                     for key, future in self._futures.items() if key not in heard)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

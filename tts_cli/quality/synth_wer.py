@@ -53,7 +53,8 @@ class SynthWer:
         """Waits for the ASR; returns the report's WER section and the rows of rows.parquet (one per record)."""
         start = perf_counter()
         heard = {**self.pool.results(), **self._unread}
-        self.unheard = sum(isinstance(result, NotHeard) for result in heard.values())   # the run stopped first
+        unheard = [result for result in heard.values() if isinstance(result, NotHeard)]
+        self.unheard, self.unheard_why = len(unheard), unheard[0] if unheard else None
         wait_seconds = perf_counter() - start
         # a row a stopped run left for the rerun is not scored, not failed
         rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,

@@ -38,6 +38,7 @@ def test_normalization_follows_seed_tts_eval():
     assert normalize("It's  a  Test,  isn't it?!") == "it's a test isn't it"
     assert normalize("“Quoted” — dash…") == "quoted dash"
     assert normalize("今天天气很好，我们走。", split_characters=True) == "今 天 天 气 很 好 我 们 走"
+    assert normalize("今天天氣很好，我們走。", split_characters=True, simplified=True) == "今 天 天 气 很 好 我 们 走"
     assert normalize("4 o'clock") == "4 o'clock"   # no number normalization
     # typographic marks: a curly apostrophe is the ASCII one, a dash or an ellipsis between words a space
     assert normalize("Don’t — wait…now, well-known") == "don't wait now wellknown"
@@ -49,7 +50,7 @@ def test_text_without_spaces_between_words_is_scored_per_character_whatever_the_
     rows = [_row("ja"), _row("yue")]
     rows[0].text, rows[1].text = "今日は良い天気ですね。", "今天天气很好。"
     apply_transcripts(rows, {"ja.wav": Transcript(2.0, 0.1, "今日は良い天気でしたね。", "ja"),
-                             "yue.wav": Transcript(2.0, 0.1, "今天天氣很好。", "yue")})
+                             "yue.wav": Transcript(2.0, 0.1, "今天天氣真好。", "yue")})
     assert (rows[0].errors, rows[0].reference_words) == (2, 10) and (rows[1].errors, rows[1].reference_words) == (1, 6)
     transcriber = Transcriber.__new__(Transcriber)
     transcriber.multilingual = False
@@ -57,6 +58,19 @@ def test_text_without_spaces_between_words_is_scored_per_character_whatever_the_
     assert transcriber.whisper_language("auto", "It’s fine — “quoted”…") == ("en", None)
     assert transcriber.whisper_language("auto", "Un café.")[1] == ("language auto with non-ASCII text; the ASR "
                                                                    "model transcribes English only")
+
+
+def test_traditional_characters_are_no_error_on_rows_heard_as_chinese():
+    """Whisper often writes Traditional characters for Mandarin or Cantonese: on rows heard as zh or
+    yue both sides are made Simplified (Seed-TTS-eval converts its hypotheses); a real error still counts,
+    and Japanese kanji are left as they are."""
+    rows = [_row("zh"), _row("zh-wrong"), _row("ja")]
+    rows[0].text = rows[1].text = "我们说话，他们听。"
+    rows[2].text = "國語を話す。"
+    apply_transcripts(rows, {"zh.wav": Transcript(2.0, 0.1, "我們說話，他們聽。", "zh"),
+                             "zh-wrong.wav": Transcript(2.0, 0.1, "我們說話，他們看。", "zh"),
+                             "ja.wav": Transcript(2.0, 0.1, "国語を話す。", "ja")})
+    assert [(row.errors, row.reference_words) for row in rows] == [(0, 7), (1, 7), (1, 5)]
 
 
 def test_row_wer_counts_errors_over_reference_words():
@@ -247,6 +261,23 @@ def test_score_refuses_a_folder_that_is_no_asr_model(tmp_path):
     result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest),
                                           "--out", str(tmp_path / "out"), "--asr-model", str(tmp_path)])
     assert result.exit_code == 2 and "not a faster-whisper model folder" in result.output
+
+
+def test_score_and_synth_name_a_missing_package_of_the_wer_extra(tmp_path, monkeypatch):
+    """An install of [wer] from before a package joined it: an error that names it, not an ImportError."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "zhconv" else real_find_spec(name, *args))
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\n", encoding="utf-8")
+    result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest),
+                                          "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "tts score needs the extra [wer] (zhconv missing): pip install -e '.[wer]'" \
+        in " ".join(result.output.split())
+    assert not (tmp_path / "out").exists()
+    assert cli.missing_wer_packages() == ["zhconv"]   # tts synth's WER then says so, or goes on without WER
 
 
 def test_score_refuses_a_language_no_checkpoint_has(tmp_path):

@@ -636,14 +636,19 @@ def leave_cores_to_asr(asr_workers: int) -> None:
         torch.set_num_threads(threads)
 
 
+def missing_wer_packages() -> list[str]:
+    """The packages of the extra [wer] that cannot be imported (an older install may lack a newer one)."""
+    from importlib.util import find_spec
+
+    return [name for name in ("faster_whisper", "jiwer", "zhconv") if find_spec(name) is None]
+
+
 def resolve_synth_asr(option: Optional[Path], required: bool = False):
     """The ASR model for WER in synth, or None (with a note) when none is installed; --asr-model, and
     --wer given explicitly (required), must work."""
-    from importlib.util import find_spec
-
     from .quality.asr import resolve_asr_model
 
-    missing = [name for name in ("faster_whisper", "jiwer") if find_spec(name) is None]
+    missing = missing_wer_packages()
     asr = resolve_asr_model(option)
     if option is not None and missing:
         raise TTSError(f"--asr-model needs the extra [wer] ({', '.join(missing)} missing): {install_hint('wer')}")
@@ -955,6 +960,9 @@ def score(
 
 def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, asr_model_option: Optional[Path],
               workers: int) -> int:
+    if missing_wer_packages():
+        raise TTSError(f"tts score needs the extra [wer] ({', '.join(missing_wer_packages())} missing): "
+                       f"{install_hint('wer')}")
     from .manifest import RowDefaults, read_manifest
     from .output.ledger import LEDGER_NAME
     from .quality.asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, WHISPER_LANGUAGE, resolve_asr_model

@@ -60,7 +60,7 @@ def apply_transcripts(rows: list[ScoredRow], heard: dict[str, Transcript | str],
         row.hypothesis, row.not_scored = result.hypothesis, result.not_scored
         if row.hypothesis is not None:
             split = result.asr_language in SPLIT_CHARACTER_LANGUAGES or has_unspaced_script(row.text)
-            score = row_wer(row.text, row.hypothesis, split)
+            score = row_wer(row.text, row.hypothesis, split, simplified=result.asr_language in ("zh", "yue"))
             if score is None:
                 row.not_scored = "the text has no words after normalization"
             else:

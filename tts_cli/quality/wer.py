@@ -3,7 +3,9 @@
 Normalization (Seed-TTS-eval run_wer.py): delete every character of Python's string.punctuation
 and of the CJK punctuation set (zhon.hanzi.punctuation) except the ASCII apostrophe, collapse
 whitespace, lowercase; Chinese text is split into space-separated characters, so its "WER" is a
-character error rate. No number or abbreviation normalization: "4" against "four" is an error.
+character error rate; on rows heard as Chinese (zh, yue), Traditional characters are made Simplified in the
+text and the hypothesis (zhconv, as Seed-TTS-eval does to its hypotheses), so that a script variant
+is not an error. No number or abbreviation normalization: "4" against "four" is an error.
 Reported score: the mean of the per-row WERs; the corpus WER (all errors over all reference words),
 the count of rows above 50% and the mean of the other rows are reported beside it.
 """
@@ -15,6 +17,7 @@ import string
 from dataclasses import dataclass
 
 import jiwer
+import zhconv
 
 # zhon.hanzi.punctuation (zhon 2.x), written out so as not to depend on zhon.
 CJK_PUNCTUATION = ("＂＃＄％＆＇（）＊＋，－／：；＜＝＞＠［＼］＾＿｀｛｜｝～｟｠｢｣､\u3000、〃〈〉《》「」『』【】〔〕〖〗〘〙〚〛"
@@ -32,7 +35,8 @@ PROTOCOL = (
     "Seed-TTS-eval: delete every character of string.punctuation and of the CJK punctuation set "
     "(zhon.hanzi.punctuation) except the ASCII apostrophe (curly apostrophes become it, dashes and ellipses a "
     "space, first); collapse whitespace; lowercase; Chinese and Japanese text is split into characters (a "
-    "CER); no number normalization. WER per row = (substitutions + deletions + "
+    "CER); rows heard as Chinese (zh, yue): Traditional characters made Simplified (zhconv zh-cn) in text and "
+    "hypothesis; no number normalization. WER per row = (substitutions + deletions + "
     "insertions) / reference words (jiwer). Score = mean of per-row WERs; corpus WER = all errors / all "
     "reference words; rows above 50% are counted and the mean of the other rows is given beside it."
 )
@@ -50,8 +54,11 @@ def has_unspaced_script(text: str) -> bool:
     return any("\u3040" <= c <= "\u30ff" or "\u3400" <= c <= "\u9fff" for c in text)
 
 
-def normalize(text: str, split_characters: bool = False) -> str:
-    """Seed-TTS-eval normalization; split_characters for Chinese (one token per character)."""
+def normalize(text: str, split_characters: bool = False, simplified: bool = False) -> str:
+    """Seed-TTS-eval normalization; split_characters for Chinese (one token per character);
+    simplified: Traditional Chinese characters made Simplified."""
+    if simplified:
+        text = zhconv.convert(text, "zh-cn")
     kept = "".join(c for c in text.translate(TYPOGRAPHIC) if c not in DELETED_CHARACTERS).lower()
     if split_characters:
         return " ".join(c for c in kept if not c.isspace())
@@ -65,9 +72,9 @@ class RowWer:
     reference_words: int
 
 
-def row_wer(reference: str, hypothesis: str, split_characters: bool = False) -> RowWer | None:
+def row_wer(reference: str, hypothesis: str, split_characters: bool = False, simplified: bool = False) -> RowWer | None:
     """None when the normalized reference has no words (nothing to score against)."""
-    ref, hyp = normalize(reference, split_characters), normalize(hypothesis, split_characters)
+    ref, hyp = (normalize(text, split_characters, simplified) for text in (reference, hypothesis))
     if not ref:
         return None
     out = jiwer.process_words(ref, hyp)

@@ -130,6 +130,44 @@ def test_a_worker_killed_while_it_sends_fails_the_rows_it_held(cut):
     assert pool.workers == [] and "the run went on with 0 of 2 workers" in pool.notes[0]
 
 
+class _Process:
+    def __init__(self, pid):
+        self.pid = pid
+
+
+def test_the_workers_engine_time_is_summed_for_the_report_with_each_workers_beside_it():
+    """--gpus: each worker sends its engine's timing with every batch; the report's `synthesis` block sums
+    the workers' latest (per step: the mean over all their steps) and lists each worker's."""
+    from multiprocessing import Pipe
+
+    from tts_cli.output.report import _synthesis_lines
+    from tts_cli.scale.workers import Worker, WorkerPool
+    from tts_cli.synthesizer import SynthesisTiming
+
+    pool = object.__new__(WorkerPool)
+    pool.notes, pool.started, pool.timings, pool.workers = [], 2, {}, []
+    senders = []   # held open: a closed end would be a dead worker's EOF
+    for index, (device, steps) in enumerate([("cuda:0", 100), ("cuda:1", 300)]):
+        received, sent = Pipe(duplex=False)
+        senders.append(sent)
+        timing = SynthesisTiming(calls=1, engine_seconds=steps * 0.02, gpu_wait_seconds=steps * 0.01, steps=steps,
+                                 slot_steps=steps * 64, frames=steps * 48, stage_ms={"depth": steps * 5.0})
+        sent.send(("done", index, ["outcome"], 1.0, [], timing))
+        pool.workers.append(Worker(device, _Process(11 + index), _Tasks(), received))
+    assert [index for index, _, _ in pool.run([["a"], ["b"]])] == [0, 1]
+    summed = pool.timing
+    assert (summed["calls"], summed["steps"], summed["engine_seconds"]) == (2, 400, 8.0)
+    assert summed["gpu_wait_seconds"] == 4.0
+    assert (summed["ms_per_step"], summed["gpu_ms_per_step"], summed["slots_busy"]) == (20.0, {"depth": 5.0}, 0.75)
+    assert {name: one["steps"] for name, one in summed["per_worker"].items()} == {
+        "worker on cuda:0 (pid 11)": 100, "worker on cuda:1 (pid 12)": 300}
+    lines = _synthesis_lines(summed)
+    assert lines[0].startswith("Engine: 400 steps in 8.00 s (20.00 ms per step")
+    assert lines[2].startswith("- worker on cuda:1 (pid 12): 300 steps in 6.00 s")
+    pool.timings = {}
+    assert pool.timing is None   # CPU workers run the plain path: no block, as in process
+
+
 def test_a_worker_whose_batch_raises_sends_its_rows_failed_and_ends(monkeypatch):
     """A device fault or a bug: failing every batch at once, the worker would take most of them from
     its healthy peers (it asks for work first), so it ends after the first, and the pool goes on
@@ -158,6 +196,7 @@ def test_a_worker_whose_batch_raises_sends_its_rows_failed_and_ends(monkeypatch)
     assert [m[0] for m in messages] == ["ready", "done", "done"] and [m[1] for m in messages[1:]] == [0, 1]
     assert [str(o) for o in messages[2][2]] == ["on cpu: ValueError: a bug in synthesis (fake)"]
     assert messages[1][4] == []   # the synthesizer's notes (--rows auto's choices ...), for the report
+    assert messages[1][5] is None   # its timing: none on the plain path (the fake's)
     assert not received.poll() and tasks.qsize() == 1
 
 

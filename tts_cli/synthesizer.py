@@ -14,8 +14,8 @@ import functools
 import logging
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, fields
+from typing import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +70,17 @@ class SynthesisTiming:
     slot_steps: int = 0                 # steps x the slots they ran (a tail step's fewer)
     frames: int = 0
     stage_ms: dict = field(default_factory=dict)   # GPU ms per stage (CUDA events), prefill included
+
+    @staticmethod
+    def merged(timings: Iterable["SynthesisTiming"]) -> "SynthesisTiming":
+        """Several synthesizers' timing summed (--gpus workers): per step, the mean over their steps."""
+        total = SynthesisTiming()
+        for timing in timings:
+            for name in (f.name for f in fields(SynthesisTiming) if f.name != "stage_ms"):
+                setattr(total, name, getattr(total, name) + getattr(timing, name))
+            for name, ms in timing.stage_ms.items():
+                total.stage_ms[name] = total.stage_ms.get(name, 0.0) + ms
+        return total
 
     def as_dict(self) -> dict:
         steps = max(self.steps, 1)

@@ -28,15 +28,15 @@ DEFINITIONS = {
                   "references_from_cache_files read from DIR/.references, where an earlier run into DIR left them; "
                   "reference_encode_seconds: reading, resampling and encoding them, including "
                   "reference_encoder_load_seconds, loading the encoders",
-    "synthesis": "the GPU engine's time, summed over this run's synthesize calls (absent on the plain CPU path "
-                 "and with --gpus): prompt_seconds building the prompts' token ids, engine_build_seconds "
-                 "building engines and capturing their CUDA graphs, engine_seconds running them (waits for the "
-                 "GPU included), of which gpu_wait_seconds its thread was blocked waiting for the GPU (the "
-                 "rest is host work: when the host is the bound, this is small), row_callback_seconds went to "
-                 "handing finished rows over, prompt_vector_seconds to building the prompts' vectors and "
-                 "pcm_copy_seconds to copying the audio to each row's array (both while waiting for the GPU "
-                 "where it could); ms_per_step = engine_seconds / steps; "
-                 "gpu_ms_per_step: each stage's GPU time per decode step from CUDA events (prefill: "
+    "synthesis": "the GPU engine's time, summed over this run's synthesize calls (absent on the plain CPU path; with "
+                 "--gpus summed over the workers, each worker's in per_worker): prompt_seconds building the prompts' "
+                 "token ids, engine_build_seconds building engines and capturing their CUDA graphs, engine_seconds "
+                 "running them (waits for the GPU included), of which gpu_wait_seconds its thread was blocked waiting "
+                 "for the GPU (the rest is host work: when the host is the bound, this is small), row_callback_seconds"
+                 " went to handing finished rows over, prompt_vector_seconds to building the prompts' vectors and "
+                 "pcm_copy_seconds to copying the audio to each row's array (both while waiting for the GPU where it "
+                 "could); ms_per_step = engine_seconds / steps (with --gpus the mean over the workers' steps, which "
+                 "run at once); gpu_ms_per_step: each stage's GPU time per decode step from CUDA events (prefill: "
                  "admissions; stages on other streams overlap); slots_busy: frames / (steps x engine slots)",
 }
 
@@ -253,7 +253,8 @@ def _reference_lines(references: dict | None) -> list[str]:
 def _synthesis_lines(synthesis: dict | None) -> list[str]:
     if not synthesis:
         return []
-    return [f"Engine: {synthesis_line(synthesis)}."]
+    return [f"Engine: {synthesis_line(synthesis)}.",
+            *(f"- {worker}: {synthesis_line(one)}." for worker, one in synthesis.get("per_worker", {}).items())]
 
 
 def synthesis_line(synthesis: dict) -> str:

@@ -20,7 +20,7 @@ import os
 import signal
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from time import perf_counter
@@ -33,6 +33,7 @@ from ..request import Request
 
 if TYPE_CHECKING:
     from ..job import Outcomes
+    from ..synthesizer import SynthesisTiming
 
 BATCHES_IN_FLIGHT_PER_WORKER = 2   # one running, one waiting: no idle gap between batches
 STOP_SECONDS = 10                  # a worker told to stop that is still there after this is killed
@@ -89,6 +90,7 @@ class WorkerPool:
         # prepare_request): each once, into one cache, and the batches carry them to the workers.
         self.voices = voices
         self.notes: list[str] = []                     # one line per worker that died; their synthesizers' notes
+        self.timings: dict[str, SynthesisTiming] = {}   # each worker's engine time, as of its last batch
         context = multiprocessing.get_context("spawn")
         cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
         self.workers: list[Worker] = []              # those alive
@@ -142,7 +144,7 @@ class WorkerPool:
             ready = wait([w.results for w in self.workers])   # a message, or the EOF of a worker that died
             worker = next(w for w in self.workers if w.results in ready)
             try:
-                _, index, outcomes, seconds, notes = worker.results.recv()
+                _, index, outcomes, seconds, notes, timing = worker.results.recv()
             except ENDED:
                 for index, outcomes in self._lost(worker, batches):
                     answered += 1
@@ -150,8 +152,22 @@ class WorkerPool:
                 continue
             worker.held.remove(index)
             self.notes += [note for note in notes if note not in self.notes]   # its synthesizer's, as in process
+            if timing is not None:
+                self.timings[str(worker)] = timing
             answered += 1
             yield index, list(enumerate(outcomes)), seconds
+
+    @property
+    def timing(self) -> dict | None:
+        """The workers' engine time (tts_cli/synthesizer.py SynthesisTiming) summed, each worker's in
+        per_worker; None when no worker ran an engine (CPU workers run the plain path)."""
+        from ..synthesizer import SynthesisTiming
+
+        ran = {name: timing for name, timing in self.timings.items() if timing.calls}
+        if not ran:
+            return None
+        return {**SynthesisTiming.merged(ran.values()).as_dict(),
+                "per_worker": {name: timing.as_dict() for name, timing in ran.items()}}
 
     def _lost(self, worker: Worker, batches: list[list[Request]]) -> list[tuple[int, list]]:
         """A worker that died: its batches' rows fail with one line that says so."""
@@ -194,6 +210,12 @@ def _how_it_ended(process: multiprocessing.Process) -> str:
     return f"exit code {code}"
 
 
+def timing_now(synth) -> SynthesisTiming | None:
+    """A copy of the synthesizer's timing so far (the sender thread pickles it while the next batch runs)."""
+    timing = getattr(synth, "timing", None)
+    return None if timing is None else replace(timing, stage_ms=dict(timing.stage_ms))
+
+
 def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max_frames: int | None,
                 batch_size: int, engine_rows: int, depth: str, codec_precision: str, talker_precision: str,
                 verbose_log: bool, tasks, results: Connection) -> None:
@@ -227,9 +249,11 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
                 # A device fault or a bug: this batch's rows fail with it, and the worker ends (a device
                 # after a fault is not to be trusted; failing at once, it would take most batches).
                 sender.submit(results.send, ("done", index, [TTSError(f"on {device}: {type(e).__name__}: {e}")]
-                                             * len(requests), perf_counter() - start, list(synth.notes)))
+                                             * len(requests), perf_counter() - start, list(synth.notes),
+                                             timing_now(synth)))
                 break
-            sender.submit(results.send, ("done", index, outcomes, perf_counter() - start, list(synth.notes)))
+            sender.submit(results.send, ("done", index, outcomes, perf_counter() - start, list(synth.notes),
+                                         timing_now(synth)))
         else:
             return
     raise SystemExit(FAULT_EXIT)   # (after the sender has sent the failed batch)

@@ -72,7 +72,7 @@ def test_another_encoder_or_a_damaged_file_encodes_again(tmp_path, references):
     assert len(ReferenceCache(out, CountingEncoder(), encoder="model-B").get(path, sha).codes) == 18
 
 
-def test_another_checkpoint_put_in_the_same_folder_is_another_encoder(tmp_path):
+def test_another_checkpoint_in_the_same_folder_or_another_device_is_another_encoder(tmp_path):
     """The tag holds the checkpoint's fingerprint, not only the folder's path: a checkpoint replaced in
     place encodes again (its cached x-vector would be the old one's voice)."""
     import os
@@ -91,6 +91,9 @@ def test_another_checkpoint_put_in_the_same_folder_is_another_encoder(tmp_path):
     data[len(data) // 2] ^= 0xFF   # another checkpoint of the same shapes: other weights
     weights.write_bytes(data)
     assert Voices(model, tmp_path / "out").encoder_tag != tag
+    # encoded on a GPU, a reference's last bits differ from the CPU's: the CPU's cache file is not reused
+    tag = Voices(model, tmp_path / "out").encoder_tag
+    assert Voices(model, tmp_path / "out", "cuda:1").encoder_tag == tag.replace(" cpu", " cuda") != tag
 
 
 def test_a_killed_write_leaves_no_cache_file(tmp_path, references, monkeypatch):

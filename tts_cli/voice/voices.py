@@ -59,8 +59,10 @@ class Voices:
     def __init__(self, model_dir: Path, out_dir: Path, device: str = "cpu"):
         self.model_type = open_checkpoint(model_dir).config.model_type
         # The cache's encoder tag: embeddings and codes of another checkpoint are not this one's, nor
-        # are those of another checkpoint put into the same folder (its encoders' files differ).
-        self.encoder_tag = f"{Path(model_dir).resolve()} {fingerprint(model_dir)} float32"
+        # are those of another checkpoint put into the same folder (its encoders' files differ), nor
+        # those encoded on another kind of device (other kernels, other last bits: a run would not
+        # give the audio a fresh run on this device gives).
+        self.encoder_tag = f"{Path(model_dir).resolve()} {fingerprint(model_dir)} float32 {torch.device(device).type}"
         self.out_dir = Path(out_dir)
         self.encoders = ReferenceEncoders(model_dir, device)
         self.cache: ReferenceCache | None = None   # made on the first clone row (it sweeps the folder)

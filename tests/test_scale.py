@@ -243,7 +243,8 @@ def test_ray_data_path_in_local_mode(tmp_path):
         audio, rate = sf.read(io.BytesIO(rows[row_id]["audio"]["bytes"]))
         assert rate == 24000 and len(audio) == rows[row_id]["frames"] * 1920 > 0 and rows[row_id]["error"] is None
     assert rows["c"]["error"] == "empty text" and rows["c"]["audio"] is None
-    assert rows["a*"]["error"] == "duplicate id 'a' (first used by row 1)"
+    assert rows["a*"]["error"] == ("duplicate id 'a' (within its Ray batch, whose first row with it keeps it; "
+                                   "duplicates in other batches are not found)")
     assert rows["000005"]["error"] == "no id: the Ray path names rows by their id column only"
     assert rows["x_y"]["audio"]["path"] == "x_y.flac" and rows["x y"]["audio"]["path"].startswith("x_y-")
 

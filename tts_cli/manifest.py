@@ -147,13 +147,14 @@ def id_problem(row_id: str) -> str | None:
     return None
 
 
-def mark_duplicate_ids(rows: list[ManifestRow]) -> None:
-    """The first row with an id keeps it; later rows with the same id fail, naming the first."""
+def mark_duplicate_ids(rows: list[ManifestRow], rows_unnumbered: str | None = None) -> None:
+    """The first row with an id keeps it; later rows with the same id fail, naming the first, or
+    saying rows_unnumbered where the rows' numbers mean nothing to the user (a Ray batch's)."""
     first_number: dict[str, int] = {}
     for row in rows:
         number = first_number.setdefault(row.request.id, row.number)
         if number != row.number and row.problem is None:
-            row.problem = f"duplicate id {row.request.id!r} (first used by row {number})"
+            row.problem = f"duplicate id {row.request.id!r} ({rows_unnumbered or f'first used by row {number}'})"
 
 
 def check_references(rows: list[ManifestRow]) -> None:

@@ -109,15 +109,18 @@ class SynthesizerActor:
         from ..output.formats import shard_schema
         from ..output.writer import encode_audio
 
-        rows = rows_from_table(batch, self.defaults, "ray batch", base_dir=self.references_base)
-        seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
         ids = batch.column("id").to_pylist()
+        # a batch's row numbers start at 1 whatever its place in the manifest: its first id says where it is
+        rows = rows_from_table(batch, self.defaults, f"the Ray batch from id {ids[0]!r}" if ids else "a Ray batch",
+                               base_dir=self.references_base)
+        seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
         for row, seed, cell in zip(rows, seeds, ids):
             if seed is None:
                 row.request.seed = wrapped_seed(self.defaults.base_seed + stable_id_number(row.request.id) % 2**31)
             if cell is None or not str(cell).strip():   # a row number is not known across blocks
                 row.problem = row.problem or "no id: the Ray path names rows by their id column only"
-        mark_duplicate_ids(rows)
+        mark_duplicate_ids(rows, "within its Ray batch, whose first row with it keeps it; duplicates in other "
+                                 "batches are not found")
         check_references(rows)
         plans = [plan_row(row, output_name(row.request.id), self.settings) for row in rows if not row.problem]
         try:

@@ -615,6 +615,33 @@ def test_voice_prefixes_give_the_codes_and_audio_of_whole_prompts(synth):
         np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
 
 
+def test_voice_prefixes_keep_a_prompt_near_the_context_within_its_slot(synth):
+    """A prompt of 52 positions (44 after its 8-position voice prefix) with a cap of 11 frames needs
+    exactly the 64 positions of an engine's slots: its 32-column chunks from position 8 would end at
+    72, past the slot's end (on CUDA, the fused kernel's stores there land in the next head's or the
+    next slot's keys). It and a short prompt of another voice beside it: the codes and audio of the
+    engine without voice prefixes."""
+    long_text = ("The birch canoe slid on the smooth planks and glue the sheet to the dark blue background "
+                 "quickly, then rice is often served in round bowls.")
+    prompts = [synth.prompt(Request(id="long", text=long_text, speaker="vivian")),
+               synth.prompt(Request(id="short", text=TEXTS[5][0], speaker="ryan"))]
+    assert [len(p) for p in prompts] == [52, 21] and prompts[0].voice_positions == 8
+    frames = [64 - len(prompts[0]) - 1, 9]
+    requests = [EngineRequest(key=i, prompt_embeds=prompt_embeddings(synth.model.talker, p), seed=7 + i,
+                              max_frames=f, min_new_tokens=f + 1, voice_prefix=p.voice_prefix())
+                for i, (p, f) in enumerate(zip(prompts, frames))]
+    sampling = synth.ckpt.sampling
+
+    def run(voice_prefixes):
+        engine = Engine(synth.model, synth.codec, rows=4, context=64, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), voice_prefixes=voice_prefixes)
+        return engine.run(requests)
+    for i, (a, b) in enumerate(zip(run(True), run(False))):
+        assert a.error is None and len(a.codes) == frames[i]
+        assert np.array_equal(a.codes, b.codes), f"request {i}"
+        np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
+
+
 def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):
     """The same speaker and language: one prefix, whatever the text; another speaker or language:
     another; an instruct or a cloned voice's x-vector: none (tts_cli.model.prompt.Prompt.voice_prefix)."""

@@ -411,12 +411,18 @@ class Engine:
     def prefill_route(self, request: EngineRequest) -> tuple[Prefill, int]:
         """The prefill that runs the request's prompt and the position it starts from: with voice
         prefixes and a voice prefix, from the prefix's end, in voice_prefill's tiles (16-column
-        chunks) if the rest fits one chunk, else in the 32-column tiles; otherwise from 0 in those."""
+        chunks) if the rest fits one chunk, else in the 32-column tiles; otherwise from 0 in those.
+        Also from 0 where the rest's 32-column chunks from the prefix's end would pass the slot's
+        context (a prompt within 24 positions of it): their padding would be written past the slot."""
         if self.voice_prefill is None or request.voice_prefix is None:
             return self.prefill, 0
         start = len(request.voice_prefix[0])
-        fits = request.prompt_length - start <= self.voice_prefill.columns
-        return self.voice_prefill if fits else self.prefill, start
+        rest = request.prompt_length - start
+        if rest <= self.voice_prefill.columns:
+            return self.voice_prefill, start
+        if start + -(-rest // self.prefill.columns) * self.prefill.columns > self.context:
+            return self.prefill, 0
+        return self.prefill, start
 
     def _prefill_tiles(self, requests: list[EngineRequest], slots: torch.Tensor, lengths: torch.Tensor):
         """The prefill's tiles over the requests' prompts (prefill_route) -> (last hidden [n, H],
@@ -426,8 +432,9 @@ class Engine:
             routes.setdefault(self.prefill_route(r), []).append(i)
         if list(routes) == [(self.prefill, 0)]:
             return self.prefill([r.prompt_embeds for r in requests], slots, lengths)
-        for key in dict.fromkeys(r.voice_prefix for r in requests if r.voice_prefix is not None):
-            group = [i for i, r in enumerate(requests) if r.voice_prefix == key]
+        after_prefix = [i for (_, start), group in routes.items() if start for i in group]
+        for key in dict.fromkeys(requests[i].voice_prefix for i in after_prefix):
+            group = [i for i in after_prefix if requests[i].voice_prefix == key]
             self.voice_prefill.voice_prefix(key, requests[group[0]].prompt_embeds[:len(key[0])],
                                             slots[to_device(group, self.device)])
         hidden = logits = None

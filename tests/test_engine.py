@@ -642,6 +642,32 @@ def test_voice_prefixes_keep_a_prompt_near_the_context_within_its_slot(synth):
         np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
 
 
+def test_a_prompt_after_its_voice_prefix_prefills_to_the_numbers_of_the_whole_prompt(synth):
+    """The voice prefixes' route gives each prompt (TEXTS': 16- and 32-column rests, starts 8 and 9)
+    the hidden state, logits and cached keys and values of the whole prompt's prefill, bit for bit:
+    its prefix computed alone (one row of 8 or 9 positions: other GEMM shapes, on CUDA another
+    kernel) would sum them in another order."""
+    prompts = [synth.prompt(Request(id=str(i), text=t, speaker=s, language=lang))
+               for i, (t, s, lang) in enumerate(TEXTS)]
+    embeds = [prompt_embeddings(synth.model.talker, p) for p in prompts]
+    requests = [EngineRequest(key=i, prompt_embeds=e, seed=i, max_frames=4, voice_prefix=p.voice_prefix())
+                for i, (p, e) in enumerate(zip(prompts, embeds))]
+    sampling = synth.ckpt.sampling
+    engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling), voice_prefixes=True)
+    assert {(engine.prefill_route(r)[0].columns, engine.prefill_route(r)[1]) for r in requests} == \
+        {(16, 8), (16, 9), (32, 8), (32, 9)}
+    lengths = torch.tensor([e.shape[0] for e in embeds])
+    whole = engine.prefill(embeds, torch.arange(6), lengths)
+    voiced = engine._prefill_tiles(requests, torch.arange(6, 12), lengths)
+    for a, b in zip(voiced, whole):
+        assert torch.equal(a, b)
+    for i, length in enumerate(lengths.tolist()):
+        for kv in engine.state.talker_kv:
+            assert torch.equal(kv.k[6 + i, :, :length], kv.k[i, :, :length]), f"prompt {i}"
+            assert torch.equal(kv.v[6 + i, :, :length], kv.v[i, :, :length]), f"prompt {i}"
+
+
 def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):
     """The same speaker and language: one prefix, whatever the text; another speaker or language:
     another; an instruct or a cloned voice's x-vector: none (tts_cli.model.prompt.Prompt.voice_prefix)."""

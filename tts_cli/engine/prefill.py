@@ -22,7 +22,8 @@ kernel, too, is chosen by shape).
 Voice prefixes (`voice_prefix`, where the engine asks for them): a named speaker's prompts begin
 with the same positions (the role, the codec control tokens: 8 for a CustomVoice speaker without
 an instruct), whose keys and values depend on nothing after them. They are computed once per
-prefix, by the talker over those positions alone, and copied into each admitted slot; the prompt's
+prefix, as a prompt of their own in the tiles of whole prompts (so to the same numbers, bit for
+bit, as in a whole prompt's tile), and copied into each admitted slot; the prompt's
 tiles then start after them (`start`). The engine runs the prompts whose rest fits 16 columns in
 tiles of 16-column chunks (its voice_prefill), the others in 32-column ones: of the bench's
 prompts (18-30 positions, 10-22 after the prefix) two thirds take a chunk of 16 where they took one
@@ -35,7 +36,6 @@ import torch
 from tts_cli.engine.graphs import capture
 from tts_cli.engine.slots import SlotState
 from tts_cli.model.generate import prefill_batch
-from tts_cli.model.transformer import StaticKV
 
 COLUMNS = 32          # a tile chunk's positions
 VOICE_COLUMNS = 16    # with voice prefixes
@@ -48,8 +48,10 @@ def split_tiles(n: int, sizes: tuple[int, ...]) -> list[int]:
 
 
 class Prefill:
-    def __init__(self, model, state: SlotState, sizes: tuple[int, ...], use_graphs: bool, columns: int = COLUMNS):
-        """sizes: the tiles' sizes in prompts, largest first; columns: the positions of a tile's chunk."""
+    def __init__(self, model, state: SlotState, sizes: tuple[int, ...], use_graphs: bool, columns: int = COLUMNS,
+                 whole: Prefill | None = None):
+        """sizes: the tiles' sizes in prompts, largest first; columns: the positions of a tile's chunk;
+        whole: the prefill of whole prompts, which computes the voice prefixes (voice_prefix)."""
         if state.context % columns:
             raise ValueError(f"the talker context ({state.context}) must be a multiple of {columns}")
         if not sizes or list(sizes) != sorted(set(sizes), reverse=True) or sizes[-1] < 1:
@@ -59,6 +61,7 @@ class Prefill:
         self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
         self.pool = None
         self.voices: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # voice_prefix's
+        self.whole = whole if whole is not None else self
 
     @torch.no_grad()
     def __call__(self, prompts: list[torch.Tensor], slots: torch.Tensor, lengths: torch.Tensor, start: int = 0):
@@ -82,15 +85,16 @@ class Prefill:
     @torch.no_grad()
     def voice_prefix(self, key: tuple, embeds: torch.Tensor, slots: torch.Tensor) -> None:
         """The keys and values of a voice prefix (`embeds` [P, H], positions 0 .. P - 1) into the
-        caches of `slots`: computed by the first call with this key, copied by every call."""
+        caches of `slots`: computed by the first call with this key, copied by every call. Computed
+        as a prompt of its own by the prefill of whole prompts (`whole`), into the first slot (whose
+        prompt's prefill then writes what follows), so that its numbers are those of the whole
+        prompt's first positions, bit for bit: one row of P positions alone would run GEMMs of other
+        shapes (on CUDA gemm_rows instead of cuBLAS), which sum in another order."""
         if key not in self.voices:
-            width = -(-embeds.shape[0] // self.columns) * self.columns
-            caches = [StaticKV(1, kv.k.shape[1], width, kv.k.shape[3], embeds.device, kv.k.dtype)
-                      for kv in self.state.talker_kv]
-            batch, _, positions, mask = prefill_batch([embeds], left_pad=False)
-            self.talker.decoder(batch, positions, mask, caches)
-            self.voices[key] = [(cache.k[0, :, :embeds.shape[0]], cache.v[0, :, :embeds.shape[0]])
-                                for cache in caches]
+            p, first = embeds.shape[0], slots[:1]
+            self.whole([embeds], first, torch.full((1,), p, dtype=torch.int64, device=slots.device))
+            self.voices[key] = [(kv.k[first, :, :p][0].clone(), kv.v[first, :, :p][0].clone())
+                                for kv in self.state.talker_kv]
         for kv, (k, v) in zip(self.state.talker_kv, self.voices[key]):
             kv.k[slots, :, :k.shape[1]] = k
             kv.v[slots, :, :v.shape[1]] = v

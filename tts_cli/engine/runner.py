@@ -317,7 +317,7 @@ class Engine:
             voice_prefixes = voice_prefixes_for(rows, device.type == "cuda")
         # the prompts with a voice prefix: their own tiles, of 16-column chunks
         self.voice_prefill = Prefill(model, self.state, prefill_tiles_for(rows, device.type == "cuda", VOICE_COLUMNS),
-                                     use_graphs, VOICE_COLUMNS) if voice_prefixes else None
+                                     use_graphs, VOICE_COLUMNS, whole=self.prefill) if voice_prefixes else None
         if voice_prefixes:
             log.info("engine: a named voice's leading prompt positions are computed once (voice prefixes)")
         log.info("engine: %d rows; the codec every %d steps, %s; the ragged end on %s; prefill tiles (prompts): %s",

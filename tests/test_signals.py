@@ -407,3 +407,31 @@ def test_an_asr_worker_that_dies_is_named_and_leaves_synthesis_alone(noticed):
         pool.submit("b", (np.zeros(24000, np.float32), 24000), "Hello.", "english")
         with pytest.raises(TTSError, match="an ASR worker died .*terminated abruptly"):
             pool.results()
+
+
+def test_rows_submitted_after_a_worker_died_mid_run_are_not_heard_not_lost():
+    """A worker killed after a row was heard; the pool notices the death, and the rows synthesized
+    after it are submitted to a broken pool: they are 'not heard' (not scored, counted in the note),
+    not left without a WER, a not-scored reason or an error."""
+    _needs_asr()
+    import numpy as np
+
+    from tts_cli.quality.asr import default_model_path
+    from tts_cli.quality.asr_pool import AsrPool, NotHeard
+
+    before = set(_descendants(os.getpid()))
+    with AsrPool(default_model_path(), workers=1, start_now=True) as pool:
+        pool.submit("a", (np.zeros(24000, np.float32), 24000), "Hello.", "english")
+        pool._futures["a"].result(timeout=120)   # heard
+        worker = [pid for pid, cmdline in _descendants(os.getpid()).items()
+                  if pid not in before and "multiprocessing.spawn" in cmdline]
+        os.kill(worker[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not pool._executor._broken and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool._executor._broken, "the pool did not notice its worker's death within 30 s"
+        pool.submit("b", (np.zeros(24000, np.float32), 24000), "Hello.", "english")
+        results = pool.results()
+    assert not isinstance(results["a"], str)
+    assert "b" in results and isinstance(results["b"], NotHeard) and results["b"].startswith(
+        "not heard: an ASR worker died")

@@ -69,6 +69,9 @@ class AsrPool:
             self._futures[key] = self._executor.submit(_transcribe_in_worker, source, text, language)
         except BrokenProcessPool as e:   # a worker died and the pool has noticed it already
             self._broken = self._broken or e
+            lost: Future = Future()           # results() reports the row as not heard, as those that waited
+            lost.set_exception(e)
+            self._futures[key] = lost
 
     def results(self) -> dict[str, Transcript | str]:
         """Every submitted row: its Transcript, or the error text of a row whose file could not be

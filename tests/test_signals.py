@@ -379,6 +379,29 @@ def test_a_dead_asr_worker_keeps_what_was_heard_before_it():
     assert not isinstance(results["b"], NotHeard)   # an unreadable file still fails its row
 
 
+def test_the_note_of_a_worker_that_died_after_rows_were_heard_does_not_blame_the_model():
+    """Rows were heard: the model loaded; the row's reason (and the report's note, which quotes it)
+    does not offer 'could not be loaded' as a cause. Before any row was heard it still may."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    from tts_cli.errors import TTSError
+    from tts_cli.quality.asr_pool import AsrPool
+
+    def pool_of(*futures):
+        pool = AsrPool.__new__(AsrPool)
+        pool._futures, pool._broken, pool.model_path = dict(zip("abc", futures)), None, "model"
+        return pool
+
+    heard, lost = Future(), Future()
+    heard.set_result("a transcript")
+    lost.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+    why = pool_of(heard, lost).results()["b"]
+    assert why.startswith("not heard: an ASR worker died") and "could not be loaded" not in why
+    with pytest.raises(TTSError, match="could not be loaded"):
+        pool_of(lost).results()
+
+
 @pytest.mark.parametrize("noticed", [False, True], ids=["row-first", "death-noticed-first"])
 def test_an_asr_worker_that_dies_is_named_and_leaves_synthesis_alone(noticed):
     """The ASR pool's side of a worker's death before any row was heard: one error that says so,

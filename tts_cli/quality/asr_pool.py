@@ -85,11 +85,10 @@ class AsrPool:
                 for key, future in self._futures.items():
                     heard[key] = future.result()
         except BrokenProcessPool as e:
-            why = (f"an ASR worker died (model {self.model_path} could not be loaded, or a worker was killed or ran "
-                   f"out of memory): {e}")
-            self._keep_finished(heard, f"not heard: {why}")
+            self._keep_finished(heard, f"not heard: an ASR worker died (killed, or out of memory): {e}")
             if all(isinstance(result, NotHeard) for result in heard.values()):
-                raise TTSError(why) from e
+                raise TTSError(f"an ASR worker died (model {self.model_path} could not be loaded, or a worker was "
+                               f"killed or ran out of memory): {e}") from e
         except RunStopped as stop:
             self._keep_finished(heard, f"not heard: the run was {stop}")
         return heard

@@ -326,3 +326,44 @@ def test_score_fails_only_the_rows_without_audio(tmp_path):
     assert [r["id"] for r in rows] == ["a b", "missing"]
     assert rows[0]["file"] == "a_b.flac" and rows[0]["error"] is None
     assert "audio file not found" in rows[1]["error"]
+
+
+@needs_asr_model
+def test_score_after_an_asr_worker_died_mid_run_does_not_say_every_row_was_heard(tmp_path, monkeypatch):
+    """An ASR worker that dies after some rows were heard: those keep their WER, the others are 'not
+    heard'. `tts score` exits 0 only 'when every row was heard' (docs/wer.md): here it says which rows
+    were not and why, and does not exit 0."""
+    from tts_cli.quality import scoring
+    from tts_cli.quality.asr_pool import NotHeard
+
+    died = NotHeard("not heard: an ASR worker died (model m could not be loaded, or a worker was killed or ran "
+                    "out of memory): A process in the process pool was terminated abruptly")
+
+    class HalfDeadPool:
+        def __init__(self, *args, **kwargs):
+            self.keys = []
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def submit(self, key, *args):
+            self.keys.append(key)
+
+        def results(self):
+            return {key: Transcript(1.0, 0.1, "hello there", "en") if i == 0 else died
+                    for i, key in enumerate(self.keys)}
+
+    monkeypatch.setattr(scoring, "AsrPool", HalfDeadPool)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\nb\tHello there.\n", encoding="utf-8")
+    for name in ("a", "b"):
+        sf.write(tmp_path / f"{name}.wav", np.zeros(8000, dtype=np.float32), 16000)
+    result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest),
+                                          "--out", str(tmp_path / "out"), "--asr-workers", "1"])
+    rows = pq.read_table(tmp_path / "out" / "rows.parquet").to_pylist()
+    assert rows[0]["wer"] == 0.0 and rows[1]["not_scored"] == died
+    assert result.exit_code == 1, result.output
+    assert "1 rows were not heard: an ASR worker died" in " ".join(result.output.split())

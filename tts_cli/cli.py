@@ -21,7 +21,7 @@ from .bench_plot import STEP_STAGES
 from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, ORDERS, WORKLOADS
 from .errors import TTSError
 from .logs import log_to_stderr
-from .processes import RunCannotGoOn, RunStopped, stop_on_signals
+from .processes import RunCannotGoOn, RunStopped, stop_on_signals, stops_here
 from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_RANGES, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
@@ -940,8 +940,8 @@ def score(
     rows above 50%, and flags for runaway or silent audio.
 
     Exit status: 0 every row was heard (scored or not scored by language); 1 some rows failed
-    (missing or unreadable file, bad manifest row); 2 nothing could be scored (bad manifest, folder,
-    ASR model), with one red line saying why; 130 Ctrl-C, 143 SIGTERM (the report holds the rows
+    (missing or unreadable file, bad manifest row) or were not heard (an ASR worker died); 2 nothing
+    could be scored (bad manifest, folder, ASR model), with one red line saying why; 130 Ctrl-C, 143 SIGTERM (the report holds the rows
     heard before it).
     """
     try:
@@ -992,14 +992,18 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
     except OSError as e:
         raise TTSError(f"cannot create output folder {out}: {e}") from e
 
-    score_audio_dir(audio_dir, rows, asr.path, workers)
+    unheard = score_audio_dir(audio_dir, rows, asr.path, workers)
     report = build_report(rows, {"title": "tts score report", "settings": {
         "audio folder": str(audio_dir), "manifest": str(manifest_path), "ASR model": str(asr.path),
         "ASR model source": asr.source, "ASR settings": dict(TRANSCRIBE_OPTIONS, compute_type=COMPUTE_TYPE),
         "tts version": __version__}}, manifest.skipped_empty)
     paths = write_score_files(out, report, audio_dir)
     typer.echo(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
-    return 0 if report["summary"]["failed"] == 0 else 1
+    if unheard:   # not heard for a stop: the caller says so (exit 130, 143); else an ASR worker died
+        with stops_here():
+            pass
+        say(f"{len(unheard)} rows were {unheard[0]}; rerun the same command to hear them all", "red")
+    return 0 if report["summary"]["failed"] == 0 and not unheard else 1
 
 
 def score_summary_line(summary: dict) -> str:

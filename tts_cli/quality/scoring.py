@@ -115,13 +115,16 @@ def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
     return rows
 
 
-def score_audio_dir(audio_dir: Path, rows: list[ScoredRow], asr_model: Path, workers: int) -> None:
-    """Hear every row's file in audio_dir with the ASR model and fill in its WER and flags."""
+def score_audio_dir(audio_dir: Path, rows: list[ScoredRow], asr_model: Path, workers: int) -> list[NotHeard]:
+    """Hear every row's file in audio_dir with the ASR model and fill in its WER and flags; returns why
+    each row not heard was not (a stop, or an ASR worker that died after some rows were heard)."""
     with AsrPool(asr_model, workers=workers) as pool:
         for row in rows:
             if row.error is None:
                 pool.submit(row.file, audio_dir / row.file, row.text, row.language)
-        apply_transcripts(rows, pool.results())
+        heard = pool.results()
+        apply_transcripts(rows, heard)
+    return [result for result in heard.values() if isinstance(result, NotHeard)]
 
 
 def write_score_files(out_dir: Path, report: dict, audio_dir: Path) -> dict[str, Path]:

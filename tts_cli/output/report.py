@@ -261,7 +261,9 @@ def synthesis_line(synthesis: dict) -> str:
     """One line of where the engine's time went, for report.md and the console."""
     busy = synthesis["slots_busy"]
     stages = ", ".join(f"{name} {ms:.2f}" for name, ms in synthesis["gpu_ms_per_step"].items())
-    return (f"{synthesis['steps']} steps in {synthesis['engine_seconds']:.2f} s ({synthesis['ms_per_step']:.2f} ms "
+    workers = len(synthesis.get("per_worker", ()))
+    return ((f"summed over {workers} workers running at once, " if workers else "")
+            + f"{synthesis['steps']} steps in {synthesis['engine_seconds']:.2f} s ({synthesis['ms_per_step']:.2f} ms "
             f"per step" + (f", {busy:.0%} of slot-steps made a frame" if busy is not None else "") + ")"
             + (f"; GPU ms per step: {stages}" if stages else "")
             + f"; the engine's thread waited {synthesis['gpu_wait_seconds']:.2f} s for the GPU and handed rows "

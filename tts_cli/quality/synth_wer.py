@@ -54,7 +54,7 @@ class SynthWer:
         start = perf_counter()
         heard = {**self.pool.results(), **self._unread}
         unheard = [result for result in heard.values() if isinstance(result, NotHeard)]
-        self.unheard, self.unheard_why = len(unheard), unheard[0] if unheard else None
+        self.unheard, self.unheard_why = len(unheard), "; ".join(dict.fromkeys(unheard)) or None   # each cause once
         wait_seconds = perf_counter() - start
         # a row a stopped run left for the rerun is not scored, not failed
         rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,

@@ -111,7 +111,8 @@ class SynthesizerActor:
 
         ids = batch.column("id").to_pylist()
         # a batch's row numbers start at 1 whatever its place in the manifest: its first id says where it is
-        rows = rows_from_table(batch, self.defaults, f"the Ray batch from id {ids[0]!r}" if ids else "a Ray batch",
+        named = next((cell for cell in ids if cell is not None and str(cell).strip()), None)
+        rows = rows_from_table(batch, self.defaults, f"the Ray batch with id {named!r}" if named else "a Ray batch",
                                base_dir=self.references_base)
         seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
         for row, seed, cell in zip(rows, seeds, ids):

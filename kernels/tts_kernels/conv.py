@@ -164,7 +164,7 @@ def tiles(c_in: int, n_out: int, taps: int, half: bool) -> tuple[int, int, int, 
     over every kind of the fp16 vocoder's convolutions at 64 rows x 4 frames (docs/bench.md at 0bca9b7,
     2026-11-30 and 2026-12-01): 64 x 64 tiles, 8 warps, 3 stages serve most (the 1x1 convolutions
     with the residual 1.5-1.6x faster than 128 x 64); 96 output channels take N blocks of 32 (none
-    idle: 2.0-2.3x for the 1x1s) in M blocks of 128 (the 1x1s 7-13% faster than in 64 at 64, 128
+    idle: 2.0-2.3x for the 1x1s) in M blocks of 128 (the 1x1s 7-12% less time than in 64 at 64, 128
     and 256 rows, 2026-12-05; the same sums, see INTERPRETER_BLOCK_M); the dilated 7-tap
     convolutions of 384 to 1024 channels take 128 x 128 (1.2-1.4x). K blocks of 64 where the
     channels allow."""

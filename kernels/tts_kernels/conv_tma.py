@@ -147,8 +147,8 @@ def shared_layout(block: list[int]) -> gl.NVMMASharedLayout:
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) by input channels, the fastest of seven tiles on the
 # H200 for the 1.7B vocoder's convolutions of 64 rows x 4 frames (docs/bench.md at 0bca9b7,
-# 2026-12-02); for 96 and 192 channels, N blocks of 96 (64 + 32) in 4 warps: 6-14% faster than
-# (128, 128, 32, 8, 4) and (128, 64, 32, 4, 4) at 64, 128 and 256 rows (docs/bench.md, 2026-12-05).
+# 2026-12-02); for 96 and 192 channels, N blocks of 96 (64 + 32) in 4 warps: 6-15% less time than
+# (128, 128, 32, 8, 4), (128, 64, 32, 4, 4) and 8 warps at 64, 128 and 256 rows (docs/bench.md, 2026-12-05).
 # Not listed: the 7-tap convolutions of 768 channels and more, faster in conv.py's kernel.
 TILES = {96: (128, 96, 32, 4, 4), 192: (128, 96, 32, 4, 4), 384: (64, 128, 64, 4, 3)}
 TWO_TAP_TILES = {768: (64, 128, 32, 4, 4)}

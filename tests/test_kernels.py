@@ -325,6 +325,18 @@ with torch.no_grad():
                         to_wave.conv.bias, dilation=2)
 torch.testing.assert_close(time_major(waves[:, 4:]), expected, rtol=1e-5, atol=1e-5)
 assert waves[:, :4].isnan().all()
+# more rows x frames than one interpreter tile (INTERPRETER_BLOCK_M), not a multiple of it, in both
+# launches (the GEMM over every buffer frame and the taps' sums); 9 taps: 16 columns of partial sums
+for taps, dilation, long_frames in ((7, 3, 700), (9, 2, 411)):
+    to_wave = CausalConv1d(channels, 1, taps, dilation=dilation)
+    rows = torch.randn(batch, to_wave.context + long_frames + 2, channels, generator=g)
+    waves = torch.full((batch, long_frames + 1, 1), float("nan"))
+    causal_conv(rows[:, :to_wave.context + long_frames], to_wave.tap_matrix(), to_wave.conv.bias, long_frames,
+                dilation, out=waves[:, 1:])
+    with torch.no_grad():
+        expected = to_wave.conv(time_major(rows[:, :to_wave.context + long_frames]))
+    torch.testing.assert_close(time_major(waves[:, 1:]), expected, rtol=1e-5, atol=1e-5)
+    assert waves[:, :1].isnan().all()
 
 # fp16 inputs and weights, fp16 snake_out: values beyond fp16's range are stored as infinities
 src = torch.randn(batch, 6 + frames, channels, generator=g)

@@ -23,7 +23,7 @@ and where TMA can address the tensors (`takes_tma`).
 Precision: inputs and weights in fp16 (the engine's vocoder: fp16 tensor cores, fp32 accumulation
 and epilogue, the residual stream (`residual`, `out`) in fp16 too, the waveform in fp32) or both
 fp32 (TF32 when torch allows it for convolutions, its operands rounded to nearest, else exact;
-the one-channel convolution sums exactly in fp32 either way). Triton's TF32 GEMMs measured 2-4x
+the one-channel convolution's fp32 products never in TF32). Triton's TF32 GEMMs measured 2-4x
 slower than cuDNN's on the H200, its fp16 ones 2-3x faster (docs/bench.md).
 A value beyond fp16's range (65504) stored in an fp16 `snake_out` or `out` becomes an infinity,
 and every later convolution turns it into infinities or NaN (SnakeBeta's sine of an infinity is
@@ -295,8 +295,9 @@ def _to_one(src, weight, bias, frames, dilation, out, o_b) -> None:
     the taps' weights side by side ([C_in, COLUMNS], one tap per column) as one GEMM, so each input
     value is read once, then each output frame's sum over its taps (`_sum_taps`). A one-channel GEMM
     tile would be 15/16 padding, and the CUDA-core kernel this replaces, reading the input once per
-    tap, took ~5x the time of its bytes (docs/bench.md, 2026-12-04). The products are summed in
-    exact fp32 (no TF32; fp16 ones are exact in fp32)."""
+    tap, took ~5x the time of its bytes (docs/bench.md, 2026-12-04). fp32 inputs: IEEE fp32 products
+    and sums (no TF32); fp16 inputs: exact products summed by the tensor cores' fp32 accumulation,
+    which is not IEEE's (~1e-7 relative)."""
     batch, length, c_in = src.shape
     taps = weight.shape[0] // c_in
     columns = max(8, triton.next_power_of_2(taps))

@@ -724,6 +724,26 @@ def test_the_hopper_only_paths_step_aside_on_other_gpus_and_say_why(monkeypatch,
         launch.pdl_possible.cache_clear()
 
 
+def test_a_convolution_past_the_kernels_int32_offsets_is_refused():
+    """The convolution kernels address elements with int32 offsets (row x batch stride + ...): 2900
+    rows of the vocoder's last block at a 4-frame window (7734 x 96 elements each) would wrap them and
+    write other rows' audio. Refused before any launch (meta tensors: no memory); 2700 rows pass the
+    check (and fail later, on the meta device)."""
+    import torch
+    from tts_kernels.conv import causal_conv
+
+    def call(rows):
+        src = torch.empty(rows, 6 + 7728, 96, dtype=torch.float16, device="meta")
+        causal_conv(src, torch.empty(7 * 96, 96, dtype=torch.float16, device="meta"),
+                    torch.empty(96, device="meta"), 7728, out=torch.empty(rows, 7728, 96, dtype=torch.float16,
+                                                                            device="meta"))
+    with pytest.raises(ValueError, match="2900 rows of 742464 elements: past the 2.31 elements"):
+        call(2900)
+    with pytest.raises(Exception) as other:
+        call(2700)
+    assert "2^31" not in str(other.value)
+
+
 def test_tma_convolution_takes_only_the_convolutions_it_fits():
     """tts_kernels.conv_tma (Hopper only, not run here) takes fp16 convolutions whose rows TMA can
     address, whose rows are long enough to fill its M blocks and whose shapes it was measured faster

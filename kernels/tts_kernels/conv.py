@@ -254,6 +254,10 @@ def causal_conv(src: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, fra
     if (snake is None) != (snake_out is None) or (snake is not None and not factors_fit):
         raise ValueError(f"snake_out needs snake, the factors [2, {n_out}] float32 of snake_factors, and snake "
                          f"needs snake_out")
+    largest = max(t.shape[0] * t.stride(0) for t in (src, residual, out, snake_out) if t is not None)
+    if largest >= 2**31:   # the kernels' element offsets (row x batch stride + ...) are int32: they would wrap
+        raise ValueError(f"{batch} rows of {largest // batch} elements: past the 2^31 elements that the "
+                         "convolution kernels' int32 offsets address; use fewer rows (or a shorter codec window)")
     r_b, r_t = _rows_view(residual, frames, n_out, "residual") if residual is not None else (0, 0)
     o_b, o_t = _rows_view(out, frames, n_out, "out") if out is not None else (0, 0)
     so_b, so_t = _rows_view(snake_out, frames, n_out, "snake_out") if snake_out is not None else (0, 0)

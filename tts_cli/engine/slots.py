@@ -48,6 +48,10 @@ class SlotState:
                  talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1,
                  trailing_text: bool = False):
         t, cp = cfg.talker, cfg.code_predictor
+        largest = rows * context * max(t.num_kv_heads * t.head_dim, t.hidden_size if trailing_text else 0)
+        if largest >= 2**31:   # the kernels' element offsets (slot x slot stride + ...) are int32: they would wrap
+            raise ValueError(f"{rows} rows x {context} positions: a cache of {largest} elements, past the 2^31 "
+                             "that the kernels' int32 offsets address; use fewer rows or shorter segments")
 
         def longs():
             return torch.zeros(rows, dtype=torch.int64, device=device)

@@ -3,9 +3,10 @@
 Normalization (Seed-TTS-eval run_wer.py): delete every character of Python's string.punctuation
 and of the CJK punctuation set (zhon.hanzi.punctuation) except the ASCII apostrophe, collapse
 whitespace, lowercase; Chinese text is split into space-separated characters, so its "WER" is a
-character error rate; on rows heard as Chinese (zh, yue), Traditional characters are made Simplified in the
-text and the hypothesis (zhconv, the script only; Seed-TTS-eval converts its hypotheses to zh-cn, which
-also swaps words), so that a script variant is not an error. No number or abbreviation normalization: "4" against "four" is an error.
+character error rate; on rows heard as Chinese (zh, yue), Traditional characters are made Simplified
+in the text and the hypothesis (zhconv, the script only; Seed-TTS-eval converts its hypotheses to
+zh-cn, which also swaps words), so that a script variant is not an error. No number or abbreviation
+normalization: "4" against "four" is an error.
 Reported score: the mean of the per-row WERs; the corpus WER (all errors over all reference words),
 the count of rows above 50% and the mean of the other rows are reported beside it.
 """

@@ -287,29 +287,36 @@ def test_tail_rows_that_the_engine_cannot_run_are_refused(synth):
                    cp_defaults=code_predictor_settings(sampling), tail_rows=tail_rows)
 
 
-def test_slots_past_the_kernels_int32_offsets_are_refused(synth):
+def test_slots_past_the_kernels_int32_offsets_are_refused(synth, monkeypatch):
     """The kernels address a cache's elements with int32 offsets (slot x slot stride + ...): at the
     real 1.7B shapes (8 KV heads x 128), 2048 rows x 1024 positions would wrap them and write other
-    slots' keys. Refused before anything is allocated (meta tensors: no memory), with what to change;
-    1024 rows pass the check."""
+    slots' keys. An engine's slots are refused before anything is allocated (meta tensors: no
+    memory), with what to change; 1024 rows pass. `--rows auto` and the KV budget give a call at most
+    the positions the offsets address, so that longer requests fail alone, with their reason."""
     from types import SimpleNamespace
 
+    from tts_cli import synthesizer
     from tts_cli.engine.random_model import random_config
-    from tts_cli.engine.slots import SlotState
+    from tts_cli.engine.slots import SlotState, most_positions
 
     cfg, sampling = random_config("1.7b"), synth.ckpt.sampling
-
     codec = SimpleNamespace(new_state=lambda rows: None, samples_per_frame=1920)
 
     def slots(rows, trailing_text=False):
         return SlotState(cfg, rows, 1024, codec, "meta", torch.float16, talker_settings(sampling),
                          code_predictor_settings(sampling), trailing_text=trailing_text)
-    with pytest.raises(ValueError, match="2048 rows x 1024 positions: a cache of 2147483648 elements, past the 2.31 "
-                                         "that the kernels' int32 offsets address; use fewer rows or shorter segments"):
+    assert (most_positions(cfg, 2048), most_positions(cfg, 1024), most_positions(cfg, 1024, True)) == (1023, 2047, 1023)
+    with pytest.raises(ValueError, match="2048 rows x 1024 positions: past the 1023 positions a slot's caches may hold "
+                                         "at that many rows .the kernels' offsets are int32.; use fewer rows or "
+                                         "shorter segments"):
         slots(2048)
     assert slots(1024).talker_kv[0].k.shape == (1024, 8, 1024, 128)
-    with pytest.raises(ValueError, match="1024 rows x 1024 positions: a cache of 2147483648 elements"):
+    with pytest.raises(ValueError, match="1024 rows x 1024 positions: past the 1023 positions"):
         slots(1024, trailing_text=True)   # a cloned voice's trailing text: 2048 values a position
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
+    through_engine.kv_budget_bytes = 10**12   # the memory would hold far more
+    monkeypatch.setattr(synthesizer, "most_positions", lambda cfg, rows, trailing_text=False: 100)
+    assert through_engine._most_context(2) == 96   # the offsets' 100, in whole 32-position tile columns
 
 
 class _GEMMShapes(TorchFunctionMode):

@@ -26,7 +26,7 @@ from tts_cli.engine import (AUTO_ROWS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, D
                             TALKER_PRECISIONS)
 from tts_cli.engine.prefill import COLUMNS
 from tts_cli.engine.runner import Engine, EngineRequest, EngineResult, PromptSource
-from tts_cli.engine.slots import talker_kv_bytes
+from tts_cli.engine.slots import most_positions, talker_kv_bytes
 from tts_cli.errors import CheckpointError, RequestError, SynthesisCancelled, TTSError
 from tts_cli.model.codec import load_codec
 from tts_cli.model.generate import RowInput, generate
@@ -512,8 +512,9 @@ class Synthesizer:
 
     def _most_context(self, rows: int, trailing_text: bool = False) -> int | None:
         """The talker positions per slot that the KV budget holds for `rows` slots (a multiple of
-        the prefill's tile width), with their trailing text vectors where asked, or None without a
-        budget (CPU, unless kv_budget_bytes is set)."""
+        the prefill's tile width), with their trailing text vectors where asked, and the kernels'
+        offsets address (slots.most_positions), or None without a budget (CPU, unless
+        kv_budget_bytes is set)."""
         weight = self.model.talker.codec_embedding.weight
         budget = self.kv_budget_bytes
         if budget is None and weight.device.type == "cuda":
@@ -521,7 +522,8 @@ class Synthesizer:
             budget = int(torch.cuda.mem_get_info(weight.device)[0] * KV_MEMORY_FRACTION)
         if budget is None:
             return None
-        most = budget // talker_kv_bytes(self.cfg, rows, 1, weight.dtype, trailing_text) // COLUMNS * COLUMNS
+        most = min(budget // talker_kv_bytes(self.cfg, rows, 1, weight.dtype, trailing_text),
+                   most_positions(self.cfg, rows, trailing_text)) // COLUMNS * COLUMNS
         if most < COLUMNS:
             raise TTSError(f"the GPU memory budget for keys and values ({budget / 2**30:.2f} GiB) holds fewer than "
                            f"{COLUMNS} talker positions for {rows} slots: use fewer --rows")

@@ -43,15 +43,23 @@ def talker_kv_bytes(cfg: ModelConfig, rows: int, context: int, dtype: torch.dtyp
     return kv + (rows * context * t.hidden_size * 4 if trailing_text else 0)
 
 
+def most_positions(cfg: ModelConfig, rows: int, trailing_text: bool = False) -> int:
+    """The most talker positions per slot whose caches (and trailing text vectors) the kernels can
+    address: their element offsets (slot x slot stride + ...) are int32, and past 2^31 elements they
+    would wrap into other slots' keys."""
+    t = cfg.talker
+    return (2**31 - 1) // (rows * max(t.num_kv_heads * t.head_dim, t.hidden_size if trailing_text else 0))
+
+
 class SlotState:
     def __init__(self, cfg: ModelConfig, rows: int, context: int, codec, device, kv_dtype,
                  talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1,
                  trailing_text: bool = False):
         t, cp = cfg.talker, cfg.code_predictor
-        largest = rows * context * max(t.num_kv_heads * t.head_dim, t.hidden_size if trailing_text else 0)
-        if largest >= 2**31:   # the kernels' element offsets (slot x slot stride + ...) are int32: they would wrap
-            raise ValueError(f"{rows} rows x {context} positions: a cache of {largest} elements, past the 2^31 "
-                             "that the kernels' int32 offsets address; use fewer rows or shorter segments")
+        if context > most_positions(cfg, rows, trailing_text):
+            raise ValueError(f"{rows} rows x {context} positions: past the {most_positions(cfg, rows, trailing_text)} "
+                             "positions a slot's caches may hold at that many rows (the kernels' offsets are int32); "
+                             "use fewer rows or shorter segments")
 
         def longs():
             return torch.zeros(rows, dtype=torch.int64, device=device)

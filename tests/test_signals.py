@@ -402,6 +402,28 @@ def test_the_note_of_a_worker_that_died_after_rows_were_heard_does_not_blame_the
         pool_of(lost).results()
 
 
+def test_an_asr_pool_that_hears_nothing_for_too_long_ends_its_workers_and_keeps_what_it_heard(monkeypatch):
+    """A stuck worker (a transcription that never returns) would keep `tts synth` and `tts score` from
+    ever ending: after STALL_SECONDS without a row heard, the rows still waiting are 'not heard' with the
+    reason (not scored, not failed), those heard keep their transcripts, and the workers are ended."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from tts_cli.quality import asr_pool
+    from tts_cli.quality.asr_pool import AsrPool, NotHeard
+
+    monkeypatch.setattr(asr_pool, "STALL_SECONDS", 0.2)
+    ended = []
+    pool = AsrPool.__new__(AsrPool)   # its results() over futures of our own, no worker processes
+    heard, stuck = Future(), Future()
+    heard.set_result("a transcript")
+    pool._futures, pool._broken, pool.model_path = {"a": heard, "b": stuck}, None, "model"
+    pool._executor = SimpleNamespace(_processes={4242: SimpleNamespace(terminate=lambda: ended.append(4242))})
+    results = pool.results()
+    assert results == {"a": "a transcript", "b": "not heard: the ASR heard no row for 0.2 s (a worker is stuck)"}
+    assert isinstance(results["b"], NotHeard) and ended == [4242]
+
+
 @pytest.mark.parametrize("noticed", [False, True], ids=["row-first", "death-noticed-first"])
 def test_an_asr_worker_that_dies_is_named_and_leaves_synthesis_alone(noticed):
     """The ASR pool's side of a worker's death before any row was heard: one error that says so,

@@ -14,7 +14,7 @@ SIGKILLed (tts_cli/processes.py). A stop (SIGTERM, Ctrl-C) cuts the wait for res
 from __future__ import annotations
 
 import multiprocessing
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
@@ -23,6 +23,9 @@ from ..processes import RunStopped, end_with_parent, stops_here
 from .asr import AudioSource, Transcriber, Transcript, describe_source
 
 _worker_transcriber: Transcriber | None = None  # one per worker process
+# No row heard for this long while rows wait: a worker is stuck (a row takes seconds, a large model's
+# longest well under a minute on CPU), and the run ends without those rows' WER rather than never.
+STALL_SECONDS = 600.0
 
 
 def _load_in_worker(model_path: str, cpu_threads: int) -> None:
@@ -45,6 +48,10 @@ def _nothing() -> None:
 class NotHeard(str):
     """Why a row's audio was not transcribed, though nothing is wrong with it (the run stopped first,
     or an ASR worker died): the row is not scored, not failed."""
+
+
+class _Stalled(Exception):
+    pass
 
 
 class AsrPool:
@@ -75,15 +82,27 @@ class AsrPool:
 
     def results(self) -> dict[str, Transcript | str]:
         """Every submitted row: its Transcript, or the error text of a row whose file could not be
-        heard, or NotHeard: the run was stopped, or a worker died, while it waited. Raises TTSError
-        when a worker died before any row was heard (the model would not load, most likely)."""
+        heard, or NotHeard: the run was stopped, a worker died, or none answered for STALL_SECONDS
+        (its workers are then ended), while it waited. Raises TTSError when a worker died before any
+        row was heard (the model would not load, most likely)."""
         heard: dict[str, Transcript | str] = {}
         try:
             with stops_here():
                 if self._broken is not None:
                     raise self._broken
+                waiting = set(self._futures.values())
+                while waiting:
+                    answered, waiting = wait(waiting, timeout=STALL_SECONDS, return_when=FIRST_COMPLETED)
+                    if not answered:
+                        raise _Stalled
                 for key, future in self._futures.items():
                     heard[key] = future.result()
+        except _Stalled:
+            self._keep_finished(heard, f"not heard: the ASR heard no row for {STALL_SECONDS:g} s (a worker is stuck)")
+            # a stuck worker would hold close() (the pool's shutdown) forever; the pool keeps its processes
+            # in a private dict, the only way to them
+            for process in list((getattr(self._executor, "_processes", None) or {}).values()):
+                process.terminate()
         except BrokenProcessPool as e:
             self._keep_finished(heard, f"not heard: an ASR worker died (killed, or out of memory): {e}")
             if all(isinstance(result, NotHeard) for result in heard.values()):

@@ -56,10 +56,10 @@ class SlotState:
                  talker_defaults: SamplerSettings, cp_defaults: SamplerSettings, codec_window: int = 1,
                  trailing_text: bool = False):
         t, cp = cfg.talker, cfg.code_predictor
-        if context > most_positions(cfg, rows, trailing_text):
-            raise ValueError(f"{rows} rows x {context} positions: past the {most_positions(cfg, rows, trailing_text)} "
-                             "positions a slot's caches may hold at that many rows (the kernels' offsets are int32); "
-                             "use fewer rows or shorter segments")
+        most = most_positions(cfg, rows, trailing_text)
+        if context > most:
+            raise ValueError(f"{rows} rows x {context} positions: past the {most} positions a slot's caches may hold "
+                             "at that many rows (the kernels' offsets are int32); use fewer rows or shorter segments")
 
         def longs():
             return torch.zeros(rows, dtype=torch.int64, device=device)

@@ -961,9 +961,9 @@ def score(
 
 def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, asr_model_option: Optional[Path],
               workers: int) -> int:
-    if missing_wer_packages():
-        raise TTSError(f"tts score needs the extra [wer] ({', '.join(missing_wer_packages())} missing): "
-                       f"{install_hint('wer')}")
+    missing = missing_wer_packages()
+    if missing:
+        raise TTSError(f"tts score needs the extra [wer] ({', '.join(missing)} missing): {install_hint('wer')}")
     from .manifest import RowDefaults, read_manifest
     from .output.ledger import LEDGER_NAME
     from .quality.asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, WHISPER_LANGUAGE, resolve_asr_model
@@ -1000,8 +1000,8 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
         "tts version": __version__}}, manifest.skipped_empty)
     paths = write_score_files(out, report, audio_dir)
     typer.echo(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
-    if unheard:   # not heard for a stop: the caller says so (exit 130, 143); else an ASR worker died
-        with stops_here():
+    if unheard:   # not heard for a stop: raised here (the caller says so, exit 130, 143); else the ASR failed
+        with stops_here():   # raises RunStopped on entering it if a stop came
             pass
         say(f"{len(unheard)} rows were {unheard[0]}; rerun the same command to hear them all", "red")
     return 0 if report["summary"]["failed"] == 0 and not unheard else 1

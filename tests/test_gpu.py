@@ -235,39 +235,6 @@ def test_decode_step_projection_is_exact_products_summed_in_fp32(shape, rows):
         assert relative(parts.view(-1, rows, n).double().sum(0)) < 1e-5
 
 
-@pytest.mark.parametrize("shape", [(1024, 2048), (1024, 3072), (6144, 1024)], ids=["o", "down", "gate_up"])
-def test_code_predictor_projections_in_row_blocks_are_exact_and_do_not_depend_on_the_rows(shape):
-    """Above 64 rows the code predictor's o, down and gate/up projections run on gemm_rows in blocks
-    of rows (`row_blocks=True`, tts_kernels.linear.ROW_BLOCK_TILES): at 128-512 rows the fp64 product
-    within fp32 summation error (gate/up: its SiLU * up bit for bit as gemm_rows' sums then silu_mul),
-    and a row's result the same whatever the product's rows (a tail step's 128 rows against 512)."""
-    from tts_kernels.linear import ROW_BLOCK_TILES, gemm_rows, project
-    from tts_kernels.swiglu import ROW_BLOCK_SILU_TILES, project_silu, silu_mul
-    n, k = shape
-    gate_up = shape in ROW_BLOCK_SILU_TILES
-    x, w = _fp16_operands(512, n, k)
-    if gate_up:
-        run = lambda rows: project_silu(x[:rows], w, torch.float16, row_blocks=True)
-    else:
-        run = lambda rows: project(x[:rows], w, partial_sums=True, row_blocks=True)
-    tile = (ROW_BLOCK_SILU_TILES if gate_up else ROW_BLOCK_TILES)[shape]
-    for rows in (128, 256, 512):
-        got = run(rows)
-        sums = gemm_rows(x[:rows], w, partial_sums=tile.slices > 1, tile=tile)
-        if gate_up:
-            assert torch.equal(got, silu_mul(sums, torch.float16))
-        else:
-            assert torch.equal(got, sums)
-            exact = x[:rows].double() @ w.double().t()
-            error = (got.view(-1, rows, n).double().sum(0) - exact).abs().max() / exact.abs().max()
-            assert error.item() < 1e-5
-    whole, tail = run(512), run(128)
-    if gate_up:
-        assert torch.equal(whole[:128], tail)
-    else:
-        assert torch.equal(whole.view(-1, 512, n)[:, :128], tail.view(-1, 128, n))
-
-
 def test_step_advance_kernel_updates_the_slots_as_torch_does():
     """tts_kernels.advance compiled, against advance_slots: tests/test_kernels.py's interpreter
     check, run on the GPU."""

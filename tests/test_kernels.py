@@ -94,14 +94,6 @@ for x_rows in (x16, x16[:5]):
         swapped = gemm_rows(x_rows, w16, partial_sums=tile.slices > 1, tile=tile)
         torch.testing.assert_close(swapped.view(tile.slices, -1, 128).sum(0), gemm_rows(x_rows, w16), rtol=1e-5,
                                    atol=1e-5)
-# in blocks of rows (the code predictor's projections above 64 rows: tts_kernels.linear.ROW_BLOCK_TILES),
-# 40 rows in blocks of 16 with a ragged last block: the same sums as all rows at once, and a row's
-# sums the same whatever the rows of the product (the first 16 of 40 against those 16 alone)
-blocked = RowsTile(64, 2, 64, swap=True, block_m=16)
-torch.testing.assert_close(gemm_rows(x16[:40], w16, partial_sums=True, tile=blocked).view(2, 40, 128).sum(0),
-                           gemm_rows(x16[:40], w16), rtol=1e-5, atol=1e-5)
-assert torch.equal(gemm_rows(x16[:40], w16, partial_sums=True, tile=blocked).view(2, 40, 128)[:, :16],
-                   gemm_rows(x16[:16], w16, partial_sums=True, tile=blocked).view(2, 16, 128))
 for tile, partial in ((RowsTile(64, 4), False), (RowsTile(48), True), (RowsTile(64, 3), True)):
     try:
         gemm_rows(x16, w16, partial_sums=partial, tile=tile)
@@ -134,10 +126,6 @@ for rows, tile in ((5, None), (5, RowsTile(16)), (40, RowsTile(64))):
     assert torch.equal(gemm_rows_silu(x16, w16, swap), silu_mul(gemm_rows(x16, w16, tile=swap), torch.float16))
     exact = x16.double() @ w16.double().t()
     torch.testing.assert_close(got.double(), F.silu(exact[:, :64]) * exact[:, 64:], rtol=1e-3, atol=1e-4)
-    blocked = RowsTile(64, block_m=16)   # in row blocks: the same as the tile over all rows
-    assert torch.equal(gemm_rows_silu(x16, w16, blocked), silu_mul(gemm_rows(x16, w16, tile=blocked), torch.float16))
-    torch.testing.assert_close(gemm_rows_silu(x16, w16, blocked), gemm_rows_silu(x16, w16, RowsTile(64)), rtol=0,
-                               atol=1e-3)
 
 cfg = DecoderConfig(hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8, num_kv_heads=2,
                     head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0, attention_bias=False)

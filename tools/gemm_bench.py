@@ -12,10 +12,9 @@ median of the replays. With --hot every call reads the same copy instead: from L
 kernel could give. Every arm's result is checked against the fp64 product of the same fp16
 values first (partial sums added), and refused above 1e-5 of the largest output. Arms: cuBLAS
 (torch.mm to fp32, then silu_mul for gate/up), the engine's tile (rows_tile; silu_tile for
-gate/up; above 64 rows the code predictor's row-block tiles, where a shape has one), and with
---sweep other tiles: weight rows per program x K slices x K chunk x the product's orientation
-(`swap`, from 64 weight rows) (x rows per program above 64 rows), at 4 warps and 4 stages, then
-warps and stages around the best of those. K slices for the heads too, whose reader (the sampler) takes
+gate/up), and with --sweep other tiles: weight rows per program x K slices x K chunk x the
+product's orientation (`swap`, from 64 weight rows), at 4 warps and 4 stages, then warps and
+stages around the best of those. K slices for the heads too, whose reader (the sampler) takes
 whole sums today: what partial sums there would buy (the best whole-sum tile is printed too). The
 JSON keeps every tile timed, fastest first.
 """
@@ -30,8 +29,8 @@ import torch
 
 from step_profile import median_ms
 from tts_cli.engine.graphs import capture
-from tts_kernels.linear import GEMM_ROWS_MAX, ROW_BLOCK_TILES, RowsTile, gemm_rows, rows_tile
-from tts_kernels.swiglu import ROW_BLOCK_SILU_TILES, gemm_rows_silu, silu_mul, silu_tile
+from tts_kernels.linear import RowsTile, gemm_rows, rows_tile
+from tts_kernels.swiglu import gemm_rows_silu, silu_mul, silu_tile
 
 # (name, N, K, kind): the 1.7B talker (hidden 2048) and code predictor (hidden 1024); gate/up
 # merged. kind: "whole" sums (the heads: the sampler reads them), "partial" sums (q/k/v, o and down:
@@ -79,34 +78,22 @@ def cuts(tile: RowsTile, n: int, k: int, kind: str) -> bool:
     return width % rows_per_program == 0 and k % (tile.slices * tile.block_k) == 0
 
 
-def engine_tile(n: int, k: int, kind: str, rows: int) -> RowsTile | None:
-    """The tile the engine's code predictor runs at these rows; None: cuBLAS (above 64 rows, a shape
-    without a row-block tile)."""
-    if rows > GEMM_ROWS_MAX:
-        return (ROW_BLOCK_SILU_TILES if kind == "silu" else ROW_BLOCK_TILES).get((n, k))
+def engine_tile(n: int, k: int, kind: str) -> RowsTile:
     return silu_tile(n, k) if kind == "silu" else rows_tile(n, k, kind == "partial")
 
 
-def candidates(n: int, k: int, kind: str, sweep: bool, rows: int) -> list[RowsTile]:
-    """The engine's tile first (where it has one), then (--sweep) the others that cut the shape; above
-    64 rows, in blocks of 64 or 128 rows per program."""
-    engine = engine_tile(n, k, kind, rows)
-    first = [engine] if engine else []
+def candidates(n: int, k: int, kind: str, sweep: bool) -> list[RowsTile]:
+    """The engine's tile first, then (--sweep) the others that cut the shape."""
+    engine = engine_tile(n, k, kind)
     if not sweep:
-        return first
+        return [engine]
     slices = (1,) if kind == "silu" else (1, 2, 4, 8)
-    if rows <= GEMM_ROWS_MAX:
-        tiles = [RowsTile(block_n, s, block_k, swap=swap) for block_n, s, block_k, swap
-                 in itertools.product((16, 32, 64, 128), slices, (64, 128), (False, True))]
-    else:
-        tiles = [RowsTile(block_n, s, 64, swap=swap, block_m=block_m) for block_n, s, swap, block_m
-                 in itertools.product((32, 64, 128), slices[:3], (False, True), (64, 128))]
-    # 64-512 programs (1024 over row blocks): fewer leave most of the 132 SMs idle, more re-read x
-    # from L2 for little; swapped, the weight rows are the product's M side, which wgmma takes 64 at a time
-    most = 512 if rows <= GEMM_ROWS_MAX else 1024
-    return first + [t for t in tiles if t != engine and cuts(t, n, k, kind)
-                    and 64 <= (n // t.block_n) * t.slices * (-(-rows // t.block_m) if t.block_m else 1) <= most
-                    and (not t.swap or t.block_n >= 64)]
+    tiles = [RowsTile(block_n, s, block_k, swap=swap)
+             for block_n, s, block_k, swap in itertools.product((16, 32, 64, 128), slices, (64, 128), (False, True))]
+    # 64-512 programs: fewer leave most of the 132 SMs idle, more re-read x from L2 for little;
+    # swapped, the weight rows are the product's M side, which wgmma takes 64 at a time
+    return [engine] + [t for t in tiles if t != engine and cuts(t, n, k, kind)
+                       and 64 <= (n // t.block_n) * t.slices <= 512 and (not t.swap or t.block_n >= 64)]
 
 
 def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, replays: int,
@@ -136,8 +123,8 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
         return time_us(project, x, weights, replays)
 
     result = dict(name=name, n=n, k=k, kind=kind, rows=rows, hot=hot, floor_us=round(floor_us, 2), cublas_us=run(None))
-    timed = [(us, tile) for tile in candidates(n, k, kind, sweep, rows) if (us := run(tile)) is not None]
-    engine = timed[0] if timed and timed[0][1] == engine_tile(n, k, kind, rows) else (None, None)
+    timed = [(us, tile) for tile in candidates(n, k, kind, sweep) if (us := run(tile)) is not None]
+    engine = timed[0] if timed and timed[0][1] == engine_tile(n, k, kind) else (None, None)
     if sweep and timed:
         best = min(timed, key=lambda item: item[0])[1]
         for warps, stages in itertools.product((4, 8), (3, 4, 5)):
@@ -160,8 +147,7 @@ def bench_shape(name: str, n: int, k: int, kind: str, rows: int, sweep: bool, re
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default="64", help="comma-separated; the engine runs gemm_rows at 2-64, and the "
-                        "code predictor's o, gate/up and down above (in row blocks)")
+    parser.add_argument("--rows", default="64", help="comma-separated; the engine runs gemm_rows at 2-64")
     parser.add_argument("--shapes", default="", help="only shapes whose name contains this (e.g. talker, cp, gate/up)")
     parser.add_argument("--sweep", action="store_true", help="time other tiles too (each is a compile)")
     parser.add_argument("--replays", type=int, default=20)

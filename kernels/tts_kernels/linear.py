@@ -225,15 +225,13 @@ def gemm_rows_sums(x_ptr, w_ptr, w_rows, M, K: tl.constexpr, k_start, k_part: tl
 def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICES: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP: tl.constexpr,
                PDL: tl.constexpr):
-    """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for BLOCK_M rows m (row block
-    program_id(2)), BLOCK_N rows of w and K slice s = program_id(1) (of SLICES)."""
+    """out[s * M + m, n] = sum over k in slice s of x[m, k] * w[n, k], for every row m, BLOCK_N rows
+    of w and K slice s = program_id(1) (of SLICES)."""
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     part = tl.program_id(1)
-    first = tl.program_id(2) * BLOCK_M
     k_part: tl.constexpr = K // SLICES
-    acc = gemm_rows_sums(x_ptr + first * K, w_ptr, n, M - first, K, part * k_part, k_part, BLOCK_M, BLOCK_K, SWAP,
-                         PDL)
-    m = first + tl.arange(0, BLOCK_M)
+    acc = gemm_rows_sums(x_ptr, w_ptr, n, M, K, part * k_part, k_part, BLOCK_M, BLOCK_K, SWAP, PDL)
+    m = tl.arange(0, BLOCK_M)
     tl.store(out_ptr + (part * M + m[:, None]) * N + n[None, :], acc, mask=m[:, None] < M)
 
 
@@ -266,7 +264,6 @@ class RowsTile:
     warps: int = 4
     stages: int = 4
     swap: bool = False
-    block_m: int = 0   # rows per program (row_block_tile's); 0: all of them, up to GEMM_ROWS_MAX
 
 
 def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
@@ -286,43 +283,16 @@ def rows_tile(n: int, k: int, partial_sums: bool = False) -> RowsTile:
     return RowsTile(block_n or 16)
 
 
-# Above GEMM_ROWS_MAX rows, where the caller asks for them (`project(..., row_blocks=True)`: the code
-# predictor's loop), gemm_rows in blocks of 128 rows per program on these tiles, by weight shape [n, k]
-# (the rest stays on cuBLAS). H200, the 1.7B code predictor's shapes at 256 rows, us per call against
-# cuBLAS (tools/gemm_bench.py --rows 256 --sweep, docs/bench.md, 2026-12-04): o 5.8 / 6.9, down 7.3 / 8.6,
-# gate/up with its SiLU * up (swiglu.ROW_BLOCK_SILU_TILES) 10.2 / 11.2 with silu_mul; q/k/v 8.1 / 7.3
-# and the heads 5.8 / 5.8 kept cuBLAS. A row's sums do not depend on the product's rows (one tile
-# whatever they are), so a tail step's need no padding.
-ROW_BLOCK_TILES = {(1024, 2048): RowsTile(64, 4, 64, warps=4, stages=5, swap=True, block_m=128),
-                   (1024, 3072): RowsTile(64, 4, 64, warps=4, stages=5, swap=True, block_m=128)}
-
-
-def row_block_tile(x: torch.Tensor, weight: torch.Tensor, tiles: dict, partial_sums: bool) -> RowsTile | None:
-    """tiles' tile for this weight where gemm_rows runs it in row blocks: over GEMM_ROWS_MAX fp16
-    rows on CUDA (else None: cuBLAS); a K-sliced tile only where the caller takes partial sums."""
-    tile = tiles.get(tuple(weight.shape))
-    if tile is None or not (x.is_cuda and x.dtype == weight.dtype == torch.float16 and x.shape[0] > GEMM_ROWS_MAX
-                            and x.is_contiguous() and weight.is_contiguous()):
-        return None
-    return tile if partial_sums or tile.slices == 1 else None
-
-
 def gemm_rows_launch(x: torch.Tensor, tile: RowsTile) -> dict:
     """The launch settings of a gemm_rows kernel: the row tile, the K chunk, warps, stages, PDL."""
-    return dict(BLOCK_M=tile.block_m or max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=tile.block_k,
-                SWAP=tile.swap, num_warps=tile.warps, num_stages=tile.stages, **programmatic(x))
-
-
-def row_blocks(x: torch.Tensor, tile: RowsTile) -> int:
-    """The programs along x's rows: one unless the tile has row blocks."""
-    return triton.cdiv(x.shape[0], tile.block_m) if tile.block_m else 1
+    return dict(BLOCK_M=max(16, triton.next_power_of_2(x.shape[0])), BLOCK_K=tile.block_k, SWAP=tile.swap,
+                num_warps=tile.warps, num_stages=tile.stages, **programmatic(x))
 
 
 def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False,
               tile: RowsTile | None = None) -> torch.Tensor:
     """x [M, K] @ weight [N, K].T -> [M, N] fp32 for a few rows (a decode step's, up to
-    GEMM_ROWS_MAX; more in the tile's row blocks): each program reads its rows of the weight once, for
-    all M rows (or its row block), and is launched
+    GEMM_ROWS_MAX): each program reads its rows of the weight once, for all M rows, and is launched
     as a programmatic dependent, its first weight chunk read before it waits (cuBLAS kernels are
     not). With partial_sums the caller takes [S * M, N] instead, S >= 1 partial sums over K slices
     (a parts tensor: tts_kernels.linear's readers add them in order). tile: rows_tile's unless
@@ -332,24 +302,21 @@ def gemm_rows(x: torch.Tensor, weight: torch.Tensor, partial_sums: bool = False,
     if n % tile.block_n or k % (tile.slices * tile.block_k) or (tile.slices > 1 and not partial_sums):
         raise ValueError(f"{tile} does not cut a [{n}, {k}] weight" + ("" if partial_sums else " into whole sums"))
     out = torch.empty(tile.slices * rows, n, device=x.device, dtype=torch.float32)
-    _gemm_rows[(n // tile.block_n, tile.slices, row_blocks(x, tile))](
-        x, weight, out, rows, n, k, tile.slices, BLOCK_N=tile.block_n, **gemm_rows_launch(x, tile))
+    _gemm_rows[(n // tile.block_n, tile.slices)](x, weight, out, rows, n, k, tile.slices, BLOCK_N=tile.block_n,
+                                                 **gemm_rows_launch(x, tile))
     return out
 
 
 def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-            partial_sums: bool = False, row_blocks: bool = False) -> torch.Tensor:
+            partial_sums: bool = False) -> torch.Tensor:
     """x_parts [P * M, K] (split's output) times weight.T: [P * M, N] fp32; the bias joins part 0.
-    partial_sums: the caller also takes [S * M, N], S >= 1 sums to add (gemm_rows). row_blocks: above
-    GEMM_ROWS_MAX rows, gemm_rows on ROW_BLOCK_TILES' tile where it has one for the weight."""
+    partial_sums: the caller also takes [S * M, N], S >= 1 sums to add (gemm_rows)."""
     if x_parts.device.type == "cpu":   # (Triton's interpreter) CPU torch has no 16-bit mm to fp32: widen, same sums
         out = x_parts.float() @ weight.float().t()
     elif takes_gemv(x_parts, weight):
         out = gemv(x_parts, weight)
     elif gemm_rows_fits(x_parts, weight):
         out = gemm_rows(x_parts, weight, partial_sums)
-    elif row_blocks and (tile := row_block_tile(x_parts, weight, ROW_BLOCK_TILES, partial_sums)):
-        out = gemm_rows(x_parts, weight, partial_sums, tile)
     elif x_parts.dtype == torch.float32:
         out = x_parts @ weight.t()
     else:

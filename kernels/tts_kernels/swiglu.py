@@ -9,8 +9,7 @@ import triton.language as tl
 
 from tts_kernels.launch import let_dependents_launch, programmatic, wait_for_predecessor
 from tts_kernels.linear import (RowsTile, gemm_rows_fits, gemm_rows_launch, gemm_rows_sums, gemv_sums, gemv_tile,
-                                load_parts, parts_of, project, row_block_tile, row_blocks, rows_tile, store_parts,
-                                takes_gemv)
+                                load_parts, parts_of, project, rows_tile, store_parts, takes_gemv)
 
 
 @triton.jit
@@ -81,10 +80,9 @@ def _gemm_rows_silu(x_ptr, w_ptr, out_ptr, M, I: tl.constexpr, K: tl.constexpr, 
     gemm_rows' sums over w's rows i and I + i, interleaved in the tile as in _gemv_silu."""
     j = tl.arange(0, 2 * BLOCK_I)
     i = tl.program_id(0) * BLOCK_I + j // 2
-    first = tl.program_id(1) * BLOCK_M   # the row block
-    sums = gemm_rows_sums(x_ptr + first * K, w_ptr, i + (j % 2) * I, M - first, K, 0, K, BLOCK_M, BLOCK_K, SWAP, PDL)
+    sums = gemm_rows_sums(x_ptr, w_ptr, i + (j % 2) * I, M, K, 0, K, BLOCK_M, BLOCK_K, SWAP, PDL)
     gate, up = tl.split(tl.reshape(sums, (BLOCK_M, BLOCK_I, 2)))
-    m = first + tl.arange(0, BLOCK_M)
+    m = tl.arange(0, BLOCK_M)
     out = tl.program_id(0) * BLOCK_I + tl.arange(0, BLOCK_I)
     tl.store(out_ptr + m[:, None] * I + out[None, :], _silu_times(gate, up).to(out_ptr.dtype.element_ty),
              mask=m[:, None] < M)
@@ -113,26 +111,17 @@ def gemm_rows_silu(x: torch.Tensor, gate_up_weight: torch.Tensor, tile: RowsTile
     if width % block_i or k % tile.block_k or tile.slices != 1:
         raise ValueError(f"{tile} does not cut a gate/up weight [{two_i}, {k}] into whole sums")
     out = torch.empty(rows, width, device=x.device, dtype=x.dtype)
-    _gemm_rows_silu[(width // block_i, row_blocks(x, tile))](x, gate_up_weight, out, rows, width, k,
-                                                             BLOCK_I=block_i, **gemm_rows_launch(x, tile))
+    _gemm_rows_silu[(width // block_i,)](x, gate_up_weight, out, rows, width, k, BLOCK_I=block_i,
+                                         **gemm_rows_launch(x, tile))
     return out
 
 
-# The gate/up projections gemm_rows_silu runs in row blocks for `project_silu(..., row_blocks=True)`
-# (linear.ROW_BLOCK_TILES): the 1.7B code predictor's [6144, 1024] at 256 rows 10.2 us against 11.2
-# on cuBLAS then silu_mul (H200, tools/gemm_bench.py --rows 256 --sweep, 2026-12-04).
-ROW_BLOCK_SILU_TILES = {(6144, 1024): RowsTile(128, 1, 64, warps=8, stages=5, block_m=128)}
-
-
-def project_silu(x_parts: torch.Tensor, gate_up_weight: torch.Tensor, dtype: torch.dtype,
-                 row_blocks: bool = False) -> torch.Tensor:
+def project_silu(x_parts: torch.Tensor, gate_up_weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The down projection's input, silu(gate) * up of x_parts' gate/up projection (split's output
     for weights of `dtype`): by `gemv_silu` or `gemm_rows_silu` where `project` would run the GEMV or
-    gemm_rows (row_blocks: also on ROW_BLOCK_SILU_TILES' tiles), else as silu_mul(project(...))."""
+    gemm_rows, else as silu_mul(project(...))."""
     if takes_gemv(x_parts, gate_up_weight):
         return gemv_silu(x_parts, gate_up_weight)
     if gemm_rows_fits(x_parts, gate_up_weight):
         return gemm_rows_silu(x_parts, gate_up_weight)
-    if row_blocks and (tile := row_block_tile(x_parts, gate_up_weight, ROW_BLOCK_SILU_TILES, False)):
-        return gemm_rows_silu(x_parts, gate_up_weight, tile)
     return silu_mul(project(x_parts, gate_up_weight), dtype)

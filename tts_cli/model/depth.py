@@ -25,9 +25,6 @@ class CodePredictor(nn.Module):
         self.codec_embeddings = nn.ModuleList(
             nn.Embedding(cfg.code_vocab_size, talker_hidden) for _ in range(residual_groups))
         self.decoder = Decoder(cfg.code_predictor)
-        # its loop's o, gate/up and down projections above 64 rows on gemm_rows' row blocks, faster
-        # than cuBLAS at its shapes (tts_kernels.linear.ROW_BLOCK_TILES)
-        self.decoder.row_block_projections = True
         self.heads = nn.ModuleList(
             Linear(hidden, cfg.code_vocab_size, bias=False) for _ in range(residual_groups))
         self.fused = False

@@ -14,8 +14,7 @@ each layer runs as eight kernels: residual add + norm, one q/k/v projection, att
 norms, RoPE and the cache write), o projection, residual add + norm, one gate/up projection, SiLU *
 up, down projection (tts_kernels; the projections a GEMV kernel at one fp16 row, a Triton GEMM at
 2-64 fp16 rows, else cuBLAS; on the first two the gate/up projection does the SiLU * up itself:
-seven kernels). A decoder with `row_block_projections` (the code predictor's) runs its o, gate/up
-(with the SiLU * up) and down projections on that Triton GEMM above 64 rows too, in blocks of rows. Projections read the 16-bit weights once and their fp32 input rounded to the
+seven kernels). Projections read the 16-bit weights once and their fp32 input rounded to the
 weights' dtype: once to fp16 over fp16 weights, as two bf16 halves over bf16 ones
 (tts_kernels.linear); the KV cache, and the queries and probabilities that meet it, are in the
 weights' dtype.
@@ -255,7 +254,6 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.fused = False
-        self.row_block_projections = False   # (module doc) set by the code predictor
         self.rope_tables: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def cache_rope(self, positions: int) -> None:
@@ -309,23 +307,22 @@ class Decoder(nn.Module):
             (b, width), s, stream = (x_rows.shape[0], x.shape[-1]), 1, x.contiguous()   # its rows x_rows
         x = torch.empty(b * s, width, device=stream.device, dtype=torch.float32)   # the stream from the first add on
         delta = None   # the last projection's output, not yet added to the stream
-        blocks = self.row_block_projections
         for layer, cache in zip(self.layers, caches):
             attn, mlp = layer.self_attn, layer.mlp
             attn_input = split(stream, dtype, layer.input_layernorm.weight, eps, delta=delta, residual=x,
                                x_rows=x_rows)
             # the o and down outputs only reach split, which adds any number of partial sums, and
             # the q/k/v output attention, which does too
-            qkv = project(attn_input, *attn.qkv, partial_sums=True, row_blocks=blocks)
+            qkv = project(attn_input, *attn.qkv, partial_sums=True)
             heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
                                      attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
                                      cfg.head_dim ** -0.5, dtype)
-            delta = project(heads, attn.o_proj.weight, attn.o_proj.bias, partial_sums=True, row_blocks=blocks)
+            delta = project(heads, attn.o_proj.weight, attn.o_proj.bias, partial_sums=True)
             gate_up_input = split(stream, dtype, layer.post_attention_layernorm.weight, eps, delta=delta,
                                   residual=x, x_rows=x_rows)
             stream, x_rows = x, None
-            delta = project(project_silu(gate_up_input, mlp.gate_up[0], dtype, row_blocks=blocks),
-                            mlp.down_proj.weight, partial_sums=True, row_blocks=blocks)
+            delta = project(project_silu(gate_up_input, mlp.gate_up[0], dtype), mlp.down_proj.weight,
+                            partial_sums=True)
         return split(stream, torch.float32, self.norm.weight, eps, delta=delta, residual=x,
                      x_rows=x_rows).view(b, s, width)
 

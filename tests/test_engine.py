@@ -96,6 +96,21 @@ def test_engine_stops_rows_on_eos_like_the_plain_model(eos_case):
     assert min(len(r.codes) for r in results) < EOS_CAP       # at least one row ended by EOS
 
 
+def test_eos_drawn_right_after_the_cap_frame_is_no_cap_as_in_the_plain_model(synth, eos_case):
+    """A request capped at exactly the frames after which it draws EOS ended at its EOS, not at its
+    cap: the plain model says so (hit_cap False), and so must the engine, which learns of both at
+    the same step."""
+    _, plain, _ = eos_case
+    i, frames = next((i, len(p.codes)) for i, p in enumerate(plain) if len(p.codes) < EOS_CAP)
+    capped_there = _plain(synth, i, 0, frames, True, 2)
+    assert len(capped_there.codes) == frames and not capped_there.hit_cap
+    request = EngineRequest(key=0, prompt_embeds=_embeds(synth, i), seed=0, max_frames=frames)
+    one_less = EngineRequest(key=1, prompt_embeds=_embeds(synth, i), seed=0, max_frames=frames - 1)
+    results = _engine(synth, rows=2, greedy=True).run([request, one_less])
+    assert np.array_equal(results[0].codes, capped_there.codes.numpy()) and not results[0].hit_cap
+    assert len(results[1].codes) == frames - 1 and results[1].hit_cap
+
+
 def test_a_result_holds_its_own_frames_only(synth, eos_case):
     """The engine fills arrays sized for the cap; a row that ended early gives its result arrays of
     its frames that own their memory, not views that keep the cap's."""

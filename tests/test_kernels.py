@@ -493,11 +493,12 @@ state = SimpleNamespace(
     position=torch.randint(0, 50, (rows,), generator=g), frame=torch.randint(0, 5, (rows,), generator=g),
     cap=torch.full((rows,), 5), active=torch.rand(rows, generator=g) < 0.8,
     seen=torch.rand(rows, vocab, generator=g) < 0.3, out_codes=torch.zeros(rows, groups, dtype=torch.long),
-    out_emit=torch.zeros(2, rows, dtype=torch.bool))
+    out_emit=torch.zeros(3, rows, dtype=torch.bool))
 emit = state.active & (torch.rand(rows, generator=g) < 0.7)
 drawn = torch.randint(0, vocab, (rows,), generator=g)
 drawn[:2] = eos                                   # a slot that ends on EOS
 state.frame[2:4] = state.cap[2:4] - 1             # slots that reach their cap
+drawn[3] = eos                                    # ... one of them drawing EOS after its last frame
 hidden_rows = torch.randn(rows, 2, width, generator=g)[:, -1]   # strided, as the talker's last position
 codes = torch.randint(0, 2048, (rows, groups), generator=g)
 state = SimpleNamespace(**{name: value.to(device) for name, value in vars(state).items()})
@@ -509,6 +510,7 @@ advance(state, emit, drawn, hidden_rows, codes, eos)
 for name, value in vars(expected).items():
     assert torch.equal(getattr(state, name), value), name
 assert expected.out_emit[1].sum() < expected.out_emit[0].sum() < rows   # the cases above happened
+assert expected.out_emit[0][3] and expected.out_emit[2][3] and not expected.out_emit[1][3]   # EOS at the cap
 
 # the start of the depth stage: who emits, the codebook-0 embeddings (the talker's codec_track)
 from tts_cli.engine.step import start_frame_slots

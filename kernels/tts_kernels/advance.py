@@ -122,6 +122,7 @@ def _advance(emit_ptr, drawn_ptr, new_hidden_ptr, new_hidden_stride, codes_ptr, 
     tl.store(frame_ptr + row, frame)
     emits_next = _emits(tl.load(active_ptr + row) != 0, g0, eos, frame, tl.load(cap_ptr + row))
     tl.store(out_emit_ptr + rows + row, emits_next.to(tl.int8))
+    tl.store(out_emit_ptr + 2 * rows + row, (g0 == eos).to(tl.int8))
 
 
 def advance(state, emit: torch.Tensor, drawn: torch.Tensor, new_hidden: torch.Tensor, codes: torch.Tensor,

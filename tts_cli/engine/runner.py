@@ -135,6 +135,7 @@ class _Running:
     frames: int = 0                 # frames whose codes are in `codes`
     decoded: int = 0                # frames whose PCM is in `pcm`
     stopped: bool = False           # it emits no more frames (its slot may be reused)
+    stopped_on_eos: bool = False    # its draw after its last frame was EOS (so not its cap, even at the cap)
     all_codes: bool = False         # stopped, and the launch that said so is drained: every frame's codes are in
     ended: bool = False             # its result is out
     first_audio_at: float | None = None
@@ -678,10 +679,11 @@ class Engine:
         launch.stops_marked = True
         if launch.flags_event is not None:
             self._wait(launch.flags_event, run)
-        emits_next = launch.buffers["emit"].numpy()[1]
+        _, emits_next, draws_eos = launch.buffers["emit"].numpy()
         for slot, owner in enumerate(launch.owners):
             if owner is not None and not emits_next[slot]:
                 owner.stopped = True
+                owner.stopped_on_eos = bool(draws_eos[slot])
 
     def _drain(self, launch: _Launch, run: _Run) -> None:
         """Reads one finished launch: appends a step's emitted frames and marks the requests that
@@ -772,7 +774,7 @@ class Engine:
         owner.pcm.resize(frames * self.codec.samples_per_frame, refcheck=False)
         result = EngineResult(
             key=owner.request.key, codes=owner.codes, pcm=owner.pcm,
-            hit_cap=frames >= owner.request.max_frames, admitted_at=owner.admitted_at,
+            hit_cap=frames >= owner.request.max_frames and not owner.stopped_on_eos, admitted_at=owner.admitted_at,
             first_audio_at=owner.first_audio_at, finished_at=now, reference_tail=owner.reference_tail)
         owner.ended = True
         run.results[owner.request.key] = result

@@ -90,8 +90,9 @@ class SlotState:
         # outputs of the last step (PCM: of the last window), copied to pinned host memory by the runner
         self.out_codes = torch.zeros(rows, cfg.num_code_groups, dtype=torch.int64, device=device)
         self.out_pcm = torch.zeros(rows, codec_window * codec.samples_per_frame, device=device)
-        # [0]: the slot emitted a frame at the last step; [1]: it emits one at the next
-        self.out_emit = torch.zeros(2, rows, dtype=torch.bool, device=device)
+        # [0]: the slot emitted a frame at the last step; [1]: it emits one at the next; [2]: its next
+        # codebook-0 draw is EOS (a slot that stops on its cap frame and EOS at once ended on EOS)
+        self.out_emit = torch.zeros(3, rows, dtype=torch.bool, device=device)
         # NaN and +inf logits met by the draws since the run began (the engine refuses the run's audio)
         self.nonfinite = torch.zeros(1, dtype=torch.int32, device=device)
 

@@ -134,6 +134,7 @@ def advance_slots(st: SlotState, emit: torch.Tensor, g0: torch.Tensor, hidden: t
     # Said now rather than by the next step's emit flags: the host learns a step earlier
     # that a slot is free (runner._drain).
     st.out_emit[1].copy_(emits_next(st, eos))
+    st.out_emit[2].copy_(st.g0 == eos)
 
 
 class DecodeStep:

@@ -721,6 +721,23 @@ def test_the_hopper_only_paths_step_aside_on_other_gpus_and_say_why(monkeypatch,
         assert "launched without PDL (programmatic dependent launch needs sm_90; GPU 0 is sm_80)" in caplog.text
         gpu.update(capability=(9, 0), sms=114, name="NVIDIA H100 PCIe")
         assert depth_frame.unsupported(cp, 64) == "the GPU has 114 SMs, the kernel's tiles are planned for 128 or more"
+        # Hopper with a Triton whose Gluon renamed what the TMA convolution calls (3.9: gl.barrier,
+        # tma.async_load): conv.py's kernels instead, and why; with 3.6's names, the TMA kernel
+        import triton
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import tma
+        for names_of_3_6 in (False, True):
+            with monkeypatch.context() as names:
+                if names_of_3_6:
+                    names.setattr(gl, "thread_barrier", lambda: None, raising=False)
+                    names.delattr(tma, "async_load", raising=False)
+                else:
+                    names.delattr(gl, "thread_barrier", raising=False)
+                    names.setattr(tma, "async_load", lambda *args: None, raising=False)
+                available, why = conv.tma_available.__wrapped__(0)
+            assert available == names_of_3_6
+            assert why == ("" if names_of_3_6 else "Triton " + triton.__version__ + "'s Gluon names its barrier and "
+                           "TMA load otherwise than the 3.6 the kernel is written for")
     finally:
         launch._capability.cache_clear()
         launch.pdl_possible.cache_clear()

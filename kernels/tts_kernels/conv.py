@@ -190,10 +190,11 @@ def tma_available(device_index: int) -> tuple[bool, str]:
     if torch.cuda.get_device_capability(device_index) != (9, 0):
         return False, f"{torch.cuda.get_device_name(device_index)} is not Hopper (sm_90)"
     try:
-        importlib.import_module("tts_kernels.conv_tma")
+        conv_tma = importlib.import_module("tts_kernels.conv_tma")
     except ImportError as error:
         return False, f"this Triton has no Gluon ({error})"
-    return True, ""
+    other_names = conv_tma.gluon_names_differ()
+    return (False, other_names) if other_names else (True, "")
 
 
 def takes_tma(src: torch.Tensor, weight: torch.Tensor, frames: int) -> bool:

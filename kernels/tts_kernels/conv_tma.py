@@ -140,6 +140,16 @@ def _conv_tma(a_desc, w_desc, w2_desc, bias_ptr, res_ptr, out_ptr, snake_out_ptr
                  RESIDUAL, OUT, SNAKE_OUT, True)
 
 
+def gluon_names_differ() -> str | None:
+    """Why this Triton's Gluon would not compile the kernel, or None. It is written against Triton
+    3.6's Gluon (the H200's); later releases renamed gl.thread_barrier (to gl.barrier) and the TMA
+    load (to tma.async_load), the old load failing only once a kernel is compiled (3.9 here)."""
+    if hasattr(gl, "thread_barrier") and not hasattr(tma, "async_load"):
+        return None
+    return (f"Triton {triton.__version__}'s Gluon names its barrier and TMA load otherwise than the 3.6 the "
+            "kernel is written for")
+
+
 def shared_layout(block: list[int]) -> gl.NVMMASharedLayout:
     """The shared-memory layout of an fp16 TMA tile, as wgmma reads it."""
     return gl.NVMMASharedLayout.get_default_for(block, gl.float16)

@@ -34,7 +34,7 @@ import torch
 from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
 from .errors import OutputError, RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
-from .output.formats import SHARD_PATTERN, make_sink, output_exists
+from .output.formats import SHARD_PATTERN, make_sink, output_intact
 from .output.ledger import LEDGER_NAME, Ledger, changed_params, params_key, row_params
 from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
 from .output.writer import remove_temporary_files, sanitize_id
@@ -366,7 +366,11 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         plans = [plan_row(row, names[row.index], settings) for row in rows
                  if row.problem is None or row.reference_unreadable]
         earlier = dict(ledger.latest)   # what earlier runs recorded: no outcome of this run's
-        todo, resumed, kept, replaced = _rows_to_do(plans, ledger, out_dir, settings)
+        todo, resumed, kept, replaced, damaged = _rows_to_do(plans, ledger, out_dir, settings)
+        if damaged:
+            (plan, name), count = damaged[0], len(damaged)
+            notes.append(f"{count} rows made by an earlier run are made again: their file does not read whole "
+                         f"(emptied or cut since; first: row {plan.row.number}, {name})")
         # A replaced row's file is rewritten before its new ledger line: its old line must stop naming it first.
         ledger.append([_entry(plan, error=REDO_PENDING) for plan in replaced])
         if kept:
@@ -465,17 +469,21 @@ def same_segments(old: dict, new: dict) -> bool:
     return split_text(new["text"], old["segment_chars"]) == split_text(new["text"], new["segment_chars"])
 
 
-def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
-                settings: JobSettings) -> tuple[list[RowPlan], int, list[ManifestRow], list[RowPlan]]:
+def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: JobSettings
+                ) -> tuple[list[RowPlan], int, list[ManifestRow], list[RowPlan], list[tuple[RowPlan, str]]]:
     """The rows to synthesize, how many are done already, which of those have a reference file that
     cannot be read now (their plans have no hash of it: done if an earlier run made them with the
-    same settings otherwise; else they fail with their problem), and the rows to synthesize again
-    over their earlier file. Raises TTSError for rows done before with other text or settings,
+    same settings otherwise; else they fail with their problem), the rows to synthesize again
+    over their earlier file, and the rows made before whose file is there but not whole (emptied
+    or cut since: made again, with the file's name). Raises TTSError for rows done before with other text or settings,
     unless settings.redo_changed."""
-    todo, changed, resumed, kept = [], [], 0, []
+    todo, changed, resumed, kept, damaged = [], [], 0, [], []
     for plan in plans:
         entry = ledger.latest.get(plan.row.request.id)
-        done = entry is not None and entry["status"] == "ok" and output_exists(out_dir, entry)
+        made = entry is not None and entry["status"] == "ok"
+        done = made and output_intact(out_dir, entry)
+        if made and not done and entry.get("file") and (out_dir / entry["file"]).is_file():
+            damaged.append((plan, entry["file"]))
         if done and entry.get("model_fingerprint") not in (None, plan.model_fingerprint):
             changed.append((plan, entry))   # another checkpoint in the folder the row was made with
             todo.append(plan)
@@ -502,7 +510,7 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path,
     if changed and settings.output_format == "parquet":
         raise TTSError("--redo-changed works with --format wav and flac only: a row cannot be taken out of a "
                        "parquet shard; use a new --out")
-    return todo, resumed, kept, [plan for plan, _ in changed]
+    return todo, resumed, kept, [plan for plan, _ in changed], damaged
 
 
 def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir: Path, settings: JobSettings,

@@ -10,12 +10,14 @@ the `datasets` features, so `load_dataset("parquet", ...)` decodes the audio col
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
 from pathlib import Path
 
 import numpy as np
+import soundfile as sf
 
 from .writer import encode_audio, sync_folder, write_atomically, write_audio
 
@@ -104,9 +106,31 @@ class ParquetSink:
         return entries
 
 
-def output_exists(out_dir: Path, entry: dict) -> bool:
-    """Whether the file an ok ledger entry names (the row's audio file or its shard) is there."""
-    return bool(entry.get("file")) and (Path(out_dir) / entry["file"]).is_file()
+def output_intact(out_dir: Path, entry: dict) -> bool:
+    """Whether the output an ok ledger entry names is there and whole: the row's audio file with a
+    header that reads and the entry's length, or its parquet shard with a footer that reads. Our
+    own writes are atomic; this catches a file emptied or cut since, which would otherwise count
+    as done."""
+    path = Path(out_dir) / entry["file"] if entry.get("file") else None
+    if path is None or not path.is_file():
+        return False
+    try:
+        if SHARD_PATTERN.fullmatch(path.name):
+            stat = path.stat()
+            return _shard_footer_reads(str(path), stat.st_mtime_ns, stat.st_size)
+        info = sf.info(str(path))
+    except (RuntimeError, OSError, ValueError):   # libsndfile's errors are RuntimeErrors
+        return False
+    seconds = entry.get("audio_seconds")
+    return seconds is None or abs(info.frames / info.samplerate - seconds) < 0.5 / info.samplerate
+
+
+@functools.lru_cache(maxsize=64)
+def _shard_footer_reads(path: str, mtime_ns: int, size: int) -> bool:
+    """(once per shard and version: its rows ask one after the other)"""
+    import pyarrow.parquet as pq
+    pq.read_metadata(path)
+    return True
 
 
 def shard_schema(sample_rate: int):

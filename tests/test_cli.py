@@ -167,6 +167,7 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
     assert [len(batch) for batch in fake.batches] == [48, 2] and fake.max_rows == [48, 48]
     result = _invoke("synth", manifest, "--out", tmp_path / "out-cpu", "--model", tmp_path / "model", "--rows", 3)
     assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
+    assert "warning: --rows 3 is ignored: it sets the CUDA engine's slots, and this run is on cpu" in result.output
 
 
 def test_with_gpus_the_default_call_gives_every_gpu_work(fake, tmp_path, monkeypatch):

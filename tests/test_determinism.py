@@ -45,3 +45,13 @@ def test_sampling_differs_from_greedy(synth):
     sampled = _codes(synth, [request])["a"]
     greedy = synth.synthesize([request], greedy=True, max_frames=FRAMES, min_new_tokens=FRAMES + 1)[0].codes
     assert not torch.equal(sampled, greedy)
+
+
+def test_a_frame_cap_above_the_checkpoints_own_limit_is_noted(synth):
+    """--max-frames above the checkpoint's limit (max_new_tokens less one) is used as given, and
+    the report's notes say that rows may then run past what the official implementation makes."""
+    prompt = synth.prompt(Request(id="a", text="The boy was there when the sun rose.", speaker="vivian"))
+    limit = synth.ckpt.sampling.max_new_tokens - 1
+    assert synth.frame_cap(prompt, limit) == limit and not any("--max-frames" in n for n in synth.notes)
+    assert synth.frame_cap(prompt, limit + 1) == limit + 1
+    assert f"--max-frames {limit + 1} is above this checkpoint's own limit of {limit} frames" in synth.notes[-1]

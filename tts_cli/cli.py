@@ -502,6 +502,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     if on_cuda:
         say(f"rows: {engine_rows} (--rows)" if engine_rows else
             f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
+    elif engine_rows:
+        say(f"warning: --rows {engine_rows} is ignored: it sets the CUDA engine's slots, and this run is on "
+            f"{', '.join(devices) if devices else device}", "yellow")
     if batch_size is None:
         batch_size = CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8
         if devices and on_cuda:   # two batches a worker at least: else one GPU takes a corpus of fewer segments

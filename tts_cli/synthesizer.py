@@ -368,6 +368,10 @@ class Synthesizer:
     def frame_cap(self, prompt: Prompt, max_frames: int | None) -> int:
         official_cap = self.ckpt.sampling.max_new_tokens - 1   # the last drawn token gets no frame
         if max_frames is not None:
+            if max_frames > official_cap:
+                self._note_once(f"--max-frames {max_frames} is above this checkpoint's own limit of {official_cap} "
+                                f"frames (its max_new_tokens, {official_cap + 1}, less one): a row that does not "
+                                "end by itself runs past what the official implementation would make")
             return max_frames
         return min(official_cap, CAP_BASE_FRAMES + CAP_FRAMES_PER_TOKEN * prompt.text_tokens)
 

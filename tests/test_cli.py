@@ -54,6 +54,18 @@ def _assert_outputs_consistent(out, report):
     assert "xRT = audio_seconds_this_run / wall_seconds" in markdown
 
 
+def test_report_md_shows_a_rows_markup_as_text(fake, tmp_path):
+    """Markdown passes raw HTML through: a row's text with markup is written as entities in
+    report.md (as report.html escapes it), so a viewer shows it and runs nothing."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("tagged\t<b>Bold</b> & <script>alert(1)</script> | done.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "&lt;b&gt;Bold&lt;/b&gt; &amp; &lt;script&gt;alert(1)&lt;/script&gt; \\| done." in markdown
+    assert "<script>" not in markdown and "<b>" not in markdown
+
+
 def test_synth_writes_a_wav_per_row_and_both_reports(fake, tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello there.\n\nsecond\tGood bye.\nspaced out\tNot outside.\n")

@@ -5,6 +5,7 @@ report.json holds, so they always agree.
 """
 from __future__ import annotations
 
+import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -297,4 +298,6 @@ def _number(value) -> str:
 
 
 def _cell(text: str) -> str:
-    return str(text).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    """A markdown table cell: a manifest's text as text (`<`, `>`, `&` as entities: markdown passes
+    raw HTML through), its `|` and backslashes escaped, on one line."""
+    return html.escape(str(text), quote=False).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")

@@ -570,8 +570,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
             try:
                 wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)
                 if synth_wer.unheard:
-                    result.notes.append(f"WER covers part of the run: {synth_wer.unheard} rows were not scored, "
-                                        f"{synth_wer.unheard_why}")
+                    # (rows never synthesized are not scored either: the WER summary counts those too)
+                    result.notes.append(f"WER covers part of the run: {synth_wer.unheard} of the rows made were not "
+                                        f"scored ({synth_wer.unheard_why})")
             except TTSError as e:
                 result.notes.append(f"WER not computed: {e}")
     finally:

@@ -142,8 +142,17 @@ def test_flags_not_scored_and_report_files_agree(tmp_path):
     assert json.loads(paths["report.json"].read_text())["summary"] == summary
     markdown = paths["report.md"].read_text()
     for part in ("Seed-TTS-eval", "## Worst 3 rows", "| quiet | silent, wer_above_50 |", "| german | german |",
-                 "| missing | ASR failed"):
+                 "| missing | ASR failed", "Flagged rows: hit_cap 1, slow "):
         assert part in markdown
+    # files it did not make (`tts score` without a ledger): whether a row hit its cap is unknown, not 0
+    for row in rows:
+        row.hit_cap = None
+    apply_transcripts(rows, heard)
+    unknown = build_report(rows, {"title": "t", "settings": {}})
+    assert unknown["summary"]["flagged"]["hit_cap"] is None and unknown["summary"]["flagged"]["silent"] == 1
+    (tmp_path / "unknown").mkdir()
+    paths = write_score_files(tmp_path / "unknown", unknown, tmp_path)
+    assert "Flagged rows: hit_cap n/a, slow " in paths["report.md"].read_text()
 
 
 @pytest.mark.parametrize("audio_format", ["WAV", "FLAC"])

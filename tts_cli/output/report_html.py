@@ -295,7 +295,7 @@ def _wer_summary(summary: dict, protocol: str) -> str:
         (summary["rows"], summary["scored_rows"], summary["not_scored"], summary["failed"],
          summary["skipped_empty"], _percent(summary["mean_wer"]), _percent(summary["corpus_wer"]),
          summary["rows_above_50"], _percent(summary["mean_wer_of_rows_at_or_below_50"])))
-    flagged = ", ".join(f"{name} {count}" for name, count in summary["flagged"].items())
+    flagged = ", ".join(f"{name} {'n/a' if count is None else count}" for name, count in summary["flagged"].items())
     return (f"{table}\n<p>Flagged rows: {_e(flagged)}.</p>\n"
             f"<details><summary>WER protocol</summary><p>{_e(protocol)}</p></details>")
 

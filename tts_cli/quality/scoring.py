@@ -84,7 +84,9 @@ def build_report(rows: list[ScoredRow], context: dict, skipped_empty: int = 0) -
         "failed": sum(r.error is not None for r in rows),
         "skipped_empty": skipped_empty,
         **summarize(scores),
-        "flagged": {name: sum(name in r.flags for r in rows) for name in FLAG_MEANINGS},
+        # hit_cap unknown (None: `tts score` of files it did not make) in every row: no count
+        "flagged": {name: None if name == "hit_cap" and all(r.hit_cap is None for r in rows)
+                    else sum(name in r.flags for r in rows) for name in FLAG_MEANINGS},
     }
     return {**context, "protocol": PROTOCOL, "flag_meanings": FLAG_MEANINGS, "summary": summary,
             "rows": [asdict(r) for r in rows]}
@@ -197,7 +199,8 @@ def wer_markdown(section: dict, level: str) -> list[str]:
         f"| {_percent(s['mean_wer'])} | {_percent(s['corpus_wer'])} | {s['rows_above_50']} "
         f"| {_percent(s['mean_wer_of_rows_at_or_below_50'])} |",
         "",
-        "Flagged rows: " + ", ".join(f"{name} {count}" for name, count in s["flagged"].items()) + ".",
+        "Flagged rows: " + ", ".join(f"{name} {'n/a' if count is None else count}"
+                                     for name, count in s["flagged"].items()) + ".",
         "",
         f"{level} Protocol",
         "",

@@ -153,6 +153,21 @@ def test_flags_not_scored_and_report_files_agree(tmp_path):
     (tmp_path / "unknown").mkdir()
     paths = write_score_files(tmp_path / "unknown", unknown, tmp_path)
     assert "Flagged rows: hit_cap n/a, slow " in paths["report.md"].read_text()
+    from tts_cli.cli import score_summary_line
+    assert score_summary_line(unknown["summary"]).endswith("flagged: hit_cap n/a, silent 1, wer_above_50 1")
+    assert score_summary_line(report["summary"]).endswith("flagged: hit_cap 1, silent 1, wer_above_50 1")
+
+
+def test_report_md_of_scores_shows_markup_in_texts_and_transcripts_as_text(tmp_path):
+    """The worst rows' table holds the manifest's text and the ASR's transcript: markup in either is
+    written as entities (markdown passes raw HTML through), as report.html escapes it."""
+    rows = [_row("tagged", text="<b>one</b> & two"), _row("plain")]
+    apply_transcripts(rows, {"tagged.wav": Transcript(2.0, 0.1, "<img src=x onerror=alert(1)> two", "en"),
+                             "plain.wav": Transcript(2.0, 0.1, "One two three four.", "en")})
+    paths = write_score_files(tmp_path, build_report(rows, {"title": "t", "settings": {}}), tmp_path)
+    markdown = paths["report.md"].read_text()
+    assert "&lt;b&gt;one&lt;/b&gt; &amp; two" in markdown and "&lt;img src=x onerror=alert(1)&gt; two" in markdown
+    assert "<b>" not in markdown and "<img" not in markdown
 
 
 @pytest.mark.parametrize("audio_format", ["WAV", "FLAC"])

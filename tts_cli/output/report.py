@@ -217,7 +217,7 @@ def render_markdown(report: dict) -> str:
         f"Resumed: {DEFINITIONS['resumed']}.",
         *_reference_lines(report.get("references")),
         *_synthesis_lines(report.get("synthesis")),
-        *(f"Note: {note}." for note in report["notes"]),
+        *(f"Note: {markdown_text(note)}." for note in report["notes"]),
         "",
         *_wer_lines(report.get("wer")),
         "## Rows",
@@ -230,7 +230,7 @@ def render_markdown(report: dict) -> str:
         frames = _number(row["frames"])
         if row["segment_frames"]:   # a split row: its segments' frames too, as report.json has them
             frames += f" ({' + '.join(map(str, row['segment_frames']))})"
-        lines.append("| " + " | ".join(_cell(value) for value in (
+        lines.append("| " + " | ".join(markdown_cell(value) for value in (
             _number(row["row"]), row["id"], voice_label(row), row["language"], frames,
             _number(row["audio_seconds"]), _number(row["wall_seconds"]),
             "" if row["hit_cap"] is None else ("yes" if row["hit_cap"] else "no"),
@@ -297,7 +297,14 @@ def _number(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _cell(text: str) -> str:
-    """A markdown table cell: a manifest's text as text (`<`, `>`, `&` as entities: markdown passes
-    raw HTML through), its `|` and backslashes escaped, on one line."""
-    return html.escape(str(text), quote=False).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+def markdown_text(text) -> str:
+    """Text for report.md as text: `<`, `>`, `&` as entities (markdown passes raw HTML through, and
+    rows' text, ids, errors and transcripts come from outside)."""
+    return html.escape(str(text), quote=False)
+
+
+def markdown_cell(value) -> str:
+    """A markdown table cell (None: empty): markdown_text, its `|` and backslashes escaped, on one line."""
+    if value is None:
+        return ""
+    return markdown_text(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..manifest import Manifest
+from ..output.report import markdown_cell
 from ..output.report_html import write_score_html
 from ..output.ledger import latest_entries
 from ..output.writer import wav_names, write_atomically
@@ -224,7 +225,7 @@ def _table(level: str, title: str, header: tuple[str, ...], rows: list[tuple]) -
     if not rows:
         return lines + ["none", ""]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    lines += ["| " + " | ".join(markdown_cell(value) for value in row) + " |" for row in rows]
     return lines + [""]
 
 
@@ -238,5 +239,3 @@ def _number(value) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def _cell(value) -> str:
-    return "" if value is None else str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")

@@ -713,6 +713,7 @@ def test_the_hopper_only_paths_step_aside_on_other_gpus_and_say_why(monkeypatch,
         device=torch.device("cuda", 0)))))
     launch._capability.cache_clear()
     launch.pdl_possible.cache_clear()
+    conv.tma_available.cache_clear()
     try:
         assert conv.tma_available(0) == (False, "NVIDIA A100-SXM4-80GB is not Hopper (sm_90)")
         assert depth_frame.unsupported(cp, 64) == "it is built and measured for Hopper (sm_90), not sm_80"
@@ -724,8 +725,11 @@ def test_the_hopper_only_paths_step_aside_on_other_gpus_and_say_why(monkeypatch,
         # Hopper with a Triton whose Gluon renamed what the TMA convolution calls (3.9: gl.barrier,
         # tma.async_load): conv.py's kernels instead, and why; with 3.6's names, the TMA kernel
         import triton
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.language.nvidia.hopper import tma
+        try:
+            from triton.experimental.gluon import language as gl
+            from triton.experimental.gluon.language.nvidia.hopper import tma
+        except ImportError:   # a Triton without Gluon (tma_available: "no Gluon")
+            return
         for names_of_3_6 in (False, True):
             with monkeypatch.context() as names:
                 if names_of_3_6:
@@ -741,6 +745,7 @@ def test_the_hopper_only_paths_step_aside_on_other_gpus_and_say_why(monkeypatch,
     finally:
         launch._capability.cache_clear()
         launch.pdl_possible.cache_clear()
+        conv.tma_available.cache_clear()   # (the faked GPUs' answers: not for later tests on a real one)
 
 
 def test_a_convolution_past_the_kernels_int32_offsets_is_refused():

@@ -95,37 +95,43 @@ def test_a_missing_output_or_a_failed_row_is_redone(fake, tmp_path):
     assert sorted((e["id"], e["status"]) for e in _ledger(out)) == [("a", "ok"), ("a", "ok"), ("b", "failed"), ("b", "ok")]
 
 
-@pytest.mark.parametrize("output_format", ["wav", "parquet"])
+@pytest.mark.parametrize("output_format", ["wav", "flac", "parquet"])
 def test_an_output_emptied_or_cut_since_is_made_again(fake, tmp_path, output_format):
     """A file an earlier run made, emptied or cut by something else since, does not count as done:
-    its rows are made again (a WAV's header must read and give the ledger's length; a shard's
-    footer must read), and the report says so; the whole rows' files are not touched."""
+    its rows are made again (an audio file must give the ledger's length and its last sample: a
+    FLAC's header keeps its length when cut; a shard's footer must read, and a damaged shard is
+    removed), and the report says so; the whole rows' files are not touched. A row whose text or
+    settings changed is still refused, damaged or not."""
     manifest = tmp_path / "m.txt"
     manifest.write_text("a\tOne.\nb\tTwo two.\nc\tThree three three.\n")
     out = tmp_path / "out"
-    options = ["--format", output_format, "--batch-size", 1 if output_format == "wav" else 3]
+    options = ["--format", output_format, "--batch-size", 3 if output_format == "parquet" else 1]
     assert _synth(manifest, out, *options, model=tmp_path / "model").exit_code == 0
-    if output_format == "wav":
-        (out / "a.wav").write_bytes(b"")
-        whole = (out / "b.wav").read_bytes()
-        (out / "b.wav").write_bytes(whole[:len(whole) - 200])   # a header that reads, fewer samples
-        c_before = (out / "c.wav").stat().st_mtime_ns
-    else:
+    if output_format == "parquet":
         shard = out / _ledger(out)[0]["file"]
         shard.write_bytes(shard.read_bytes()[:-20])
+    else:
+        (out / f"a.{output_format}").write_bytes(b"")
+        whole = (out / f"b.{output_format}").read_bytes()
+        (out / f"b.{output_format}").write_bytes(whole[:len(whole) // 2])
+        c_before = (out / f"c.{output_format}").stat().st_mtime_ns
+    changed = _synth(manifest, out, *options, "--greedy", model=tmp_path / "model")
+    assert changed.exit_code == 2 and "3 rows were made before with other text or settings" in changed.output
     result = _synth(manifest, out, *options, model=tmp_path / "model")
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
-    if output_format == "wav":
-        assert fake.batches[3:] == [["a"], ["b"]] and report["totals"]["resumed"] == 1
-        assert sf.info(out / "a.wav").frames > 0 and (out / "b.wav").read_bytes() == whole
-        assert (out / "c.wav").stat().st_mtime_ns == c_before
-        assert any("2 rows made by an earlier run are made again: their file does not read whole (emptied or "
-                   "cut since; first: row 1, a.wav)" in note for note in report["notes"])
-    else:
+    if output_format == "parquet":
         assert fake.batches[1:] == [["a", "b", "c"]] and report["totals"]["resumed"] == 0
-        assert all(pq.read_table(out / entry["file"]).num_rows == 3 for entry in _ledger(out)[3:])
-        assert any("3 rows made by an earlier run are made again" in note for note in report["notes"])
+        assert not shard.exists() and all(pq.read_table(out / entry["file"]).num_rows == 3
+                                          for entry in _ledger(out)[3:])
+        assert any("3 rows made by an earlier run are made again" in note and "1 such parquet shards removed" in note
+                   for note in report["notes"])
+    else:
+        assert fake.batches[3:] == [["a"], ["b"]] and report["totals"]["resumed"] == 1
+        assert sf.info(out / f"a.{output_format}").frames > 0 and (out / f"b.{output_format}").read_bytes() == whole
+        assert (out / f"c.{output_format}").stat().st_mtime_ns == c_before
+        assert any("2 rows made by an earlier run are made again: their file does not read whole (emptied or "
+                   f"cut since; first: row 1, a.{output_format})" in note for note in report["notes"])
 
 
 def test_a_row_new_to_the_folder_does_not_take_the_file_of_a_row_made_before(fake, tmp_path):

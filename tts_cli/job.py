@@ -34,7 +34,7 @@ import torch
 from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
 from .errors import OutputError, RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
-from .output.formats import SHARD_PATTERN, make_sink, output_intact
+from .output.formats import SHARD_PATTERN, make_sink, output_exists, output_intact
 from .output.ledger import LEDGER_NAME, Ledger, changed_params, params_key, row_params
 from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
 from .output.writer import remove_temporary_files, sanitize_id
@@ -369,8 +369,12 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         todo, resumed, kept, replaced, damaged = _rows_to_do(plans, ledger, out_dir, settings)
         if damaged:
             (plan, name), count = damaged[0], len(damaged)
+            shards = sorted({name for _, name in damaged if SHARD_PATTERN.fullmatch(name)})
+            for shard in shards:   # (a row's own file is written over)
+                (out_dir / shard).unlink(missing_ok=True)
             notes.append(f"{count} rows made by an earlier run are made again: their file does not read whole "
-                         f"(emptied or cut since; first: row {plan.row.number}, {name})")
+                         f"(emptied or cut since; first: row {plan.row.number}, {name})"
+                         + (f"; {len(shards)} such parquet shards removed" if shards else ""))
         # A replaced row's file is rewritten before its new ledger line: its old line must stop naming it first.
         ledger.append([_entry(plan, error=REDO_PENDING) for plan in replaced])
         if kept:
@@ -474,29 +478,29 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: J
     """The rows to synthesize, how many are done already, which of those have a reference file that
     cannot be read now (their plans have no hash of it: done if an earlier run made them with the
     same settings otherwise; else they fail with their problem), the rows to synthesize again
-    over their earlier file, and the rows made before whose file is there but not whole (emptied
-    or cut since: made again, with the file's name). Raises TTSError for rows done before with other text or settings,
-    unless settings.redo_changed."""
+    over their earlier file, and the rows made before with the same text and settings whose file is
+    there but not whole (emptied or cut since: made again), with the file's name. Raises TTSError
+    for rows done before with other text or settings, unless settings.redo_changed."""
     todo, changed, resumed, kept, damaged = [], [], 0, [], []
     for plan in plans:
         entry = ledger.latest.get(plan.row.request.id)
-        made = entry is not None and entry["status"] == "ok"
-        done = made and output_intact(out_dir, entry)
-        if made and not done and entry.get("file") and (out_dir / entry["file"]).is_file():
-            damaged.append((plan, entry["file"]))
+        done = entry is not None and entry["status"] == "ok" and output_exists(out_dir, entry)
         if done and entry.get("model_fingerprint") not in (None, plan.model_fingerprint):
             changed.append((plan, entry))   # another checkpoint in the folder the row was made with
             todo.append(plan)
             continue
-        if plan.row.reference_unreadable:
-            if done and {**entry.get("params", {}), "ref_audio_sha256": None} == plan.params:
+        if plan.row.reference_unreadable:   # (kept only whole: it cannot be made again)
+            if done and {**entry.get("params", {}), "ref_audio_sha256": None} == plan.params \
+                    and output_intact(out_dir, entry):
                 resumed += 1
                 kept.append(plan.row)
             continue
         if done and (entry["key"] == plan.key or same_segments(entry.get("params", {}), plan.params)):
-            resumed += 1
-            continue
-        if done:
+            if output_intact(out_dir, entry):
+                resumed += 1
+                continue
+            damaged.append((plan, entry["file"]))
+        elif done:
             changed.append((plan, entry))
         todo.append(plan)
     if changed and not settings.redo_changed:

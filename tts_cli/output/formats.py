@@ -106,23 +106,31 @@ class ParquetSink:
         return entries
 
 
+def output_exists(out_dir: Path, entry: dict) -> bool:
+    """Whether the file an ok ledger entry names (the row's audio file or its shard) is there."""
+    return bool(entry.get("file")) and (Path(out_dir) / entry["file"]).is_file()
+
+
 def output_intact(out_dir: Path, entry: dict) -> bool:
-    """Whether the output an ok ledger entry names is there and whole: the row's audio file with a
-    header that reads and the entry's length, or its parquet shard with a footer that reads. Our
-    own writes are atomic; this catches a file emptied or cut since, which would otherwise count
-    as done."""
-    path = Path(out_dir) / entry["file"] if entry.get("file") else None
-    if path is None or not path.is_file():
-        return False
+    """Whether the output an ok ledger entry names (output_exists) reads whole: the row's audio file
+    with the entry's length and its last sample there (a FLAC's header keeps its length when the
+    file is cut), or its parquet shard with a footer that reads. Our own writes are atomic; this
+    catches a file emptied or cut since, which would otherwise count as done."""
+    path = Path(out_dir) / entry["file"]
     try:
         if SHARD_PATTERN.fullmatch(path.name):
             stat = path.stat()
             return _shard_footer_reads(str(path), stat.st_mtime_ns, stat.st_size)
-        info = sf.info(str(path))
+        with sf.SoundFile(str(path)) as audio:
+            frames, rate = audio.frames, audio.samplerate
+            if frames:
+                audio.seek(frames - 1)
+                if len(audio.read(1)) != 1:
+                    return False
     except (RuntimeError, OSError, ValueError):   # libsndfile's errors are RuntimeErrors
         return False
     seconds = entry.get("audio_seconds")
-    return seconds is None or abs(info.frames / info.samplerate - seconds) < 0.5 / info.samplerate
+    return seconds is None or abs(frames / rate - seconds) < 0.5 / rate
 
 
 @functools.lru_cache(maxsize=64)

@@ -1014,8 +1014,8 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
 def score_summary_line(summary: dict) -> str:
     mean = "n/a" if summary["mean_wer"] is None else f"{100 * summary['mean_wer']:.1f}%"
     corpus = "n/a" if summary["corpus_wer"] is None else f"{100 * summary['corpus_wer']:.1f}%"
-    flagged = ", ".join(f"{name} {'n/a' if count is None else count}" for name, count in summary["flagged"].items()
-                        if count != 0) or "none"   # (None: not known for these rows)
+    from .output.report_html import flag_counts
+    flagged = flag_counts(summary["flagged"], skip_zero=True) or "none"
     return (f"{summary['scored_rows']} of {summary['rows']} rows scored: mean WER {mean}, corpus WER {corpus}, "
             f"{summary['rows_above_50']} above 50%; {summary['not_scored']} not scored, {summary['failed']} failed; "
             f"flagged: {flagged}")

@@ -288,6 +288,13 @@ def _synth_summary(report: dict) -> str:
     return "\n".join(html_parts)
 
 
+def flag_counts(flagged: dict, skip_zero: bool = False) -> str:
+    """A WER summary's flagged rows by flag, "name count" each (n/a: not known, as hit_cap for files
+    `tts score` did not make); skip_zero: only the flags some row has or that are unknown."""
+    return ", ".join(f"{name} {'n/a' if count is None else count}" for name, count in flagged.items()
+                     if not (skip_zero and count == 0))
+
+
 def _wer_summary(summary: dict, protocol: str) -> str:
     table = _summary_table(
         ("rows", "scored", "not scored", "failed", "empty skipped", "mean WER", "corpus WER", "rows > 50%",
@@ -295,8 +302,7 @@ def _wer_summary(summary: dict, protocol: str) -> str:
         (summary["rows"], summary["scored_rows"], summary["not_scored"], summary["failed"],
          summary["skipped_empty"], _percent(summary["mean_wer"]), _percent(summary["corpus_wer"]),
          summary["rows_above_50"], _percent(summary["mean_wer_of_rows_at_or_below_50"])))
-    flagged = ", ".join(f"{name} {'n/a' if count is None else count}" for name, count in summary["flagged"].items())
-    return (f"{table}\n<p>Flagged rows: {_e(flagged)}.</p>\n"
+    return (f"{table}\n<p>Flagged rows: {_e(flag_counts(summary['flagged']))}.</p>\n"
             f"<details><summary>WER protocol</summary><p>{_e(protocol)}</p></details>")
 
 

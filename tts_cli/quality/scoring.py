@@ -12,7 +12,7 @@ from typing import Callable
 
 from ..manifest import Manifest
 from ..output.report import markdown_cell
-from ..output.report_html import write_score_html
+from ..output.report_html import flag_counts, write_score_html
 from ..output.ledger import latest_entries
 from ..output.writer import wav_names, write_atomically
 from .asr import SPLIT_CHARACTER_LANGUAGES, Transcript
@@ -200,8 +200,7 @@ def wer_markdown(section: dict, level: str) -> list[str]:
         f"| {_percent(s['mean_wer'])} | {_percent(s['corpus_wer'])} | {s['rows_above_50']} "
         f"| {_percent(s['mean_wer_of_rows_at_or_below_50'])} |",
         "",
-        "Flagged rows: " + ", ".join(f"{name} {'n/a' if count is None else count}"
-                                     for name, count in s["flagged"].items()) + ".",
+        f"Flagged rows: {flag_counts(s['flagged'])}.",
         "",
         f"{level} Protocol",
         "",

@@ -73,13 +73,13 @@ def test_200_rows_over_3_references_encode_each_once_and_clone_the_encoded_voice
     result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--batch-size", "200", *OPTIONS])
     assert result.exit_code == 0, result.output
     assert f"{ROWS} rows ok (0 from an earlier run), 0 failed" in result.output
-    assert "references: 3 used, 3 encoded in" in result.output
+    assert "references: 3 used by this run's rows, 3 encoded in" in result.output
     report = json.loads((out / "report.json").read_text())
     assert {k: v for k, v in report["references"].items() if "seconds" not in k} == {
         "references_used": 3, "references_encoded": 3, "references_from_cache_files": 0}
     assert report["references"]["reference_encode_seconds"] > report["references"]["reference_encoder_load_seconds"] > 0
-    assert "References: 3 used, 3 encoded in" in (out / "report.md").read_text()
-    assert "References: 3 used, 3 encoded in" in (out / "report.html").read_text()
+    assert "References: 3 used by this run's rows, 3 encoded in" in (out / "report.md").read_text()
+    assert "References: 3 used by this run&#x27;s rows, 3 encoded in" in (out / "report.html").read_text()
     _check_every_row_once(out)
     assert len(_cache_files(out)) == 3
 
@@ -104,6 +104,7 @@ def test_200_rows_over_3_references_encode_each_once_and_clone_the_encoded_voice
     again = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), *OPTIONS])
     assert again.exit_code == 0 and f"{ROWS} rows ok ({ROWS} from an earlier run)" in again.output
     assert json.loads((out / "report.json").read_text())["references"]["references_encoded"] == 0
+    assert "References: 0 used by this run's rows, 0 encoded" in (out / "report.md").read_text()
 
 
 def test_sigkill_mid_run_then_rerun_does_each_row_once_and_encodes_no_reference_again(tmp_path):
@@ -244,7 +245,7 @@ def test_worker_processes_take_the_references_the_parent_encoded(tmp_path, monke
     common = ["--ref-audio", "me.wav", "--ref-text", "A tone.", "--batch-size", "1", *OPTIONS]
     pooled = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "pool", "--gpus", "cpu,cpu", *common])
     assert pooled.exit_code == 0, pooled.output
-    assert "references: 1 used, 1 encoded" in pooled.output
+    assert "references: 1 used by this run's rows, 1 encoded" in pooled.output
     local = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "local", *common])
     assert local.exit_code == 0, local.output
     for name in ("000001.wav", "000002.wav"):

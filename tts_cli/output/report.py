@@ -277,7 +277,7 @@ def synthesis_line(synthesis: dict) -> str:
 
 def references_line(references: dict) -> str:
     """One line of the voice-cloning counts, for report.md and the console."""
-    return (f"{references['references_used']} used, {references['references_encoded']} encoded in "
+    return (f"{references['references_used']} used by this run's rows, {references['references_encoded']} encoded in "
             f"{references['reference_encode_seconds']:.2f} s (encoders loaded in "
             f"{references['reference_encoder_load_seconds']:.2f} s), {references['references_from_cache_files']} "
             "read from the cache files of an earlier run")

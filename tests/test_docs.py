@@ -10,7 +10,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", ROOT / "tools" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Top-level folders whose paths a page may name in backticks.
 TREE = ("bench/", "docs/", "tools/", "tests/", "tts_cli/", "kernels/", "recipes/", "examples/")
-# Files a page may name before they exist, each with the reason.
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`\n]+)`")
 
@@ -27,7 +26,7 @@ def cited(page: Path) -> set[str]:
     for code in CODE.findall(text):
         # The path a command runs: past leading VAR=value words and the interpreter.
         words = [w for w in code.split() if "=" not in w or w.startswith(TREE)]
-        while words and words[0] in ("bash", "python", "python3"):
+        while words and words[0] in ("bash", "python", "python3", "git", "show"):
             words = words[1:]
         path = words[0].rstrip("/.,:;") if words else ""
         placeholder = re.search(r"[*?<>]|\.\.\.", path) or any(re.fullmatch(r"[A-Z_]+", part) for part in path.split("/"))
@@ -49,5 +48,7 @@ def test_every_cited_file_exists(page):
 def test_a_missing_file_is_caught(tmp_path, monkeypatch):
     page = ROOT / "docs" / "_probe.md"
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: (
-        "[x](../bench/results/none.json) `tools/no_such_tool.py --rows 1` `docs/bench.md`"))
+        "[x](../bench/results/none.json) `tools/no_such_tool.py --rows 1` `docs/bench.md` "
+        "`git show 0dace44:tools/gone.py`"))
+    # a file named as it was at a commit (`git show COMMIT:path`) is no file of the tree
     assert cited(page) == {"bench/results/none.json", "tools/no_such_tool.py", "docs/bench.md"}

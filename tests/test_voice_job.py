@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from tts_cli import cli
 from tts_cli.output.ledger import LEDGER_NAME
+from tts_cli.voice import reference_audio
 from tts_cli.voice.cache import CACHE_DIR_NAME
+from tts_cli.voice.reference_audio import ReferenceAudioError
 
 from killed_runs import synth_killed_after
 from test_voice_manifest import BAD_ROWS, GOOD_CLONE_ROWS, write_fuzz_manifest
@@ -234,6 +236,38 @@ def test_rows_made_before_are_kept_when_their_reference_is_gone(tmp_path, monkey
     result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS])
     a = json.loads((tmp_path / "out" / "report.json").read_text())["rows"][0]
     assert a["error"] == f"reference file not found: {tmp_path / 'gone.wav'}" and result.exit_code == 1
+
+
+def test_a_reference_replaced_by_an_unusable_file_is_a_changed_row(tmp_path, monkeypatch):
+    """A reference file that is there but no longer usable (here cut to 0.5 s) is not a gone one: the
+    rows made with its earlier bytes are changed rows, which stop the run; with --redo-changed they
+    fail with the reason, their earlier files left as they were. The same bytes made unusable only
+    by a stricter check would be kept."""
+    monkeypatch.chdir(tmp_path)
+    wave = np.sin(np.arange(30000) / 7) * 0.3
+    sf.write(tmp_path / "ref.wav", wave, 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"id": ["a"], "text": ["One line."], "ref_audio": ["ref.wav"], "x_vector_only": [True]}),
+                   tmp_path / "m.parquet")
+    assert runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS]).exit_code == 0
+    made = (tmp_path / "out" / "a.wav").read_bytes()
+
+    def stricter(mono, sample_rate, path):
+        raise ReferenceAudioError(f"reference {path} fails a stricter check")
+    with monkeypatch.context() as patched:
+        patched.setattr(reference_audio, "check_samples", stricter)
+        result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS])
+    assert result.exit_code == 0 and "1 rows ok (1 from an earlier run)" in result.output, result.output
+    assert "are kept though their reference cannot be read now" in result.output
+    sf.write(tmp_path / "ref.wav", wave[:12000], 24000, subtype="PCM_16")
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS])
+    assert result.exit_code == 2, result.output
+    assert "1 rows were made before with other text or settings (first: row 1, id 'a': ref_audio_sha256" in \
+        " ".join(result.output.split())
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", "--redo-changed", *OPTIONS])
+    assert result.exit_code == 1, result.output
+    row = json.loads((tmp_path / "out" / "report.json").read_text())["rows"][0]
+    assert "shorter than 1 s" in row["error"] and row["file"] is None
+    assert (tmp_path / "out" / "a.wav").read_bytes() == made
 
 
 def test_worker_processes_take_the_references_the_parent_encoded(tmp_path, monkeypatch):

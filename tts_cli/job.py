@@ -476,8 +476,9 @@ def same_segments(old: dict, new: dict) -> bool:
 def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: JobSettings
                 ) -> tuple[list[RowPlan], int, list[ManifestRow], list[RowPlan], list[tuple[RowPlan, str]]]:
     """The rows to synthesize, how many are done already, which of those have a reference file that
-    cannot be read now (their plans have no hash of it: done if an earlier run made them with the
-    same settings otherwise; else they fail with their problem), the rows to synthesize again
+    cannot be used now (done if an earlier run made them with the same settings otherwise, and with
+    the same file where its bytes were read: their plans have its hash, else none; else they fail
+    with their problem, or stop the run as changed rows), the rows to synthesize again
     over their earlier file, and the rows made before with the same text and settings whose file is
     there but not whole (emptied or cut since: made again), with the file's name. Raises TTSError
     for rows done before with other text or settings, unless settings.redo_changed."""
@@ -490,10 +491,14 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: J
             todo.append(plan)
             continue
         if plan.row.reference_unreadable:   # (kept only whole: it cannot be made again)
-            if done and {**entry.get("params", {}), "ref_audio_sha256": None} == plan.params \
-                    and output_intact(out_dir, entry):
-                resumed += 1
-                kept.append(plan.row)
+            made_with, sha256 = (entry.get("params", {}) if done else {}), plan.params.get("ref_audio_sha256")
+            if done and {**made_with, "ref_audio_sha256": None} == {**plan.params, "ref_audio_sha256": None}:
+                if sha256 in (None, made_with.get("ref_audio_sha256")):   # unread, or the bytes it was made with
+                    if output_intact(out_dir, entry):
+                        resumed += 1
+                        kept.append(plan.row)
+                elif not settings.redo_changed:   # another file there now (with --redo-changed: it fails)
+                    changed.append((plan, entry))
             continue
         if done and (entry["key"] == plan.key or same_segments(entry.get("params", {}), plan.params)):
             if output_intact(out_dir, entry):

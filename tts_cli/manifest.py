@@ -159,7 +159,8 @@ def mark_duplicate_ids(rows: list[ManifestRow], rows_unnumbered: str | None = No
 
 def check_references(rows: list[ManifestRow]) -> None:
     """Read each distinct reference file of the good rows once: a bad one fails its rows with the
-    reason, a good one's SHA-256 goes into their requests."""
+    reason, a good one's SHA-256 goes into their requests, and so does a bad one's where its bytes
+    were read (a row made before with other bytes is then a changed row: tts_cli.job)."""
     outcomes: dict[str, str | ReferenceAudioError] = {}
     for row in rows:
         path = row.request.ref_audio
@@ -173,6 +174,7 @@ def check_references(rows: list[ManifestRow]) -> None:
         outcome = outcomes[path]
         if isinstance(outcome, ReferenceAudioError):
             row.problem, row.reference_unreadable = str(outcome), True
+            row.request.ref_audio_sha256 = outcome.sha256
         else:
             row.request.ref_audio_sha256 = outcome
 

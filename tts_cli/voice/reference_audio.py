@@ -38,7 +38,9 @@ RESAMPLE_QUALITY = "HQ"       # librosa.resample's default res_type, "soxr_hq"
 
 
 class ReferenceAudioError(RequestError):
-    """A reference file that cannot be used; the message says why (the row fails, others go on)."""
+    """A reference file that cannot be used; the message says why (the row fails, others go on).
+    sha256: of the file's bytes where they were read (a file that is there but is no usable reference)."""
+    sha256: str | None = None
 
 
 @dataclass
@@ -169,6 +171,11 @@ def check_reference(path: str) -> str:
     """The file's SHA-256 if it is a usable reference, else ReferenceAudioError (no resampling: the
     manifest checks every reference before the model loads, and keeps only the hash)."""
     data = read_reference_bytes(path)
-    mono, sample_rate, _ = decode_reference(data, path)
-    check_samples(mono, sample_rate, path)
-    return file_sha256(data)
+    sha256 = file_sha256(data)
+    try:
+        mono, sample_rate, _ = decode_reference(data, path)
+        check_samples(mono, sample_rate, path)
+    except ReferenceAudioError as e:
+        e.sha256 = sha256
+        raise
+    return sha256

@@ -181,11 +181,17 @@ def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monke
      "recipe tiny: speaker 'vivian': a Base checkpoint has no named speakers"),
     (["--instruct", "Calm.", "--ref-audio", "me.wav", "--x-vector-only"],
      "--instruct: a Base checkpoint takes no instruction"),
-    (["--ref-audio", "me.wav"], "--ref-audio: ICL voice cloning (x_vector_only false) needs ref_text"),
+    (["--ref-audio", "me.wav"], "--ref-audio: ICL voice cloning (without --x-vector-only) needs --ref-text, the "
+                                "reference's transcript; give it, or set --x-vector-only"),
+    (["--ref-audio", "me.wav", "--ref-text", "   "], "--ref-audio: ICL voice cloning (without --x-vector-only) needs"),
+    (["--ref-audio", "me.wav", "--ref-text", "bad\x07"], "--ref-text: text contains control character U+0007"),
+    (["--ref-text", "Some words."], "--ref-text: given without --ref-audio, whose option it is (the transcript of "
+                                    "that file); a manifest row with a reference of its own takes its own ref_text"),
+    (["--x-vector-only"], "--x-vector-only: given without --ref-audio, whose option it is (how to clone that file)"),
     (["--ref-audio", "missing.wav", "--x-vector-only"], "--ref-audio: reference file not found: "),
     (["--ref-audio", "corpus.txt", "--x-vector-only"], "is not audio that libsndfile reads"),
     (["--ref-audio", "https://example.com/voice.wav", "--x-vector-only"],
-     "--ref-audio: ref_audio 'https://example.com/voice.wav' is a URL: tts reads local files only"),
+     "--ref-audio: 'https://example.com/voice.wav' is a URL: tts reads local files only"),
     (["--model", str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign"), "--instruct", "Calm. " * 400],
      "--instruct: text is 2399 characters, over the limit of 2000 (instructs)"),
     (["--language", "klingon", "--ref-audio", "me.wav", "--x-vector-only"], "--language: unknown language 'klingon'"),
@@ -343,7 +349,8 @@ def test_a_reference_edited_after_the_manifest_was_read_fails_its_rows_alone(tmp
     for name, step in (("steady.wav", 7), ("edited.wav", 9)):
         sf.write(tmp_path / name, np.sin(np.arange(30000) / step) * 0.3, 24000, subtype="PCM_16")
     pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["First.", "Second.", "Third."],
-                             "ref_audio": ["steady.wav", "edited.wav", "edited.wav"]}), tmp_path / "m.parquet")
+                             "ref_audio": ["steady.wav", "edited.wav", "edited.wav"], "x_vector_only": [True] * 3}),
+                   tmp_path / "m.parquet")
     read = manifest_module.read_manifest
 
     def read_then_edit(*args, **kwargs):
@@ -352,7 +359,7 @@ def test_a_reference_edited_after_the_manifest_was_read_fails_its_rows_alone(tmp
         return manifest
 
     monkeypatch.setattr(manifest_module, "read_manifest", read_then_edit)
-    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", "--x-vector-only", *OPTIONS])
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS])
     assert result.exit_code == 1, result.output
     rows = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
     assert rows[0]["error"] is None and rows[0]["frames"] > 0

@@ -229,6 +229,22 @@ def test_a_transcript_goes_with_the_reference_of_its_own_row(tmp_path, monkeypat
         "--ref-audio's (whose transcript is --ref-text)", None]
 
 
+def test_x_vector_only_goes_with_the_reference_of_its_own_row(tmp_path, monkeypatch):
+    """--x-vector-only says how to clone --ref-audio: a row with a reference and transcript of its own
+    stays an ICL clone (it would lose its transcript), and takes x-vector mode only from its own column."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("me.wav", "own.wav"):
+        sf.write(tmp_path / name, tone(24000, 1.5), 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"id": ["default", "own-both", "own-x"], "text": ["One.", "Two.", "Three."],
+                             "ref_audio": [None, "own.wav", "own.wav"],
+                             "ref_text": [None, "Words of own.wav.", None],
+                             "x_vector_only": pa.array([None, None, True], pa.bool_())}), tmp_path / "m.parquet")
+    rows = read_manifest(tmp_path / "m.parquet", RowDefaults(None, "auto", 0, ref_audio="me.wav",
+                                                             x_vector_only=True)).rows
+    assert [(r.problem, r.request.x_vector_only, r.request.ref_text) for r in rows] == [
+        (None, True, None), (None, False, "Words of own.wav."), (None, True, None)]
+
+
 def test_cli_options_give_every_row_the_voice_and_its_ledger_key(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sf.write(tmp_path / "me.flac", tone(24000, 1.5), 24000)

@@ -109,10 +109,11 @@ def checkpoint_config(model_dir: Path):
 
 def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Optional[str],
                         ref_audio: Optional[str], ref_text: Optional[str], x_vector_only: bool,
-                        given_by: Callable[[str], str]) -> None:
+                        given_by: Callable[[str], str], max_text_chars: int) -> None:
     """The voice options (the voice of every row that names none) against the checkpoint, before it
     loads: a value its rows cannot take would fail each of them once the model has loaded.
-    speaker None: not given. given_by(option): where its value came from, for the message."""
+    speaker None: not given. given_by(option): where its value came from, for the message (the
+    row-level messages name the manifest's columns: given as options, the options' names)."""
     from .checkpoint import BASE, CUSTOM_VOICE
     from .errors import RequestError
     from .manifest import MAX_INSTRUCT_CHARS, text_problem
@@ -134,17 +135,36 @@ def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Op
         too_long = instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs")
         if too_long:
             raise RequestError(too_long)
+        ref_text = ref_text and ref_text.strip()   # (as the manifest reads it)
+        if not (ref_audio and ref_audio.strip()):   # (a blank one is none, as the manifest reads it)
+            for option, value, what in (("ref_text", ref_text, "the transcript of that file"),
+                                        ("x_vector_only", x_vector_only, "how to clone that file")):
+                if value:
+                    raise TTSError(f"{given_by(option)}: given without {given_by('ref_audio')}, whose option it is "
+                                   f"({what}); a manifest row with a reference of its own takes its own {option} "
+                                   "column")
+            return
+        option = "ref_text"
+        bad_text = ref_text and text_problem(ref_text, max_text_chars)
+        if bad_text:
+            raise RequestError(bad_text)
         option = "ref_audio"
-        if ref_audio and ref_audio.strip():   # (a blank one is none, as the manifest reads it)
-            request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text,
-                              x_vector_only=x_vector_only)
-            problem = (clone_problem(request, cfg.model_type) or reference_value_problem(ref_audio)
-                       or voice_fields_problem(request))
-            if problem:
-                raise RequestError(problem)
-            check_reference(resolve_reference_path(ref_audio.strip(), Path.cwd()))
+        request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text or None,
+                          x_vector_only=x_vector_only)
+        problem = (clone_problem(request, cfg.model_type) or reference_value_problem(ref_audio)
+                   or voice_fields_problem(request))
+        if problem:
+            raise RequestError(problem)
+        check_reference(resolve_reference_path(ref_audio.strip(), Path.cwd()))
     except RequestError as e:
-        raise TTSError(f"{given_by(option)}: {str(e).removeprefix(option + ': ')}") from None
+        message = str(e).removeprefix(option + ": ")
+        if option == "ref_audio":   # "ref_audio 'x' is a URL" -> "--ref-audio: 'x' is a URL"
+            message = message.removeprefix("ref_audio ")
+        if given_by(option).startswith("--"):
+            message = message.replace("(x_vector_only false)", "(without --x-vector-only)")
+            for column in ("x_vector_only", "ref_text", "ref_audio"):
+                message = re.sub(rf"\b{column}\b", given_by(column), message)
+        raise TTSError(f"{given_by(option)}: {message}") from None
 
 
 def setting_option(name: str, **kwargs):
@@ -457,7 +477,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     kind = cfg and cfg.model_type
     if cfg is not None:
         check_voice_options(cfg, speaker, language, instruct, ref_audio, ref_text, x_vector_only,
-                            lambda option: given_by.get(option, "--" + option.replace("_", "-")))
+                            lambda option: given_by.get(option, "--" + option.replace("_", "-")), max_text_chars)
     if speaker is None and kind in (None, CUSTOM_VOICE):
         speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(asr_model, required=wer_required) if wer else None

@@ -125,8 +125,8 @@ def default_id(row_index: int) -> str:
 
 def text_problem(text: str, max_chars: int, limit: str = "--max-text-chars") -> str | None:
     """Why a (stripped, decoded) text cannot be spoken, or None; limit: what sets max_chars."""
-    if not text or all(unicodedata.category(char) == "Cf" or char.isspace() for char in text):
-        return "empty text" if not text else "empty text: only invisible formatting characters (zero-width ...)"
+    if not text.strip() or all(unicodedata.category(char) == "Cf" or char.isspace() for char in text):
+        return "empty text" if not text.strip() else "empty text: only invisible formatting characters (zero-width ...)"
     bad = _first_control_character(text)
     if bad is not None:
         return f"text contains control character U+{ord(text[bad]):04X} at character {bad + 1}"
@@ -200,9 +200,10 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     """base_dir: the folder a ref_audio cell is relative to (the manifest's)."""
     text = text.strip()
     row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
-    x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only)
-    # A transcript is of one file: --ref-text goes with --ref-audio, a row's ref_text with its ref_audio.
+    # A transcript and the way to clone are of one file: --ref-text and --x-vector-only go with
+    # --ref-audio, a row's ref_text and x_vector_only with its ref_audio.
     own_reference, own_transcript = bool(_string_or(ref_audio, "")), bool(_string_or(ref_text, ""))
+    x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only and not own_reference)
     pairing_problem = (own_transcript and not own_reference and defaults.ref_audio and
                        "ref_text without ref_audio in its row: a row's transcript is of its own reference, and "
                        "this row takes --ref-audio's (whose transcript is --ref-text)")
@@ -213,7 +214,7 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
         instruct=_string_or(instruct, defaults.instruct or "") or None,
         seed=wrapped_seed(defaults.base_seed + index) if seed is None else seed,
         ref_audio=_reference_path(ref_audio, defaults, base_dir),
-        ref_text=_string_or(ref_text, "" if own_reference else defaults.ref_text or "") or None,
+        ref_text=_string_or(ref_text, "" if own_reference else (defaults.ref_text or "").strip()) or None,
         x_vector_only=x_vector_only,
     )
     ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars)

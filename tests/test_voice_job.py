@@ -214,6 +214,23 @@ def test_voice_options_the_checkpoint_cannot_take_stop_the_run_before_it_loads(t
     assert not (tmp_path / "out").exists()
 
 
+def test_an_instruct_the_checkpoint_ignores_is_left_out_of_the_rows_settings(tmp_path, monkeypatch):
+    """A CustomVoice 0.6B takes no instruction (the official code drops it): the rows' instruct is left out
+    of their settings with a note, so the report does not show a voice that was not made, and a rerun
+    without --instruct resumes the rows instead of refusing them as changed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("One line to speak.\nAnd another.\n")
+    model = ["--model", str(REPO / "tests" / "fixtures" / "tiny-0.6b-customvoice"), "--max-frames", "2", "--no-wer"]
+    first = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *model, "--instruct", "Angry."])
+    assert first.exit_code == 0, first.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [row["instruct"] for row in report["rows"]] == [None, None]
+    assert ("instruct left out of 2 rows: this CustomVoice 0.6B checkpoint takes no instruction (the official "
+            "implementation ignores it too)") in report["notes"]
+    again = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *model])
+    assert again.exit_code == 0 and "2 rows ok (2 from an earlier run)" in again.output, again.output
+
+
 def test_rows_made_before_are_kept_when_their_reference_is_gone(tmp_path, monkeypatch):
     """A rerun after a reference file was removed keeps the rows an earlier run made with it (their
     other settings unchanged), with a note; a row that was not made yet fails with the reason."""

@@ -460,7 +460,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     # Imported here so that --help and the placeholder commands start without loading torch.
     from .checkpoint import BASE, CUSTOM_VOICE, fingerprint
     from .job import JobSettings, LocalExecutor, run_job
-    from .manifest import RowDefaults, read_manifest
+    from .manifest import RowDefaults, drop_ignored_instructs, read_manifest
     from .output.formats import FORMATS, file_extension
     from .output.report import RunInfo, build_report, references_line, write_reports
     from .output.writer import output_names
@@ -486,6 +486,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
                                                         ref_audio, ref_text, x_vector_only))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
+    if kind == CUSTOM_VOICE and not cfg.supports_instruct:
+        drop_ignored_instructs(manifest, cfg.name)
     if kind == BASE and not any(row.request.clones_voice for row in manifest.rows):
         raise TTSError(f"a Base checkpoint clones a voice, and no row of {manifest_path} names one: give --ref-audio "
                        "(with --ref-text, or --x-vector-only), or a parquet column ref_audio")

@@ -119,6 +119,18 @@ def drop_unused_ref_text(manifest: Manifest) -> None:
                               "reference's speaker embedding alone, which reads no transcript")
 
 
+def drop_ignored_instructs(manifest: Manifest, checkpoint: str) -> None:
+    """A checkpoint that takes no instruction ignores a row's instruct (as the official implementation
+    does): it would only be part of the row's settings (a rerun without it would count as a change), so
+    it is left out, and the report says so. checkpoint: its name, for the note."""
+    ignored = [row for row in manifest.rows if row.request.instruct]
+    for row in ignored:
+        row.request.instruct = None
+    if ignored:
+        manifest.notes.append(f"instruct left out of {len(ignored)} rows: this {checkpoint} checkpoint takes no "
+                              "instruction (the official implementation ignores it too)")
+
+
 def default_id(row_index: int) -> str:
     return f"{row_index + 1:06d}"
 

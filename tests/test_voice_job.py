@@ -171,7 +171,8 @@ def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monke
     assert result.exit_code == 1, result.output
     own, plain = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
     assert reason in own["error"] and own["file"] is None
-    assert plain["error"] is None and plain["frames"] == 2, plain
+    assert own["wall_seconds"] is None   # refused before any batch: no time of its own, as a row the manifest refuses
+    assert plain["error"] is None and plain["frames"] == 2 and plain["wall_seconds"] > 0, plain
 
 
 @pytest.mark.parametrize("options, message", [

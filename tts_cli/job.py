@@ -327,8 +327,9 @@ class RowPlan:
     batch_seconds: dict[int, float] = field(default_factory=dict)   # batch index -> its seconds to this row's end
 
     @property
-    def wall_seconds(self) -> float:
-        return sum(self.batch_seconds.values())
+    def wall_seconds(self) -> float | None:
+        """None for a row no batch ran (refused before it), as for rows refused when the manifest is read."""
+        return sum(self.batch_seconds.values()) if self.batch_seconds else None
 
 
 @dataclass

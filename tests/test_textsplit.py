@@ -43,6 +43,34 @@ def test_closing_quotes_stay_with_their_sentence():
     assert split_text('He said "stop." Then he left.', 20) == ['He said "stop."', "Then he left."]
 
 
+def test_ascii_and_half_width_marks_in_cjk_text_are_breaks_without_a_space():
+    text = "今天天气很好,我们一起去公园散步吧!你觉得怎么样?我觉得这个主意非常好."
+    assert split_text(text * 10, 300)[0] == text * 8   # at a sentence's end, not 300 characters in
+    assert split_text("一二三。四五六｡七八九．十", 4) == ["一二三。", "四五六｡", "七八九．", "十"]
+    assert split_text("一二三,四五六､七", 4) == ["一二三,", "四五六､", "七"]
+    assert split_text("pi is 3.14 or so", 10) == ["pi is 3.14", "or so"]
+
+
+def test_german_and_french_quotes_close_their_sentence():
+    first = "„" + "Wir gehen heute Abend in die Stadt " * 3 + "zusammen.“"
+    second = "Sie nickte und " + "lief langsam durch den Park nach Hause " * 3 + "zurück."
+    assert split_text(f"{first} {second}", 200) == [first, second]
+    assert split_text("«\u00a0Bonjour.\u00a0» Il est parti. «\u00a0Où\u00a0?\u00a0» demanda-t-elle.", 20) == [
+        "«\u00a0Bonjour.\u00a0»", "Il est parti.", "«\u00a0Où\u00a0?\u00a0»", "demanda-t-elle."]
+
+
+def test_a_line_break_ends_a_sentence():
+    lines = [f"Chapter {i} the long road home" for i in range(1, 15)]
+    assert split_text("\n".join(lines), 100) == ["\n".join(lines[i:i + 3]) for i in range(0, 14, 3)]
+
+
+def test_a_cut_inside_a_word_keeps_combining_marks_and_joined_emoji_whole():
+    assert split_text("e\u0301" * 8, 5) == ["e\u0301e\u0301"] * 4
+    family = "\U0001f468\u200d\U0001f469\u200d\U0001f467"   # 5 characters
+    assert split_text(family * 3, 7) == [family] * 3
+    assert "".join(split_text(family, 4)) == family   # no room for it whole: cut all the same
+
+
 @pytest.mark.parametrize("limit", [7, 40, 300])
 def test_segments_respect_the_limit_and_keep_every_word(limit):
     rng = np.random.default_rng(limit)

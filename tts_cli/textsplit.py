@@ -12,12 +12,22 @@ import re
 import numpy as np
 
 # Cut points, strongest first. Each pattern matches the break *after* which a cut is made, so the
-# punctuation stays with the text before it (with the closing quotes and brackets that follow it).
-# CJK marks need no following space; the text's own separator (a space, or none) joins pieces again.
-_CLOSING = "\"'”’)\\]」』）】〕》"
-_SENTENCE_END = re.compile(rf"(?<=[.!?…])[{_CLOSING}]*\s+|(?<=[。！？])[{_CLOSING}]*(?![{_CLOSING}。！？])\s*")
-_CLAUSE_END = re.compile(r"(?<=[,;:—–])\s+|(?<=[，；：、])(?![，；：、])\s*")
-_SPACE = re.compile(r"[^\S\u00a0\u202f]+")   # not at a no-break space
+# punctuation stays with the text before it (with the closing quotes and brackets that follow it,
+# French ones after a no-break space). A line break ends a sentence. CJK marks need no following
+# space, nor do ASCII ones before CJK text; the text's own separator (a space, or none) joins pieces
+# again. Never at a no-break space.
+_CLOSING = "\"'”’“»›)\\]」』）】〕》"
+_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"   # kana, ideographs
+_GAP = r"[^\S\u00a0\u202f]"   # whitespace but the no-break spaces
+_SENTENCE_END = re.compile(rf"(?<=[.!?…])(?:[\u00a0\u202f]?[{_CLOSING}])*{_GAP}+"
+                           rf"|(?<=[.!?])[{_CLOSING}]*(?=[{_CJK}])"
+                           rf"|(?<=[。！？．｡])[{_CLOSING}]*(?![{_CLOSING}。！？．｡])\s*"
+                           rf"|[^\S\n]*\n\s*")
+_CLAUSE_END = re.compile(rf"(?<=[,;:—–]){_GAP}+|(?<=[,;:])(?=[{_CJK}])|(?<=[，；：、､])(?![，；：、､])\s*")
+_SPACE = re.compile(rf"{_GAP}+")
+# Characters a fixed-width cut does not go before: they belong to the character before them.
+_JOINS_BACK = re.compile(r"[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe00-\ufe0f\ufe20-\ufe2f\u200c\u200d]"
+                         r"|[\U0001f3fb-\U0001f3ff\U000e0100-\U000e01ef]")
 
 CROSSFADE_SECONDS = 0.04   # long enough to hide a click at the seam, too short to hear as overlap
 
@@ -39,7 +49,7 @@ def _cut(text: str, before: str, max_chars: int, breaks: tuple[re.Pattern, ...])
     if len(text) <= max_chars:
         return [(text, before)]
     if not breaks:
-        return [(text[i:i + max_chars], before if i == 0 else "") for i in range(0, len(text), max_chars)]
+        return [(piece, before if i == 0 else "") for i, piece in enumerate(_slices(text, max_chars))]
     pieces, start, separator = [], 0, before
     for cut in breaks[0].finditer(text):
         closing = cut.group().rstrip()   # the closing marks the break pattern took stay with their sentence
@@ -48,6 +58,21 @@ def _cut(text: str, before: str, max_chars: int, breaks: tuple[re.Pattern, ...])
     pieces.append((text[start:], separator))
     return [part for piece, sep in pieces if piece.strip()
             for part in _cut(piece.strip(), sep, max_chars, breaks[1:])]
+
+
+def _slices(text: str, max_chars: int) -> list[str]:
+    """text in slices of at most max_chars, none starting with a combining mark, a joiner or a
+    modifier (one after a joiner: an emoji sequence) where the slice before can end earlier."""
+    slices, start = [], 0
+    while start < len(text):
+        end = min(start + max_chars, len(text))
+        cut = end
+        while start + 1 < cut < len(text) and (_JOINS_BACK.match(text, cut) or text[cut - 1] == "\u200d"):
+            cut -= 1
+        end = cut if cut > start + 1 else end
+        slices.append(text[start:end])
+        start = end
+    return slices
 
 
 def _pack(pieces: list[tuple[str, str]], max_chars: int) -> list[str]:

@@ -34,6 +34,17 @@ def test_txt_ids_default_to_zero_padded_line_numbers_and_empty_lines_are_counted
     assert {(r.speaker, r.language, r.instruct) for r in requests} == {("vivian", "auto", None)}
 
 
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+def test_txt_lines_end_in_lf_crlf_or_cr_alone(tmp_path, end):
+    """CR alone (classic Mac OS text) where the file has no LF: one row a line, not one row of them all."""
+    path = tmp_path / "m.txt"
+    path.write_bytes(end.join([b"id1\tFirst.", b"id2\tSecond.", b"", b"Third."]) + end)
+    manifest = read_manifest(path, DEFAULTS)
+    assert [(r.id, r.text) for r in _requests(manifest)] == [("id1", "First."), ("id2", "Second."),
+                                                              ("000004", "Third.")]
+    assert manifest.skipped_empty == 1
+
+
 def test_txt_text_may_contain_tabs_after_the_id(tmp_path):
     path = tmp_path / "m.txt"
     path.write_text("a\tone\ttwo\n", encoding="utf-8")

@@ -276,7 +276,9 @@ def _read_txt(path: Path, defaults: RowDefaults) -> Manifest:
         raise TTSError(f"{path}: cannot read as UTF-8 text: it looks like UTF-16 (a byte-order mark or NUL "
                        "bytes); save it as UTF-8")
     data = data.removeprefix(b"\xef\xbb\xbf")
-    lines = data.split(b"\n")
+    # Lines end in LF or CRLF; in CR alone where the file has no LF (classic Mac OS text, as some
+    # spreadsheet exports still write it), which would otherwise be one row holding every line.
+    lines = data.split(b"\n" if b"\n" in data or b"\r" not in data else b"\r")
     if lines[-1] == b"":
         lines.pop()   # what follows the final newline is not a line
     rows, skipped = [], 0

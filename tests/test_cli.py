@@ -66,6 +66,19 @@ def test_report_md_shows_a_rows_markup_as_text(fake, tmp_path):
     assert "<script>" not in markdown and "<b>" not in markdown
 
 
+def test_report_md_keeps_a_row_on_its_table_line_whatever_its_control_characters(fake, tmp_path):
+    """A lone CR is a line end to markdown: a row's text with one (allowed in text) would break the
+    table; other control characters (in failed rows' text) are written as \\xNN, not raw."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_bytes(b"cr\tline one\rline two.\nesc\t\x1b[31mred\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
+    assert result.exit_code == 1, result.output   # the ESC row fails
+    markdown = (tmp_path / "out" / "report.md").read_text()
+    assert "\r" not in markdown and "\x1b" not in markdown
+    row_lines = [line for line in markdown.split("\n") if line.startswith(("| 1 | cr |", "| 2 | esc |"))]
+    assert len(row_lines) == 2 and "line one line two." in row_lines[0] and "\\\\x1b[31mred" in row_lines[1]
+
+
 def test_synth_writes_a_wav_per_row_and_both_reports(fake, tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello there.\n\nsecond\tGood bye.\nspaced out\tNot outside.\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,10 +298,16 @@ def _number(value) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
+# Control characters but tab and LF (C0, DEL, C1): written as \xNN, not raw into the file.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def markdown_text(text) -> str:
     """Text for report.md as text: `<`, `>`, `&` as entities (markdown passes raw HTML through, and
-    rows' text, ids, errors and transcripts come from outside)."""
-    return html.escape(str(text), quote=False)
+    rows' text, ids, errors and transcripts come from outside), a CR as a line end (markdown takes a
+    lone one for one), other control characters as \\xNN."""
+    text = str(text).replace("\r\n", "\n").replace("\r", "\n")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", html.escape(text, quote=False))
 
 
 def markdown_cell(value) -> str:

@@ -13,7 +13,7 @@ instruct describes the voice; no speakers).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -99,6 +99,9 @@ class ModelConfig:
     language_ids: dict[str, int]           # includes dialect entries
     model_type: str = CUSTOM_VOICE         # tts_model_type: CUSTOM_VOICE, BASE or VOICE_DESIGN
     speaker_encoder: SpeakerEncoderConfig | None = None   # Base checkpoints only
+    # The tokenizer's special tokens (tokenizer_config.json: <|im_end|>, <tts_pad>, ...): written in a
+    # row's text, each would be read as that control token (as the official prompt string reads it).
+    special_tokens: tuple[str, ...] = ()
 
     @property
     def kind_name(self) -> str:
@@ -333,6 +336,9 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     for name in TOKENIZER_FILES:
         if not (root / name).is_file():
             raise CheckpointError(f"missing tokenizer file: {root / name}")
+    added = read_json(root / "tokenizer_config.json").get("added_tokens_decoder") or {}
+    config = replace(config, special_tokens=tuple(sorted(
+        token["content"] for token in added.values() if isinstance(token, dict) and token.get("special"))))
     if not (root / "tokenizer.json").is_file() and not (
             (root / "vocab.json").is_file() and (root / "merges.txt").is_file()):
         raise CheckpointError(f"missing tokenizer files in {root}: need tokenizer.json or vocab.json + merges.txt")

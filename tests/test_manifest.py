@@ -45,6 +45,14 @@ def test_txt_lines_end_in_lf_crlf_or_cr_alone(tmp_path, end):
     assert manifest.skipped_empty == 1
 
 
+def test_an_id_that_clashes_with_a_line_number_says_so(tmp_path):
+    path = tmp_path / "m.txt"
+    path.write_text("000002\tfoo one.\nbar two.\nx\tthree.\nx\tfour.\n", encoding="utf-8")
+    problems = [row.problem for row in read_manifest(path, DEFAULTS).rows]
+    assert problems == [None, "duplicate id '000002' (first used by row 1; a row without an id of its own is named "
+                              "by its number)", None, "duplicate id 'x' (first used by row 3)"]
+
+
 def test_txt_text_may_contain_tabs_after_the_id(tmp_path):
     path = tmp_path / "m.txt"
     path.write_text("a\tone\ttwo\n", encoding="utf-8")

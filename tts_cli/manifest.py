@@ -166,7 +166,10 @@ def mark_duplicate_ids(rows: list[ManifestRow], rows_unnumbered: str | None = No
     for row in rows:
         number = first_number.setdefault(row.request.id, row.number)
         if number != row.number and row.problem is None:
-            row.problem = f"duplicate id {row.request.id!r} ({rows_unnumbered or f'first used by row {number}'})"
+            # a row without an id is named by its number: say so where that is what clashed
+            named = rows_unnumbered is None and row.request.id in (default_id(number - 1), default_id(row.index))
+            row.problem = (f"duplicate id {row.request.id!r} ({rows_unnumbered or f'first used by row {number}'}"
+                           + ("; a row without an id of its own is named by its number" if named else "") + ")")
 
 
 def check_references(rows: list[ManifestRow]) -> None:

@@ -139,3 +139,38 @@ def test_plotting_without_matplotlib_names_the_extra(tmp_path, monkeypatch):
     result = runner.invoke(cli.app, ["bench", "--device", "cpu", "--plot", str(tmp_path / "x.png")])
     assert result.exit_code == 2 and "pip install -e '.[plot]' in the tts checkout" in result.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_plot_reads_results_nested_deeper_and_refuses_values_it_cannot_draw(tmp_path):
+    nested = tmp_path / "nested.json"   # as bench/results keeps several runs: {"runs": {name: result}}
+    arm_row = dict(arm="main", repeat=1, **_row(64, 700.0, _stages(2.6, 1.6, 1.9, 1.5)))
+    nested.write_text(json.dumps({"note": "x", "runs": {"icl": gpu_result(), "cv": gpu_result("random:0.6b")},
+                                  "arms": {"runs": [arm_row]}}))
+    assert [run.label for run in bench_plot.read_runs(nested)] == [
+        "nested icl: tts random:1.7b fp16", "nested cv: tts random:0.6b fp16", "nested arms: main r1"]
+    for rows in ([], [{"concurrency": 1, "audio_s_per_s": None}], [{"concurrency": 1, "audio_s_per_s": "fast"}],
+                 [{"concurrency": 0, "audio_s_per_s": 1.0}], [{"concurrency": True, "audio_s_per_s": 1.0}]):
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps({"rows": rows}))
+        result = runner.invoke(cli.app, ["plot", str(bad), "--out", str(tmp_path / "b.png")])
+        assert result.exit_code == 2 and f"{bad}: no bench results in it" in result.stderr, (rows, result.output)
+    # stage times missing a stage: drawn without them, not a KeyError
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"rows": [{"concurrency": 1, "audio_s_per_s": 1.0,
+                                             "ms_per_step": {"depth": 1.0, "talker": 2.0}}]}))
+    assert bench_plot.read_runs(partial)[0].points[0].ms_per_step is None
+    assert runner.invoke(cli.app, ["plot", str(partial), "--out", str(tmp_path / "p.svg")]).exit_code == 0
+    assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize("name", ["p.txt", "pdir"])
+def test_a_plot_name_without_a_picture_format_is_refused_before_anything_runs(tmp_path, name):
+    ours = tmp_path / "bench.json"
+    ours.write_text(json.dumps(gpu_result()))
+    message = f"the plot {tmp_path / name}: its name must end in .png, .svg, .pdf"
+    result = runner.invoke(cli.app, ["plot", str(ours), "--out", str(tmp_path / name)])
+    assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
+    result = runner.invoke(cli.app, ["bench", "--device", "cpu", "--json", str(tmp_path / "b.json"),
+                                     "--plot", str(tmp_path / name)])
+    assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
+    assert not (tmp_path / "b.json").exists() and list(tmp_path.iterdir()) == [ours]   # the bench never ran

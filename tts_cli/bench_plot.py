@@ -3,9 +3,10 @@ line per run; (b) each step's time split by stage, stacked bars per concurrency 
 
 Runs are read from:
 - `tts bench --json` results: one run (`rows`, each with `concurrency`, `audio_s_per_s`,
-  `ms_per_step`); also such results nested in a larger JSON object (a capture that keeps several
-  tables), one run per key;
-- tools/arms.py's arms.json (`runs`: one row per arm, repeat and concurrency): one run per arm and repeat;
+  `ms_per_step`); also such results nested at any depth in a larger JSON object (a capture that keeps
+  several tables), one run per key;
+- tools/arms.py's arms.json (`runs`: one row per arm, repeat and concurrency): one run per arm and
+  repeat; also nested;
 - the peer benches' JSON lines (bench/results/peers-*.jsonl: `system`, `batch`, `audio_s_per_s`):
   one run per system, repeated measurements averaged; they have no stage times, so only (a).
 
@@ -13,6 +14,7 @@ matplotlib (extra [plot]) is imported only to draw."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ STAGE_COLORS = {"depth": "tab:blue", "talker": "tab:orange", "codec": "tab:green
 RUN_HATCHES = ("", "//", "..", "xx", "\\\\", "oo")   # tells apart the runs' bars in (b)
 LOG_SCALE_RATIO = 50   # (a) has a log y axis when its largest audio-s/s is more than this times its smallest
 PLOT_EXTRA = f"{install_hint('plot')} (matplotlib)"
+PLOT_FORMATS = (".png", ".svg", ".pdf")   # the file's suffix says which
 
 
 @dataclass
@@ -47,18 +50,35 @@ class Run:
         return any(p.ms_per_step for p in self.points)
 
 
-def check_plotting() -> None:
+def check_plotting(path: Path) -> None:
+    """That a plot can be drawn into `path`: matplotlib is there and the name says a format it writes."""
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise TTSError(f"the plot {path}: its name must end in {', '.join(PLOT_FORMATS)} (the format it is written in)")
     try:
         import matplotlib  # noqa: F401
     except ImportError as e:
         raise TTSError(f"plotting needs matplotlib, which is not installed ({e}): {PLOT_EXTRA}") from None
 
 
-def _timed(ms_per_step: dict | None) -> dict | None:
-    """ms_per_step where its stages were timed (on CPU only host is: nothing to split)."""
-    if not ms_per_step or not any(ms_per_step.get(stage) for stage in STEP_STAGES if stage != "host"):
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _timed(ms_per_step) -> dict | None:
+    """ms_per_step where its stages were timed (on CPU only host is: nothing to split), every stage a
+    number of ms; else None."""
+    if not isinstance(ms_per_step, dict) or not all(_number(ms_per_step.get(stage)) for stage in STEP_STAGES):
+        return None
+    if not any(ms_per_step[stage] > 0 for stage in STEP_STAGES if stage != "host"):
         return None
     return ms_per_step
+
+
+def _point_row(row, *keys: str) -> bool:
+    """A result row with the keys (the first a concurrency) and numbers where a plot needs them."""
+    return (isinstance(row, dict) and set(keys) <= row.keys() and isinstance(row[keys[0]], int)
+            and not isinstance(row[keys[0]], bool) and row[keys[0]] >= 1
+            and _number(row["audio_s_per_s"]) and row["audio_s_per_s"] >= 0)
 
 
 def _bench_label(result: dict, name: str) -> str:
@@ -71,8 +91,8 @@ def _bench_label(result: dict, name: str) -> str:
 
 
 def _is_bench_result(data) -> bool:
-    return isinstance(data, dict) and isinstance(data.get("rows"), list) and all(
-        isinstance(r, dict) and "concurrency" in r and "audio_s_per_s" in r for r in data["rows"])
+    return isinstance(data, dict) and isinstance(data.get("rows"), list) and bool(data["rows"]) and all(
+        _point_row(r, "concurrency", "audio_s_per_s") for r in data["rows"])
 
 
 def runs_from(data, name: str) -> list[Run]:
@@ -80,19 +100,17 @@ def runs_from(data, name: str) -> list[Run]:
     if _is_bench_result(data):
         return [Run(_bench_label(data, name),
                     [Point(r["concurrency"], r["audio_s_per_s"], _timed(r.get("ms_per_step"))) for r in data["rows"]])]
-    if isinstance(data, dict) and isinstance(data.get("runs"), list):   # tools/arms.py
-        return runs_from(data["runs"], name)
     if isinstance(data, list):
         groups: dict[str, list[dict]] = {}
         for row in data:
-            if isinstance(row, dict) and {"system", "batch", "audio_s_per_s"} <= row.keys():   # peers
-                groups.setdefault(row["system"], []).append(dict(row, concurrency=row["batch"]))
-            elif isinstance(row, dict) and {"arm", "concurrency", "audio_s_per_s"} <= row.keys():   # arms
+            if _point_row(row, "batch", "system", "audio_s_per_s"):   # peers
+                groups.setdefault(str(row["system"]), []).append(dict(row, concurrency=row["batch"]))
+            elif _point_row(row, "concurrency", "arm", "audio_s_per_s"):   # tools/arms.py's rows
                 groups.setdefault(f"{name}: {row['arm']} r{row.get('repeat', 0)}", []).append(row)
         return [Run(label, _averaged(rows)) for label, rows in groups.items()]
-    if isinstance(data, dict):   # a capture holding bench results under some of its keys
-        return [run for key, value in data.items() if _is_bench_result(value)
-                for run in runs_from(value, f"{name} {key}")]
+    if isinstance(data, dict):   # arms.json's `runs`, or a capture holding results under some of its keys
+        return [run for key, value in data.items() if isinstance(value, (dict, list))
+                for run in runs_from(value, name if key == "runs" else f"{name} {key}")]
     return []
 
 
@@ -140,7 +158,7 @@ def _unique_labels(runs: list[Run]) -> list[Run]:
 def plot_runs(runs: list[Run], path: Path, title: str = "tts bench"):
     """Draws the runs into a PNG at path; returns the matplotlib Figure (axes[0]: one line per run,
     axes[1]: one bar container per timed run and stage)."""
-    check_plotting()
+    check_plotting(path)
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 

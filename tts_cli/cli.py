@@ -746,8 +746,8 @@ def bench(
     json_out: Path = typer.Option(Path("bench.json"), "--json", metavar="FILE", help="Where to write the results."),
     plot: Optional[Path] = typer.Option(
         None, "--plot", metavar="FILE.png", show_default=False,
-        help="Also draw the results as a PNG: audio-s/s per concurrency, and each step's time split by stage "
-             "(extra [plot]: matplotlib). `tts plot` draws several result files on one chart."),
+        help="Also draw the results as a PNG (or .svg, .pdf): audio-s/s per concurrency, and each step's time "
+             "split by stage (extra [plot]: matplotlib). `tts plot` draws several result files on one chart."),
     workload: str = typer.Option(
         DEFAULT_WORKLOAD, "--workload", metavar="|".join(WORKLOADS),
         help="What the requests ask for: a named speaker (customvoice), or one cloned voice (a Base model: "
@@ -786,7 +786,7 @@ def bench(
         check_writable(json_out, "the results")   # before the run, not after it
         if plot is not None:
             from .bench_plot import check_plotting
-            check_plotting()
+            check_plotting(plot)
             check_writable(plot, "the plot")
         say(device_choice.line(), "bold")
         if not cuda:
@@ -857,14 +857,16 @@ def plot_command(
         ..., metavar="RESULTS...", show_default=False,
         help="Result files: tts bench --json output, tools/arms.py's arms.json, or peer bench JSON lines "
              "(system, batch, audio_s_per_s; bench/results/peers-*.jsonl)."),
-    out: Path = typer.Option(..., "--out", metavar="FILE.png", show_default=False, help="The PNG to write."),
+    out: Path = typer.Option(..., "--out", metavar="FILE.png", show_default=False,
+                             help="The picture to write: .png, or .svg or .pdf."),
     title: str = typer.Option("tts bench", "--title", metavar="TEXT", help="The figure's title."),
 ) -> None:
     """Audio-s/s per concurrency, one line per run of every file, and each step's time split by stage
     as stacked bars per concurrency (runs with stage times only). Needs the extra [plot] (matplotlib)."""
-    from .bench_plot import plot_runs, read_runs
+    from .bench_plot import check_plotting, plot_runs, read_runs
 
     try:
+        check_plotting(out)   # before the files are read
         runs = [run for path in results for run in read_runs(path)]
         plot_runs(runs, out, title)
     except TTSError as e:

@@ -108,6 +108,15 @@ def test_slow_rows_are_over_three_times_the_median_seconds_per_character():
     assert slow_rows([1.0, 1.1, 0.9, 3.2, None], texts) == [False, False, False, True, False]
 
 
+def test_a_chinese_or_korean_character_counts_as_three_letters_for_slow():
+    """At speaking pace a Han character or Hangul syllable takes about three Latin letters' time: a
+    normal Chinese or Korean row beside English ones is not slow (by characters alone: 3.3x, 3.5x the median)."""
+    texts = ["The birch canoe slid on the smooth planks."] * 4 + ["今天天气很好。", "오늘 날씨가 좋다"]
+    seconds = [2.4, 2.5, 2.6, 2.5, 1.7, 1.8]
+    assert slow_rows(seconds, texts) == [False] * 6
+    assert slow_rows(seconds[:5] + [5.5], texts) == [False] * 5 + [True]
+
+
 def _row(row_id, text="one two three four", **kw):
     return ScoredRow(row_id, text, "english", file=f"{row_id}.wav", **kw)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import statistics
 import string
+import unicodedata
 from dataclasses import dataclass
 
 import jiwer
@@ -30,6 +31,9 @@ DELETED_CHARACTERS = set(string.punctuation + CJK_PUNCTUATION) - {"'"}
 TYPOGRAPHIC = str.maketrans({"‘": "'", "’": "'", "‛": "'", "‒": " ", "–": " ", "—": " ", "―": " ", "…": " "})
 HIGH_WER = 0.5
 SLOW_FACTOR = 3.0           # seconds per character above this multiple of the corpus median
+# Speech runs at ~14 Latin letters a second (tts bench's lengths) but ~4-5 Chinese characters and ~6-7
+# Korean syllables: one rate for a mixed corpus counts each such character as three letters.
+WIDE_CHARACTER_WEIGHT = 3
 NEAR_SILENT_RMS = 1e-3      # -60 dBFS: below any speech, above dither
 _SPACES = re.compile(r"\s+")
 PROTOCOL = (
@@ -99,9 +103,17 @@ def summarize(scores: list[RowWer]) -> dict:
     }
 
 
+def spoken_length(text: str) -> int:
+    """A text's characters but spaces, a wide one (a Chinese or Japanese character, a Korean syllable)
+    as WIDE_CHARACTER_WEIGHT: each takes about that many Latin letters' time to say."""
+    return sum(WIDE_CHARACTER_WEIGHT if unicodedata.east_asian_width(char) in "WF" else 1
+               for char in _SPACES.sub("", text))
+
+
 def slow_rows(seconds: list[float | None], texts: list[str]) -> list[bool]:
-    """Rows whose audio seconds per text character exceed SLOW_FACTOR x the median of the rows with audio."""
-    per_char = [None if s is None else s / max(1, len(_SPACES.sub("", t))) for s, t in zip(seconds, texts)]
+    """Rows whose audio seconds per text character (spoken_length) exceed SLOW_FACTOR x the median of
+    the rows with audio."""
+    per_char = [None if s is None else s / max(1, spoken_length(t)) for s, t in zip(seconds, texts)]
     known = [v for v in per_char if v is not None and v > 0]
     if not known:
         return [False] * len(texts)

@@ -211,6 +211,17 @@ def test_score_page_links_the_files_in_the_audio_folder(with_fake_asr, tmp_path)
             assert (out / unquote(row["audio"]["src"])).resolve() == (audio_dir / f"{row_id}.flac").resolve()
 
 
+def test_a_row_heard_but_not_scored_shows_why_beside_its_hypothesis():
+    """A row the ASR heard whose text has nothing to score (report.md gives the reason): the page shows
+    the hypothesis and the reason, not a hypothesis beside a blank WER."""
+    row = report_html.PageRow(1, "marks", "... !!! ???", audio="marks.wav", hypothesis="uh",
+                              not_scored="its text has no words to score")
+    columns = [report_html.Column("wer", "WER", "number"), report_html.Column("hypothesis", "heard", None)]
+    cells = report_html._table_row(0, row, columns, {}, "none")
+    assert '<td class="wer" data-sort=""></td>' in cells
+    assert 'uh<br><span class="note">not scored: its text has no words to score</span>' in cells
+
+
 # The browser test ----------------------------------------------------------------------------------
 
 def _chromium() -> str:

@@ -480,3 +480,17 @@ def test_rows_submitted_after_a_worker_died_mid_run_are_not_heard_not_lost():
     assert not isinstance(results["a"], str)
     assert "b" in results and isinstance(results["b"], NotHeard) and results["b"].startswith(
         "not heard: an ASR worker died")
+
+
+def test_a_sigterm_after_tts_score_heard_every_row_says_the_report_is_whole(tmp_path, monkeypatch):
+    """The stop is honoured (exit 143), but nothing was left unheard for it: no "others not scored"."""
+    def score_then_stop(*args):
+        os.kill(os.getpid(), signal.SIGTERM)   # recorded by the handler; no wait is running to cut
+        return 0
+
+    monkeypatch.setattr(cli, "run_score", score_then_stop)
+    result = runner.invoke(cli.app, ["score", str(tmp_path), "--manifest", str(tmp_path / "m.txt"),
+                                     "--out", str(tmp_path / "out")])
+    assert result.exit_code == 143, result.output
+    assert f"after the scoring ended: the report in {tmp_path / 'out'} is whole" in " ".join(result.stderr.split())
+    assert "not scored" not in result.stderr

@@ -156,6 +156,8 @@ def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
     _, [row] = wer.finish([record], 0)
     assert (row["error"], row["not_scored"], wer.unheard) == (None, "not heard: the run was stopped by SIGTERM", 1)
     assert wer.unheard_why == "not heard: the run was stopped by SIGTERM"   # the report's note gives it
+    assert wer.unheard_note() == "WER not computed: none of the 1 rows made was heard (not heard: the run was " \
+                                 "stopped by SIGTERM)"
     # two causes (a worker died, then the run was stopped): the note names each once
     died = NotHeard("not heard: an ASR worker died (killed, or out of memory)")
     wer.pool = SimpleNamespace(results=lambda: {"a": died, "b": died,
@@ -163,6 +165,11 @@ def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
     wer.finish([record], 0)
     assert (wer.unheard, wer.unheard_why) == (3, "not heard: an ASR worker died (killed, or out of memory); "
                                                  "not heard: the run was stopped by SIGTERM")
+    # one row heard (its audio unreadable counts: the ASR took it), three not: part of the run
+    wer.pool = SimpleNamespace(results=lambda: {"a": died, "b": died, "c": died, "d": "cannot read its audio"})
+    wer.finish([record], 0)
+    assert wer.unheard_note() == ("WER covers part of the run: 3 of the rows made were not scored (not heard: an "
+                                  "ASR worker died (killed, or out of memory))")
 
 
 @pytest.mark.wer

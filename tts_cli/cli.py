@@ -592,10 +592,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         if synth_wer is not None:
             try:
                 wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)
-                if synth_wer.unheard:
-                    # (rows never synthesized are not scored either: the WER summary counts those too)
-                    result.notes.append(f"WER covers part of the run: {synth_wer.unheard} of the rows made were not "
-                                        f"scored ({synth_wer.unheard_why})")
+                if synth_wer.unheard_note():
+                    result.notes.append(synth_wer.unheard_note())
             except TTSError as e:
                 result.notes.append(f"WER not computed: {e}")
     finally:
@@ -975,6 +973,7 @@ def score(
     could be scored (bad manifest, folder, ASR model), with one red line saying why; 130 Ctrl-C, 143
     SIGTERM (the report holds the rows heard before it).
     """
+    exit_code = None
     try:
         with stop_on_signals() as stop:   # SIGTERM, Ctrl-C: the report holds the rows heard so far
             exit_code = run_score(audio_dir, manifest, out, language, asr_model, asr_workers)
@@ -983,8 +982,11 @@ def score(
         say(f"error: {e}", "red")
         raise typer.Exit(2)
     except RunStopped as e:
-        say(f"{e}: the report in {out} holds the rows heard before it (the others not scored); rerun the same "
-            "command to hear them all", "red")
+        if exit_code is not None:   # it came once the scoring was over: nothing was left unheard for it
+            say(f"{e} after the scoring ended: the report in {out} is whole", "red")
+        else:
+            say(f"{e}: the report in {out} holds the rows heard before it (the others not scored); rerun the same "
+                "command to hear them all", "red")
         raise typer.Exit(e.exit_status)
     raise typer.Exit(exit_code)
 

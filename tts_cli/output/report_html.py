@@ -220,10 +220,11 @@ def _table_row(rank: int, r: PageRow, columns: list[Column], meanings: dict[str,
         listen = f'<audio controls preload="{preload}" src="{_e(quote(r.audio))}"></audio>'
     else:
         listen = f'<span class="error">{_e(r.error or "no audio")}</span>'
-    if r.hypothesis is not None:
-        hypothesis = _e(r.hypothesis)
-    elif r.not_scored:
-        hypothesis = f'<span class="note">not scored: {_e(r.not_scored)}</span>'
+    not_scored = f'<span class="note">not scored: {_e(r.not_scored)}</span>' if r.not_scored else ""
+    if r.hypothesis is not None:   # heard, maybe not scored (its text has no words to score, ...)
+        hypothesis = _e(r.hypothesis) + (f"<br>{not_scored}" if not_scored else "")
+    elif not_scored:
+        hypothesis = not_scored
     elif r.audio is not None and r.error:   # the audio is there; the ASR failed on it
         hypothesis = f'<span class="error">{_e(r.error)}</span>'
     else:

@@ -55,6 +55,7 @@ class SynthWer:
         heard = {**self.pool.results(), **self._unread}
         unheard = [result for result in heard.values() if isinstance(result, NotHeard)]
         self.unheard, self.unheard_why = len(unheard), "; ".join(dict.fromkeys(unheard)) or None   # each cause once
+        self.heard = len(heard) - len(unheard)
         wait_seconds = perf_counter() - start
         # a row a stopped run left for the rerun is not scored, not failed
         rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,
@@ -69,6 +70,15 @@ class SynthWer:
         report.update(worst_rows=worst_rows(scored), flagged_rows=flagged_rows(scored),
                       not_scored_rows=not_scored_rows(scored))
         return report, scored
+
+    def unheard_note(self) -> str | None:
+        """After finish: the report's note on the rows made that the ASR did not hear, or None.
+        (Rows never synthesized are not scored either: the WER summary counts those too.)"""
+        if not self.unheard:
+            return None
+        if not self.heard:
+            return f"WER not computed: none of the {self.unheard} rows made was heard ({self.unheard_why})"
+        return f"WER covers part of the run: {self.unheard} of the rows made were not scored ({self.unheard_why})"
 
     def close(self) -> None:
         self.pool.close()

@@ -4,7 +4,7 @@ import pytest
 import soundfile as sf
 
 from tts_cli.errors import OutputError
-from tts_cli.output.writer import sanitize_id, wav_names, write_atomically, write_wav
+from tts_cli.output.writer import sanitize_id, wav_names, write_atomically, write_audio, write_wav
 
 
 @pytest.mark.parametrize("row_id, stem", [
@@ -39,6 +39,21 @@ def test_write_wav_is_16_bit_at_the_given_rate_and_leaves_no_temp_file(tmp_path)
     decoded, _ = sf.read(tmp_path / "x.wav", dtype="float32")
     assert np.abs(decoded - audio).max() < 1e-4
     assert [p.name for p in tmp_path.iterdir()] == ["x.wav"]
+
+
+def test_wav_and_flac_hold_the_same_samples_rounded_to_the_nearest(tmp_path):
+    """One conversion to 16 bits for every format (libsndfile floors a float sample for WAV and rounds
+    it for FLAC): a row's samples do not depend on --format."""
+    rng = np.random.default_rng(0)
+    audio = np.concatenate([np.clip(0.3 * rng.standard_normal(20000), -1, 1),
+                            [1.0, -1.0, 1.2, -1.2, 0.6 / 32768, 1.6 / 32768, -0.6 / 32768]]).astype(np.float32)
+    write_audio(tmp_path / "x.wav", audio, 24000, "WAV")
+    write_audio(tmp_path / "x.flac", audio, 24000, "FLAC")
+    wav, flac = (sf.read(tmp_path / name, dtype="int16")[0] for name in ("x.wav", "x.flac"))
+    assert np.array_equal(wav, flac)
+    assert list(wav[-7:]) == [32767, -32768, 32767, -32768, 1, 2, -1]
+    inside = np.abs(audio) < 32767 / 32768   # (1.0 itself is clipped to 32767)
+    assert np.abs(wav[inside] / 32768 - audio[inside]).max() <= 0.5 / 32768 + 1e-9
 
 
 def test_failed_write_keeps_the_old_file_and_removes_the_temp_file(tmp_path):

@@ -47,8 +47,15 @@ def wav_names(row_ids: list[str]) -> list[str]:
     return output_names(row_ids, "wav")
 
 
+def pcm16(audio: np.ndarray) -> np.ndarray:
+    """Samples in [-1, 1] as 16-bit integers: x 32768, rounded to the nearest, clipped. Done here once
+    for every format: libsndfile rounds a float sample for FLAC but floors it for WAV (1 LSB apart in
+    about half the samples), so the same row would differ by format."""
+    return np.clip(np.round(np.asarray(audio, dtype=np.float64) * 32768), -32768, 32767).astype(np.int16)
+
+
 def write_audio(path: Path, audio: np.ndarray, sample_rate: int, audio_format: str = "WAV") -> None:
-    """16-bit PCM WAV or FLAC (libsndfile clips samples outside [-1, 1]).
+    """16-bit PCM WAV or FLAC (samples outside [-1, 1] clipped: pcm16).
 
     Raises OSError when libsndfile cannot encode the audio (that row's fault), OutputError when the
     file cannot be written. The audio is encoded in memory and written by Python: libsndfile writing
@@ -68,7 +75,7 @@ def write_wav(path: Path, audio: np.ndarray, sample_rate: int) -> None:
 def encode_audio(audio: np.ndarray, sample_rate: int, audio_format: str = "FLAC") -> bytes:
     """The bytes write_audio would put in a file, for containers such as parquet."""
     buffer = io.BytesIO()
-    sf.write(buffer, audio, sample_rate, subtype="PCM_16", format=audio_format)
+    sf.write(buffer, pcm16(audio), sample_rate, subtype="PCM_16", format=audio_format)
     return buffer.getvalue()
 
 

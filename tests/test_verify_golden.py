@@ -1,5 +1,6 @@
 """`tts verify-golden`: passes on the bundled model, fails with a readable table on a perturbed record,
 in float32 and in bfloat16 (the engine's numerics; on CPU the plain path with bf16 weights)."""
+import json
 import shutil
 from pathlib import Path
 
@@ -120,3 +121,23 @@ def test_records_of_another_kind_or_size_are_refused_before_any_check(tmp_path):
         result = _invoke("--model", model, "--golden", golden)
         assert result.exit_code == 2, result.output
         assert f"were made for a {made_for} checkpoint, and {model} is {kind}" in " ".join(result.output.split())
+
+
+def test_records_that_do_not_read_are_refused_by_name(tmp_path):
+    """Exit 2 and the file (1 means a check failed), before the model loads."""
+    for case, (name, content) in enumerate((("records.json", "{"), ("records.json", "[1, 2]"),
+                                            ("records.safetensors", "junk"))):
+        golden = tmp_path / str(case)
+        shutil.copytree(GOLDEN_06B, golden)
+        (golden / name).write_text(content)
+        result = _invoke("--model", TINY_06B, "--golden", golden)
+        assert result.exit_code == 2, result.output
+        assert f"golden records {golden / name}" in "".join(result.output.split("\n")), result.output
+
+
+def test_recording_over_records_json_that_does_not_read_replaces_it(tmp_path):
+    from tts_cli.quality.reference import write_golden
+    (tmp_path / "records.json").write_text("keep")
+    write_golden(tmp_path, {"x": torch.zeros(2)}, {"kind": "test"})
+    assert load_file(str(tmp_path / "records.safetensors"))["x"].tolist() == [0.0, 0.0]
+    assert json.loads((tmp_path / "records.json").read_text())["kind"] == "test"

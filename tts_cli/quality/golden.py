@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from tts_cli.errors import TTSError
 from tts_cli.model.generate import generate
 from tts_cli.model.prompt import assistant_text, reference_text
 from tts_cli.request import Request, VoiceReference
@@ -178,10 +179,20 @@ NUMERICS = {n.name: n for n in (FP32, FP16, BF16)}
 
 
 def load_records(golden_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]:
+    """The records' tensors and metadata; TTSError naming the file that does not read as records."""
     from safetensors.torch import load_file
     golden_dir = Path(golden_dir)
-    meta = json.loads((golden_dir / "records.json").read_text(encoding="utf-8"))
-    return load_file(str(golden_dir / "records.safetensors")), meta
+    try:
+        meta = json.loads((golden_dir / "records.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TTSError(f"golden records {golden_dir / 'records.json'} do not read: {e}") from None
+    if not isinstance(meta, dict):
+        raise TTSError(f"golden records {golden_dir / 'records.json'}: a JSON object expected, not "
+                       f"{type(meta).__name__}")
+    try:
+        return load_file(str(golden_dir / "records.safetensors")), meta
+    except Exception as e:   # safetensors' own error types (header, size), OSError
+        raise TTSError(f"golden records {golden_dir / 'records.safetensors'} do not read: {e}") from None
 
 
 def _exact(name: str, equal: bool) -> Check:

@@ -743,8 +743,10 @@ def write_golden(golden_dir: str | Path, tensors: dict[str, torch.Tensor], meta:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(golden_dir / "records.safetensors"))
     meta_path = golden_dir / "records.json"
     date = datetime.date.today().isoformat()
-    if meta_path.is_file():
+    try:   # the earlier records' date, where they are there and read (else they are replaced)
         old = json.loads(meta_path.read_text(encoding="utf-8"))
-        if {k: v for k, v in old.items() if k != "date"} == json.loads(json.dumps(meta)):
-            date = old.get("date", date)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        old = None
+    if isinstance(old, dict) and {k: v for k, v in old.items() if k != "date"} == json.loads(json.dumps(meta)):
+        date = old.get("date", date)
     write_json(meta_path, dict(meta, date=date))

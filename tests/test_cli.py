@@ -500,10 +500,12 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
     ("batch_size: 0\n", "'batch_size' should be 1 or more, got 0"),
     ("batch_size: -2\n", "'batch_size' should be 1 or more, got -2"),
     ("seed: 9223372036854775808\n", "'seed' should be from -9223372036854775808 to 9223372036854775807"),
+    (b"\xff\xfe\x00", "does not read as UTF-8 text"),
+    ("speaker: [vivian\n", "malformed YAML in recipe"),
 ])
 def test_bad_recipe_is_named(fake, tmp_path, content, message):
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(content)
+    recipe.write_bytes(content if isinstance(content, bytes) else content.encode())
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello there.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--recipe", recipe)

@@ -73,8 +73,10 @@ def load_recipe(name_or_path: str) -> dict:
                        f"{', '.join(available()) or 'none, recipes/ ships with the source checkout'})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e:
-        raise TTSError(f"malformed YAML in recipe {path}: {e}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TTSError(f"recipe {path} does not read as UTF-8 text: {e}") from None
+    except yaml.YAMLError as e:   # (its position markers on one line)
+        raise TTSError(f"malformed YAML in recipe {path}: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise TTSError(f"recipe {path}: expected a mapping of option names to values")
     for key, value in data.items():

@@ -190,9 +190,13 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
     assert fake.loaded_with == {"device": "cuda", "engine_rows": 3, "depth": "auto", "codec_precision": "fp32",
                                 "talker_precision": "bf16"}
     assert [len(batch) for batch in fake.batches] == [48, 2] and fake.max_rows == [48, 48]
-    result = _invoke("synth", manifest, "--out", tmp_path / "out-cpu", "--model", tmp_path / "model", "--rows", 3)
+    result = _invoke("synth", manifest, "--out", tmp_path / "out-cpu", "--model", tmp_path / "model", "--rows", 3,
+                     "--depth", "loop", "--talker-precision", "bf16")
     assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
-    assert "warning: --rows 3 is ignored: it sets the CUDA engine's slots, and this run is on cpu" in result.output
+    output = " ".join(result.output.split())
+    assert "warning: --rows 3 is ignored: it sets the CUDA engine's slots, and this run is on cpu" in output
+    assert "warning: --depth loop, --talker-precision bf16 ignored: they set the CUDA engine, and this run is on " \
+           "cpu" in output
 
 
 def test_with_gpus_the_default_call_gives_every_gpu_work(fake, tmp_path, monkeypatch):

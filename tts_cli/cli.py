@@ -525,9 +525,17 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     if on_cuda:
         say(f"rows: {engine_rows} (--rows)" if engine_rows else
             f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
-    elif engine_rows:
-        say(f"warning: --rows {engine_rows} is ignored: it sets the CUDA engine's slots, and this run is on "
-            f"{', '.join(devices) if devices else device}", "yellow")
+    else:
+        where = ", ".join(devices) if devices else device
+        if engine_rows:
+            say(f"warning: {given_by.get('rows', '--rows')} {engine_rows} is ignored: it sets the CUDA engine's "
+                f"slots, and this run is on {where}", "yellow")
+        engine_only = [f"{given_by.get(name, '--' + name.replace('_', '-'))} {value}"
+                       for name, value in (("depth", depth), ("codec_precision", codec_precision),
+                                           ("talker_precision", talker_precision)) if value != getattr(DEFAULTS, name)]
+        if engine_only:   # the plain model on CPU: fp32 weights and vocoder, the code predictor's loop
+            say(f"warning: {', '.join(engine_only)} ignored: they set the CUDA engine, and this run is on {where}",
+                "yellow")
     if batch_size is None:
         batch_size = CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8
         if devices and on_cuda:   # two batches a worker at least: else one GPU takes a corpus of fewer segments

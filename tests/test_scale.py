@@ -46,6 +46,13 @@ def test_gpu_lists():
         parse_devices("0,gpu1")
 
 
+def test_an_empty_gpus_list_is_refused_not_ignored(tmp_path):
+    (tmp_path / "m.txt").write_text("One line.\n")
+    result = runner.invoke(cli.app, ["synth", str(tmp_path / "m.txt"), "--out", str(tmp_path / "out"), "--gpus", ""])
+    assert result.exit_code == 2 and "--gpus '': expected GPU numbers" in result.stderr, result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_shard_runs_together_make_the_whole_manifest(monkeypatch, tmp_path):
     """Acceptance: the union of --shard i/n over all i is the manifest, pairwise disjoint, bad rows included."""
     use_fake_synthesizer(monkeypatch, tmp_path)

@@ -472,7 +472,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         raise TTSError(f"--format {output_format!r}: expected one of {', '.join(FORMATS)}")
     shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
     engine_rows = parse_rows(rows)
-    devices = parse_devices(gpus) if gpus else None
+    devices = parse_devices(gpus) if gpus is not None else None
     choice = resolve_model(model)
     cfg = checkpoint_config(choice.dir)
     kind = cfg and cfg.model_type

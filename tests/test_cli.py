@@ -406,6 +406,15 @@ def test_bench_order_longest_queues_the_longest_requests_first(tmp_path):
     assert result.exit_code == 2 and "order must be one of ('given', 'longest'), got 'shortest'" in result.stderr
 
 
+def test_bench_ref_seconds_within_the_references_limits_and_said_to_be_ignored_without_a_clone(tmp_path):
+    result = _invoke("bench", "--device", "cpu", "--workload", "clone-icl", "--ref-seconds", "61")
+    assert result.exit_code == 2 and "Invalid value for '--ref-seconds'" in result.output
+    result = _invoke("bench", "--device", "cpu", "--concurrency", "1", "--frames", "8", "--requests", "1",
+                     "--ref-seconds", "3", "--json", tmp_path / "b.json")
+    assert result.exit_code == 0, result.output
+    assert "warning: --ref-seconds 3 is ignored: the customvoice workload clones no voice" in result.output
+
+
 def test_bench_rejects_bad_options():
     for option, value in (("--concurrency", "1,x"), ("--concurrency", "0"), ("--concurrency", "4,-1"),
                           ("--concurrency", ""), ("--frames", "0"), ("--frames", "x")):

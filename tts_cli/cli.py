@@ -19,6 +19,7 @@ from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_R
                      TALKER_PRECISIONS)
 from .bench_plot import STEP_STAGES
 from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, ORDERS, WORKLOADS
+from .voice.limits import MAX_SECONDS, MIN_SECONDS
 from .errors import TTSError
 from .logs import log_to_stderr
 from .processes import RunCannotGoOn, RunStopped, stop_on_signals, stops_here
@@ -760,8 +761,9 @@ def bench(
              "random:... builds one) from ICL (clone-icl: the reference's x-vector, transcript and codes) or "
              "its x-vector only (clone-xvector), in the streaming text mode (voice cloning's official "
              "default). The reference is encoded once, before the timed runs: tts_cli/bench_clone.py."),
-    ref_seconds: float = typer.Option(DEFAULT_REF_SECONDS, "--ref-seconds", min=1.0, metavar="S",
-                                      help="Length of the cloned voice's reference (a synthetic voiced signal)."),
+    ref_seconds: float = typer.Option(DEFAULT_REF_SECONDS, "--ref-seconds", min=MIN_SECONDS, max=MAX_SECONDS,
+                                      metavar="S", help="Length of the cloned voice's reference (a synthetic voiced "
+                                      "signal), within the references' limits; clone workloads only."),
     order: str = typer.Option(
         "given", "--order", metavar="|".join(ORDERS),
         help="The queue: the sentences in their order (given: the protocol of the runtimes compared in "
@@ -785,6 +787,8 @@ def bench(
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
+    if workload == DEFAULT_WORKLOAD and ref_seconds != DEFAULT_REF_SECONDS:
+        say(f"warning: --ref-seconds {ref_seconds:g} is ignored: the {workload} workload clones no voice", "yellow")
     try:
         check_engine_choices(depth, codec_precision, talker_precision)
         spec = model or ("random:1.7b" if cuda else str(BUNDLED_MODEL_DIR))

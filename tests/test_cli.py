@@ -245,8 +245,8 @@ def test_recipe_rows_may_be_a_number_or_auto(tmp_path):
     recipe.write_text("rows: auto\n")
     assert parse_rows(load_recipe(str(recipe))["rows"]) is None
     recipe.write_text("rows: many\n")
-    with pytest.raises(TTSError, match="--rows many: auto or a whole number"):
-        parse_rows(load_recipe(str(recipe))["rows"])
+    with pytest.raises(TTSError, match="'rows' should be auto or a whole number of slots .*, got 'many'"):
+        load_recipe(str(recipe))
 
 
 @pytest.mark.parametrize("option, value, choices", [("--codec-precision", "bf16", "fp16, fp32"),
@@ -514,6 +514,9 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
     ("batch_size: -2\n", "'batch_size' should be 1 or more, got -2"),
     ("seed: 9223372036854775808\n", "'seed' should be from -9223372036854775808 to 9223372036854775807"),
     (b"\xff\xfe\x00", "does not read as UTF-8 text"),
+    ("depth: bogus\n", "'depth' should be one of auto, kernel, loop, got 'bogus'"),
+    ("model: /nonexistent/model\n", "model directory not found: /nonexistent/model (from recipe "),
+    ("rows: 0\n", "'rows' should be auto or a whole number of slots (1 or more), got '0'"),
     ("speaker: [vivian\n", "malformed YAML in recipe"),
 ])
 def test_bad_recipe_is_named(fake, tmp_path, content, message):

@@ -80,10 +80,11 @@ class ModelChoice:
         return self.source == "bundled"
 
 
-def resolve_model(option: Optional[Path]) -> ModelChoice:
-    """--model, else $TTS_MODEL, else the bundled tiny model; the directory must exist."""
+def resolve_model(option: Optional[Path], given_by: str = "--model") -> ModelChoice:
+    """--model (or what gave its value: given_by), else $TTS_MODEL, else the bundled tiny model; the
+    directory must exist."""
     if option is not None:
-        choice = ModelChoice(option, "--model")
+        choice = ModelChoice(option, given_by)
     elif os.environ.get("TTS_MODEL"):
         choice = ModelChoice(Path(os.environ["TTS_MODEL"]), "$TTS_MODEL")
     else:
@@ -474,7 +475,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
     engine_rows = parse_rows(rows)
     devices = parse_devices(gpus) if gpus is not None else None
-    choice = resolve_model(model)
+    choice = resolve_model(model, given_by.get("model", "--model"))
     cfg = checkpoint_config(choice.dir)
     kind = cfg and cfg.model_type
     if cfg is not None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from tts_cli.engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION
+from tts_cli.engine import (CODEC_PRECISIONS, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_TALKER_PRECISION,
+                            DEPTH_CHOICES, TALKER_PRECISIONS)
 from tts_cli.errors import TTSError
 
 RECIPES_DIR = Path(__file__).resolve().parents[1] / "recipes"
@@ -47,6 +48,8 @@ def wrapped_seed(seed: int) -> int:
     return (seed - low) % (high - low + 1) + low
 # The bounds of the numeric settings, for a recipe's keys as for the command line's options (cli.setting_option).
 SETTING_RANGES = {"seed": SEED_RANGE, "max_frames": (1, None), "batch_size": (1, None)}
+# The settings that take one of a few words (checked for the command line in cli.check_engine_choices).
+SETTING_CHOICES = {"depth": DEPTH_CHOICES, "codec_precision": CODEC_PRECISIONS, "talker_precision": TALKER_PRECISIONS}
 
 
 def _value_type(hint) -> type:
@@ -91,6 +94,11 @@ def load_recipe(name_or_path: str) -> dict:
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = f"from {low} to {high}" if high is not None else f"{low} or more"
             raise TTSError(f"recipe {path}: '{key}' should be {bounds}, got {value!r}")
+        if key in SETTING_CHOICES and value not in SETTING_CHOICES[key]:
+            raise TTSError(f"recipe {path}: '{key}' should be one of {', '.join(SETTING_CHOICES[key])}, got {value!r}")
+        if key == "rows" and value != AUTO_ROWS and not (value.isdigit() and int(value) >= 1):
+            raise TTSError(f"recipe {path}: 'rows' should be auto or a whole number of slots (1 or more), "
+                           f"got {value!r}")
     return data
 
 

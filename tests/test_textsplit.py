@@ -51,6 +51,12 @@ def test_ascii_and_half_width_marks_in_cjk_text_are_breaks_without_a_space():
     assert split_text("pi is 3.14 or so", 10) == ["pi is 3.14", "or so"]
 
 
+def test_a_chinese_opening_quote_goes_with_the_sentence_it_opens():
+    text = "他说：“你好。”然后他走了。“再见！”她说。" * 3
+    segments = split_text(text, 20)
+    assert "".join(segments) == text and not any(s.endswith("“") for s in segments)
+
+
 def test_german_and_french_quotes_close_their_sentence():
     first = "„" + "Wir gehen heute Abend in die Stadt " * 3 + "zusammen.“"
     second = "Sie nickte und " + "lief langsam durch den Park nach Hause " * 3 + "zurück."

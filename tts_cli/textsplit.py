@@ -16,13 +16,14 @@ import numpy as np
 # French ones after a no-break space). A line break ends a sentence. CJK marks need no following
 # space, nor do ASCII ones before CJK text; the text's own separator (a space, or none) joins pieces
 # again. Never at a no-break space.
-_CLOSING = "\"'”’“»›)\\]」』）】〕》"
+_CJK_CLOSING = "\"'”’)\\]」』）】〕》"
+_CLOSING = _CJK_CLOSING + "“»›"   # “ closes German quotes (and opens Chinese ones)
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"   # kana, ideographs
 _GAP = r"[^\S\u00a0\u202f]"   # whitespace but the no-break spaces
 _SENTENCE_END = re.compile(rf"(?<=[.!?…])(?:[\u00a0\u202f]?[{_CLOSING}])*{_GAP}+"
-                           rf"|(?<=[.!?])[{_CLOSING}]*(?=[{_CJK}])"
-                           rf"|(?<=[。！？．｡])[{_CLOSING}]*(?![{_CLOSING}。！？．｡])\s*"
-                           rf"|[^\S\n]*\n\s*")
+                           rf"|(?<=[.!?])[{_CJK_CLOSING}]*(?=[{_CJK}])"
+                           rf"|(?<=[。！？．｡])[{_CJK_CLOSING}]*(?![{_CJK_CLOSING}。！？．｡])\s*"
+                           r"|\n\s*")   # (the spaces before a line break: stripped with the piece)
 _CLAUSE_END = re.compile(rf"(?<=[,;:—–]){_GAP}+|(?<=[,;:])(?=[{_CJK}])|(?<=[，；：、､])(?![，；：、､])\s*")
 _SPACE = re.compile(rf"{_GAP}+")
 # Characters a fixed-width cut does not go before: they belong to the character before them.

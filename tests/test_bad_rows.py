@@ -123,21 +123,22 @@ def test_unknown_parquet_columns_are_a_note_of_the_report(tmp_path, monkeypatch)
     assert f"{note}." in (out / "report.md").read_text()
 
 
-def test_a_special_token_written_in_a_rows_text_or_instruct_fails_that_row(tmp_path):
-    """The tokenizer's special tokens (tokenizer_config.json) in a row's text would be read as control
-    tokens, not spoken (the official prompt string reads them so too): the row fails, naming the token,
-    before any batch; the others go on."""
+def test_a_tokenizer_token_written_in_a_rows_text_or_instruct_fails_that_row(tmp_path):
+    """The tokenizer's added tokens (tokenizer_config.json: special ones such as <|im_end|>, others such
+    as <think>) in a row's text are read as those tokens, not spoken (the official prompt string reads
+    them so too): the row fails, naming the token, before any batch; the others go on."""
     from tts_cli.checkpoint import open_checkpoint
 
     design = Path(__file__).resolve().parent / "fixtures" / "tiny-1.7b-voicedesign"
-    assert {"<|im_end|>", "<tts_pad>"} <= set(open_checkpoint(design).config.special_tokens)
-    pq.write_table(pa.table({"id": ["ok", "text", "instruct"],
-                             "text": ["A fine line.", "Say <|im_end|> now.", "Another line."],
-                             "instruct": ["Calm.", "Calm.", "A <tts_pad> voice."]}), tmp_path / "m.parquet")
+    assert {"<|im_end|>", "<tts_pad>", "<think>"} <= set(open_checkpoint(design).config.added_tokens)
+    pq.write_table(pa.table({"id": ["ok", "text", "instruct", "think"],
+                             "text": ["A fine line.", "Say <|im_end|> now.", "Another line.", "Say <think> now."],
+                             "instruct": ["Calm.", "Calm.", "A <tts_pad> voice.", "Calm."]}), tmp_path / "m.parquet")
     result = runner.invoke(cli.app, ["synth", str(tmp_path / "m.parquet"), "--out", str(tmp_path / "out"),
                                      "--model", str(design), "--max-frames", "2", "--no-wer"])
     assert result.exit_code == 1, result.output
-    ok, text, instruct = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
+    ok, text, instruct, think = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
     assert ok["error"] is None and ok["frames"] == 2
-    assert text["error"].startswith("text holds '<|im_end|>', one of the tokenizer's special tokens")
+    assert text["error"].startswith("text holds '<|im_end|>', one of the tokenizer's own tokens")
     assert instruct["error"].startswith("instruct holds '<tts_pad>'")
+    assert think["error"].startswith("text holds '<think>'")

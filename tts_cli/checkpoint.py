@@ -99,9 +99,10 @@ class ModelConfig:
     language_ids: dict[str, int]           # includes dialect entries
     model_type: str = CUSTOM_VOICE         # tts_model_type: CUSTOM_VOICE, BASE or VOICE_DESIGN
     speaker_encoder: SpeakerEncoderConfig | None = None   # Base checkpoints only
-    # The tokenizer's special tokens (tokenizer_config.json: <|im_end|>, <tts_pad>, ...): written in a
-    # row's text, each would be read as that control token (as the official prompt string reads it).
-    special_tokens: tuple[str, ...] = ()
+    # The tokenizer's added tokens (tokenizer_config.json: <|im_end|>, <tts_pad>, <think>, ...): written
+    # in a row's text, each is read whole as that one token, not spoken (as the official prompt string
+    # reads it too).
+    added_tokens: tuple[str, ...] = ()
 
     @property
     def kind_name(self) -> str:
@@ -337,8 +338,8 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
         if not (root / name).is_file():
             raise CheckpointError(f"missing tokenizer file: {root / name}")
     added = read_json(root / "tokenizer_config.json").get("added_tokens_decoder") or {}
-    config = replace(config, special_tokens=tuple(sorted(
-        token["content"] for token in added.values() if isinstance(token, dict) and token.get("special"))))
+    config = replace(config, added_tokens=tuple(sorted(
+        token["content"] for token in added.values() if isinstance(token, dict) and token.get("content"))))
     if not (root / "tokenizer.json").is_file() and not (
             (root / "vocab.json").is_file() and (root / "merges.txt").is_file()):
         raise CheckpointError(f"missing tokenizer files in {root}: need tokenizer.json or vocab.json + merges.txt")

@@ -153,7 +153,7 @@ def check_request(cfg: ModelConfig, request: Request) -> None:
     """What the row asks for against what its checkpoint's kind can do (RequestError naming it)."""
     if not request.text.strip():
         raise RequestError("empty text")
-    check_no_special_tokens(cfg, request)
+    check_no_added_tokens(cfg, request)
     check_voice(cfg, request.speaker, request.instruct, request.reference is not None)
     if cfg.model_type == BASE:
         if request.reference is None:
@@ -162,15 +162,15 @@ def check_request(cfg: ModelConfig, request: Request) -> None:
     resolve_language_id(cfg, request.speaker if cfg.model_type == CUSTOM_VOICE else None, request.language)
 
 
-def check_no_special_tokens(cfg: ModelConfig, request: Request) -> None:
-    """RequestError naming the first of the tokenizer's special tokens written in the row's text,
-    instruct or reference transcript: it would not be spoken but read as that control token."""
+def check_no_added_tokens(cfg: ModelConfig, request: Request) -> None:
+    """RequestError naming the first of the tokenizer's added tokens (cfg.added_tokens) written in the
+    row's text, instruct or reference transcript: it would not be spoken but read as that one token."""
     transcript = request.reference.text if request.reference is not None else request.ref_text
     for name, value in (("text", request.text), ("instruct", request.instruct), ("ref_text", transcript)):
-        found = value and next((token for token in cfg.special_tokens if token in value), None)
+        found = value and next((token for token in cfg.added_tokens if token in value), None)
         if found:
-            raise RequestError(f"{name} holds {found!r}, one of the tokenizer's special tokens: it would be read as "
-                               "that control token, not spoken; take it out of the text")
+            raise RequestError(f"{name} holds {found!r}, one of the tokenizer's own tokens: it would be read as that "
+                               "token, not spoken; take it out of the text")
 
 
 def check_voice(cfg: ModelConfig, speaker: str | None, instruct: str | None, has_reference: bool) -> None:

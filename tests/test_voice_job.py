@@ -190,6 +190,7 @@ def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monke
                                     "that file); a manifest row with a reference of its own takes its own ref_text"),
     (["--x-vector-only"], "--x-vector-only: given without --ref-audio, whose option it is (how to clone that file)"),
     (["--ref-audio", "missing.wav", "--x-vector-only"], "--ref-audio: reference file not found: "),
+    (["--ref-audio", "ref_audio/missing.wav", "--x-vector-only"], "/ref_audio/missing.wav"),   # a path kept as is
     (["--ref-audio", "corpus.txt", "--x-vector-only"], "is not audio that libsndfile reads"),
     (["--ref-audio", "https://example.com/voice.wav", "--x-vector-only"],
      "--ref-audio: 'https://example.com/voice.wav' is a URL: tts reads local files only"),

@@ -153,8 +153,8 @@ def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Op
         option = "ref_audio"
         request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text or None,
                           x_vector_only=x_vector_only)
-        problem = (clone_problem(request, cfg.model_type) or reference_value_problem(ref_audio)
-                   or voice_fields_problem(request))
+        problem = (_as_options(clone_problem(request, cfg.model_type), given_by) or reference_value_problem(ref_audio)
+                   or _as_options(voice_fields_problem(request), given_by))
         if problem:
             raise RequestError(problem)
         check_reference(resolve_reference_path(ref_audio.strip(), Path.cwd()))
@@ -162,11 +162,18 @@ def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Op
         message = str(e).removeprefix(option + ": ")
         if option == "ref_audio":   # "ref_audio 'x' is a URL" -> "--ref-audio: 'x' is a URL"
             message = message.removeprefix("ref_audio ")
-        if given_by(option).startswith("--"):
-            message = message.replace("(x_vector_only false)", "(without --x-vector-only)")
-            for column in ("x_vector_only", "ref_text", "ref_audio"):
-                message = re.sub(rf"\b{column}\b", given_by(column), message)
         raise TTSError(f"{given_by(option)}: {message}") from None
+
+
+def _as_options(problem: Optional[str], given_by: Callable[[str], str]) -> Optional[str]:
+    """A row-level voice problem, which names the manifest's columns, naming the options instead where
+    the values came from options (not from a recipe, whose keys are the columns' names)."""
+    if not problem or not given_by("ref_audio").startswith("--"):
+        return problem
+    problem = problem.replace("(x_vector_only false)", "(without --x-vector-only)")
+    for column in ("x_vector_only", "ref_text", "ref_audio"):
+        problem = re.sub(rf"\b{column}\b", given_by(column), problem)
+    return problem
 
 
 def setting_option(name: str, **kwargs):

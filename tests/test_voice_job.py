@@ -218,18 +218,30 @@ def test_voice_options_the_checkpoint_cannot_take_stop_the_run_before_it_loads(t
 
 def test_an_instruct_the_checkpoint_ignores_is_left_out_of_the_rows_settings(tmp_path, monkeypatch):
     """A CustomVoice 0.6B takes no instruction (the official code drops it): the rows' instruct is left out
-    of their settings with a note, so the report does not show a voice that was not made, and a rerun
-    without --instruct resumes the rows instead of refusing them as changed."""
+    of them with a note (even one that would fail its row), so the report does not show a voice that was
+    not made, and a rerun without --instruct resumes the rows instead of refusing them as changed; so does
+    a rerun over a ledger that recorded one (as runs before 2026-12-05 did)."""
+    from tts_cli.job import params_key
+
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "corpus.txt").write_text("One line to speak.\nAnd another.\n")
+    pq.write_table(pa.table({"text": ["One line to speak.", "And another."], "instruct": [None, "Calm\x07."]}),
+                   tmp_path / "m.parquet")
     model = ["--model", str(REPO / "tests" / "fixtures" / "tiny-0.6b-customvoice"), "--max-frames", "2", "--no-wer"]
-    first = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *model, "--instruct", "Angry."])
+    first = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *model, "--instruct", "Angry."])
     assert first.exit_code == 0, first.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert [row["instruct"] for row in report["rows"]] == [None, None]
-    assert ("instruct left out of 2 rows: this CustomVoice 0.6B checkpoint takes no instruction (the official "
-            "implementation ignores it too)") in report["notes"]
-    again = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *model])
+    assert [(row["instruct"], row["error"]) for row in report["rows"]] == [(None, None), (None, None)]
+    assert ("instruct left out of 2 rows: this checkpoint takes no instruction (the official implementation "
+            "ignores it too)") in report["notes"]
+    again = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *model])
+    assert again.exit_code == 0 and "2 rows ok (2 from an earlier run)" in again.output, again.output
+    ledger = tmp_path / "out" / LEDGER_NAME   # as an earlier version wrote it: the instruct in the settings
+    entries = [json.loads(line) for line in ledger.read_text().splitlines()]
+    for entry in entries:
+        entry["params"]["instruct"] = "Angry."
+        entry["key"] = params_key(entry["params"])
+    ledger.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    again = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *model, "--instruct", "Angry."])
     assert again.exit_code == 0 and "2 rows ok (2 from an earlier run)" in again.output, again.output
 
 

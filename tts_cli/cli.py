@@ -469,7 +469,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     # Imported here so that --help and the placeholder commands start without loading torch.
     from .checkpoint import BASE, CUSTOM_VOICE, fingerprint
     from .job import JobSettings, LocalExecutor, run_job
-    from .manifest import RowDefaults, drop_ignored_instructs, read_manifest
+    from .manifest import RowDefaults, read_manifest
     from .output.formats import FORMATS, file_extension
     from .output.report import RunInfo, build_report, references_line, write_reports
     from .output.writer import output_names
@@ -491,12 +491,11 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     if speaker is None and kind in (None, CUSTOM_VOICE):
         speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(asr_model, required=wer_required) if wer else None
+    takes_instruct = kind != CUSTOM_VOICE or cfg.supports_instruct   # (Base refuses one; VoiceDesign needs it)
     manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars, instruct,
-                                                        ref_audio, ref_text, x_vector_only))
+                                                        ref_audio, ref_text, x_vector_only, takes_instruct))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
-    if kind == CUSTOM_VOICE and not cfg.supports_instruct:
-        drop_ignored_instructs(manifest, cfg.name)
     if kind == BASE and not any(row.request.clones_voice for row in manifest.rows):
         raise TTSError(f"a Base checkpoint clones a voice, and no row of {manifest_path} names one: give --ref-audio "
                        "(with --ref-text, or --x-vector-only), or a parquet column ref_audio")
@@ -553,7 +552,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
                            segment_chars=segment_chars, batch_size=batch_size, engine_rows=engine_rows, depth=depth,
                            codec_precision=codec_precision, talker_precision=talker_precision,
                            model=str(choice.dir.resolve()), model_fingerprint=fingerprint(choice.dir),
-                           redo_changed=redo_changed)
+                           redo_changed=redo_changed, ignored_params=() if takes_instruct else ("instruct",))
     load_seconds = 0.0
     loaded_numerics = None   # what the loaded model computes in (its weights may differ from the request's)
     # Each distinct reference encoded once into out/.references (tts_cli/voice/voices.py); with --gpus

@@ -70,6 +70,9 @@ class JobSettings:
     # before it was kept have none), so that another checkpoint put in that folder makes a changed row
     model_fingerprint: str = ""
     redo_changed: bool = False
+    # a row's settings its checkpoint ignores (an instruct on a CustomVoice 0.6B): a row made before with
+    # another value is the same row (tts_cli.manifest.RowDefaults.takes_instruct)
+    ignored_params: tuple[str, ...] = ()
 
     def audio_settings(self) -> dict:
         """The settings that shape a row's output, hashed into its ledger key (batch size, engine
@@ -466,12 +469,13 @@ def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:
     return RowPlan(row, name, params, params_key(params), settings.model_fingerprint)
 
 
-def same_segments(old: dict, new: dict) -> bool:
-    """Settings that differ only in segment_chars, where the text splits the same under both (a row
-    shorter than either is one segment): the same output, not a changed row."""
-    if {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)} != {"segment_chars"}:
+def same_output(old: dict, new: dict, ignored: tuple[str, ...] = ()) -> bool:
+    """Settings that differ only where the output does not: in settings the checkpoint ignores, and in
+    segment_chars where the text splits the same under both (a row shorter than either is one segment)."""
+    differ = {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)} - set(ignored)
+    if differ - {"segment_chars"}:
         return False
-    return split_text(new["text"], old["segment_chars"]) == split_text(new["text"], new["segment_chars"])
+    return not differ or split_text(new["text"], old["segment_chars"]) == split_text(new["text"], new["segment_chars"])
 
 
 def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: JobSettings
@@ -501,7 +505,8 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: J
                 elif not settings.redo_changed:   # another file there now (with --redo-changed: it fails)
                     changed.append((plan, entry))
             continue
-        if done and (entry["key"] == plan.key or same_segments(entry.get("params", {}), plan.params)):
+        if done and (entry["key"] == plan.key or same_output(entry.get("params", {}), plan.params,
+                                                                 settings.ignored_params)):
             if output_intact(out_dir, entry):
                 resumed += 1
                 continue

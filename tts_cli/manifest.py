@@ -62,6 +62,9 @@ class RowDefaults:
     ref_audio: str | None = None
     ref_text: str | None = None
     x_vector_only: bool = False
+    # False for a checkpoint that ignores instructions (CustomVoice 0.6B, as the official code does): a
+    # row's instruct is then left out of it (the report says so), not a setting a rerun must repeat.
+    takes_instruct: bool = True
 
 
 @dataclass
@@ -70,6 +73,7 @@ class ManifestRow:
     request: Request
     problem: str | None = None    # why the row cannot be synthesized; None for a good row
     reference_unreadable: bool = False   # the problem is its reference file (a row done before may be kept)
+    instruct_left_out: bool = False      # it gave one, which its checkpoint ignores (RowDefaults.takes_instruct)
 
     @property
     def number(self) -> int:
@@ -102,6 +106,7 @@ def read_manifest(path: Path, defaults: RowDefaults, references: bool = True) ->
         raise TTSError(f"manifest not found: {path}")
     manifest = _read_txt(path, defaults) if suffix == ".txt" else _read_parquet(path, defaults)
     drop_unused_ref_text(manifest)
+    note_left_out_instructs(manifest)
     mark_duplicate_ids(manifest.rows)
     if references:   # (tts score hears the rows' audio: their references are no business of its)
         check_references(manifest.rows)
@@ -119,16 +124,11 @@ def drop_unused_ref_text(manifest: Manifest) -> None:
                               "reference's speaker embedding alone, which reads no transcript")
 
 
-def drop_ignored_instructs(manifest: Manifest, checkpoint: str) -> None:
-    """A checkpoint that takes no instruction ignores a row's instruct (as the official implementation
-    does): it would only be part of the row's settings (a rerun without it would count as a change), so
-    it is left out, and the report says so. checkpoint: its name, for the note."""
-    ignored = [row for row in manifest.rows if row.request.instruct]
-    for row in ignored:
-        row.request.instruct = None
-    if ignored:
-        manifest.notes.append(f"instruct left out of {len(ignored)} rows: this {checkpoint} checkpoint takes no "
-                              "instruction (the official implementation ignores it too)")
+def note_left_out_instructs(manifest: Manifest) -> None:
+    left_out = sum(row.instruct_left_out for row in manifest.rows)
+    if left_out:
+        manifest.notes.append(f"instruct left out of {left_out} rows: this checkpoint takes no instruction (the "
+                              "official implementation ignores it too)")
 
 
 def default_id(row_index: int) -> str:
@@ -215,9 +215,11 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     """base_dir: the folder a ref_audio cell is relative to (the manifest's)."""
     text = text.strip()
     row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
-    # A transcript and the way to clone are of one file: --ref-text and --x-vector-only go with
-    # --ref-audio, a row's ref_text and x_vector_only with its ref_audio.
+    # A transcript is of one file: --ref-text goes with --ref-audio, a row's ref_text with its ref_audio.
+    # --x-vector-only says how to clone --ref-audio's file: a row with a reference of its own takes only
+    # its own x_vector_only (one without may set the mode for --ref-audio's).
     own_reference, own_transcript = bool(_string_or(ref_audio, "")), bool(_string_or(ref_text, ""))
+    given_instruct = _string_or(instruct, defaults.instruct or "") or None
     x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only and not own_reference)
     pairing_problem = (own_transcript and not own_reference and defaults.ref_audio and
                        "ref_text without ref_audio in its row: a row's transcript is of its own reference, and "
@@ -226,7 +228,7 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
         id=row_id, text=text,
         speaker=_string_or(speaker, defaults.speaker or "").lower() or None,
         language=_string_or(language, defaults.language).lower(),
-        instruct=_string_or(instruct, defaults.instruct or "") or None,
+        instruct=given_instruct if defaults.takes_instruct else None,
         seed=wrapped_seed(defaults.base_seed + index) if seed is None else seed,
         ref_audio=_reference_path(ref_audio, defaults, base_dir),
         ref_text=_string_or(ref_text, "" if own_reference else (defaults.ref_text or "").strip()) or None,
@@ -240,7 +242,7 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
                or (ref_text_problem and f"ref_text: {ref_text_problem}")
                or (instruct_problem and f"instruct: {instruct_problem}")
                or voice_fields_problem(request))
-    return ManifestRow(index, request, problem)
+    return ManifestRow(index, request, problem, instruct_left_out=bool(given_instruct) and not defaults.takes_instruct)
 
 
 def seed_problem(seed: int) -> str | None:

@@ -52,6 +52,9 @@ def test_wav_and_flac_hold_the_same_samples_rounded_to_the_nearest(tmp_path):
     wav, flac = (sf.read(tmp_path / name, dtype="int16")[0] for name in ("x.wav", "x.flac"))
     assert np.array_equal(wav, flac)
     assert list(wav[-7:]) == [32767, -32768, 32767, -32768, 1, 2, -1]
+    with pytest.raises(ValueError, match="1 of its 3 samples are NaN"):
+        write_audio(tmp_path / "nan.wav", np.array([0.1, np.nan, np.inf], np.float32), 24000)
+    assert not (tmp_path / "nan.wav").exists()
     inside = np.abs(audio) < 32767 / 32768   # (1.0 itself is clipped to 32767)
     assert np.abs(wav[inside] / 32768 - audio[inside]).max() <= 0.5 / 32768 + 1e-9
 

@@ -51,7 +51,10 @@ def pcm16(audio: np.ndarray) -> np.ndarray:
     """Samples in [-1, 1] as 16-bit integers: x 32768, rounded to the nearest, clipped. Done here once
     for every format: libsndfile rounds a float sample for FLAC but floors it for WAV (1 LSB apart in
     about half the samples), so the same row would differ by format."""
-    return np.clip(np.round(np.asarray(audio, dtype=np.float64) * 32768), -32768, 32767).astype(np.int16)
+    audio = np.asarray(audio, dtype=np.float64)
+    if np.isnan(audio).any():   # (the row fails with it: NaN has no 16-bit value)
+        raise ValueError(f"{int(np.isnan(audio).sum())} of its {audio.size} samples are NaN")
+    return np.clip(np.round(audio * 32768), -32768, 32767).astype(np.int16)
 
 
 def write_audio(path: Path, audio: np.ndarray, sample_rate: int, audio_format: str = "WAV") -> None:

@@ -519,7 +519,8 @@ def reference_voice() -> np.ndarray:
     syllables = 0.5 * (1 - np.cos(2 * np.pi * 3.7 * t)) ** 2
     signal = voice * syllables + 0.01 * rng.standard_normal(t.shape)
     signal *= 0.6 / np.abs(signal).max()
-    return (np.round(signal * 32768).clip(-32768, 32767) / 32768).astype(np.float32)
+    from tts_cli.output.writer import pcm16
+    return (pcm16(signal) / 32768).astype(np.float32)
 
 
 def _official_generate(tts, prompts: list[Prompt], settings: dict, voices: dict,

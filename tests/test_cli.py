@@ -245,7 +245,7 @@ def test_recipe_rows_may_be_a_number_or_auto(tmp_path):
     recipe.write_text("rows: auto\n")
     assert parse_rows(load_recipe(str(recipe))["rows"]) is None
     recipe.write_text("rows: many\n")
-    with pytest.raises(TTSError, match="'rows' should be auto or a whole number of slots .*, got 'many'"):
+    with pytest.raises(TTSError, match="'rows' many: auto or a whole number of slots"):
         load_recipe(str(recipe))
 
 
@@ -516,7 +516,8 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
     (b"\xff\xfe\x00", "does not read as UTF-8 text"),
     ("depth: bogus\n", "'depth' should be one of auto, kernel, loop, got 'bogus'"),
     ("model: /nonexistent/model\n", "model directory not found: /nonexistent/model (from recipe "),
-    ("rows: 0\n", "'rows' should be auto or a whole number of slots (1 or more), got '0'"),
+    ("rows: 0\n", "'rows' 0: auto or a whole number of slots (1 or more)"),
+    ("rows: '²'\n", "'rows' ²: auto or a whole number of slots (1 or more)"),
     ("speaker: [vivian\n", "malformed YAML in recipe"),
 ])
 def test_bad_recipe_is_named(fake, tmp_path, content, message):

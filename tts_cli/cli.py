@@ -23,7 +23,7 @@ from .voice.limits import MAX_SECONDS, MIN_SECONDS
 from .errors import TTSError
 from .logs import log_to_stderr
 from .processes import RunCannotGoOn, RunStopped, stop_on_signals, stops_here
-from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_RANGES, load_recipe, parse_rows
+from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_CHOICES, SETTING_RANGES, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
@@ -193,12 +193,10 @@ TALKER_PRECISION_OPTION = setting_option("talker_precision", metavar="|".join(TA
 
 
 def check_engine_choices(depth: str, codec_precision: str, talker_precision: str) -> None:
-    """The engine options that take one of a fixed set of words."""
-    for option, value, choices in (("--depth", depth, DEPTH_CHOICES),
-                                   ("--codec-precision", codec_precision, CODEC_PRECISIONS),
-                                   ("--talker-precision", talker_precision, TALKER_PRECISIONS)):
-        if value not in choices:
-            raise TTSError(f"{option} {value}: one of {', '.join(choices)}")
+    """The engine options that take one of a fixed set of words (tts_cli.recipe.SETTING_CHOICES)."""
+    for name, value in (("depth", depth), ("codec_precision", codec_precision), ("talker_precision", talker_precision)):
+        if value not in SETTING_CHOICES[name]:
+            raise TTSError(f"--{name.replace('_', '-')} {value}: one of {', '.join(SETTING_CHOICES[name])}")
 
 
 def load_synthesizer(model_dir: Path, device: str, engine_rows: int | None, depth: str, codec_precision: str,
@@ -608,8 +606,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         if synth_wer is not None:
             try:
                 wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)
-                if synth_wer.unheard_note():
-                    result.notes.append(synth_wer.unheard_note())
+                result.notes += filter(None, [synth_wer.unheard_note()])
             except TTSError as e:
                 result.notes.append(f"WER not computed: {e}")
     finally:

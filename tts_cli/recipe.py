@@ -76,7 +76,9 @@ def load_recipe(name_or_path: str) -> dict:
                        f"{', '.join(available()) or 'none, recipes/ ships with the source checkout'})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
+        raise TTSError(f"recipe {path} cannot be read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
         raise TTSError(f"recipe {path} does not read as UTF-8 text: {e}") from None
     except yaml.YAMLError as e:   # (its position markers on one line)
         raise TTSError(f"malformed YAML in recipe {path}: {' '.join(str(e).split())}") from None
@@ -96,16 +98,15 @@ def load_recipe(name_or_path: str) -> dict:
             raise TTSError(f"recipe {path}: '{key}' should be {bounds}, got {value!r}")
         if key in SETTING_CHOICES and value not in SETTING_CHOICES[key]:
             raise TTSError(f"recipe {path}: '{key}' should be one of {', '.join(SETTING_CHOICES[key])}, got {value!r}")
-        if key == "rows" and value != AUTO_ROWS and not (value.isdigit() and int(value) >= 1):
-            raise TTSError(f"recipe {path}: 'rows' should be auto or a whole number of slots (1 or more), "
-                           f"got {value!r}")
+        if key == "rows":
+            parse_rows(value, f"recipe {path}: 'rows'")
     return data
 
 
-def parse_rows(value: str) -> int | None:
-    """--rows: None for auto, else the whole number of engine slots."""
+def parse_rows(value: str, given_by: str = "--rows") -> int | None:
+    """--rows (or what gave its value: given_by): None for auto, else the whole number of engine slots."""
     if value == AUTO_ROWS:
         return None
-    if value.isdigit() and int(value) >= 1:
+    if value.isascii() and value.isdigit() and int(value) >= 1:
         return int(value)
-    raise TTSError(f"--rows {value}: auto or a whole number of slots (1 or more)")
+    raise TTSError(f"{given_by} {value}: auto or a whole number of slots (1 or more)")

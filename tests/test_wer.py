@@ -21,7 +21,7 @@ jiwer = pytest.importorskip("jiwer", reason="the extra [wer] is not installed")
 
 from tts_cli.quality.asr import Transcript, default_model_path  # noqa: E402
 from tts_cli.quality.scoring import ScoredRow, apply_transcripts, build_report, write_score_files  # noqa: E402
-from tts_cli.quality.wer import normalize, row_wer, slow_rows, summarize  # noqa: E402
+from tts_cli.quality.wer import normalize, row_wer, slow_rows, spoken_length, summarize  # noqa: E402
 
 HARVARD_20 = Path(__file__).parent / "data" / "harvard-20.txt"
 # tiny.en (int8) on espeak-ng en-us at 140 words/min, these 20 sentences: mean WER 27.4% measured
@@ -115,6 +115,7 @@ def test_a_chinese_or_korean_character_counts_as_three_letters_for_slow():
     seconds = [2.4, 2.5, 2.6, 2.5, 1.7, 1.8]
     assert slow_rows(seconds, texts) == [False] * 6
     assert slow_rows(seconds[:5] + [5.5], texts) == [False] * 5 + [True]
+    assert spoken_length("今天。！ok") == 3 + 3 + 1 + 1 + 2   # wide marks count as one
 
 
 def _row(row_id, text="one two three four", **kw):

@@ -104,10 +104,11 @@ def summarize(scores: list[RowWer]) -> dict:
 
 
 def spoken_length(text: str) -> int:
-    """A text's characters but spaces, a wide one (a Chinese or Japanese character, a Korean syllable)
-    as WIDE_CHARACTER_WEIGHT: each takes about that many Latin letters' time to say."""
-    return sum(WIDE_CHARACTER_WEIGHT if unicodedata.east_asian_width(char) in "WF" else 1
-               for char in _SPACES.sub("", text))
+    """A text's characters but spaces, a wide letter (a Chinese or Japanese character, a Korean syllable;
+    not wide punctuation or emoji) as WIDE_CHARACTER_WEIGHT: each takes about that many Latin letters'
+    time to say."""
+    return sum(WIDE_CHARACTER_WEIGHT if unicodedata.east_asian_width(char) in "WF"
+               and unicodedata.category(char).startswith("L") else 1 for char in _SPACES.sub("", text))
 
 
 def slow_rows(seconds: list[float | None], texts: list[str]) -> list[bool]:

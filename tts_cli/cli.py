@@ -464,6 +464,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
               x_vector_only: bool = False) -> int:
     """given_by: the options a recipe set, and its name (the others came from the command line)."""
     given_by = given_by or {}
+
+    def named(setting: str) -> str:   # where a setting's value came from: its option, or the recipe
+        return given_by.get(setting, "--" + setting.replace("_", "-"))
     # Imported here so that --help and the placeholder commands start without loading torch.
     from .checkpoint import BASE, CUSTOM_VOICE, fingerprint
     from .job import JobSettings, LocalExecutor, run_job
@@ -480,12 +483,12 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
     engine_rows = parse_rows(rows)
     devices = parse_devices(gpus) if gpus is not None else None
-    choice = resolve_model(model, given_by.get("model", "--model"))
+    choice = resolve_model(model, named("model"))
     cfg = checkpoint_config(choice.dir)
     kind = cfg and cfg.model_type
     if cfg is not None:
         check_voice_options(cfg, speaker, language, instruct, ref_audio, ref_text, x_vector_only,
-                            lambda option: given_by.get(option, "--" + option.replace("_", "-")), max_text_chars)
+                            named, max_text_chars)
     if speaker is None and kind in (None, CUSTOM_VOICE):
         speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(asr_model, required=wer_required) if wer else None
@@ -534,9 +537,9 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     else:
         where = ", ".join(devices) if devices else device
         if engine_rows:
-            say(f"warning: {given_by.get('rows', '--rows')} {engine_rows} is ignored: it sets the CUDA engine's "
+            say(f"warning: {named('rows')} {engine_rows} is ignored: it sets the CUDA engine's "
                 f"slots, and this run is on {where}", "yellow")
-        engine_only = [f"{given_by.get(name, '--' + name.replace('_', '-'))} {value}"
+        engine_only = [f"{named(name)} {value}"
                        for name, value in (("depth", depth), ("codec_precision", codec_precision),
                                            ("talker_precision", talker_precision)) if value != getattr(DEFAULTS, name)]
         if engine_only:   # the plain model on CPU: fp32 weights and vocoder, the code predictor's loop

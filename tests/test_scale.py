@@ -3,6 +3,8 @@ import importlib.util
 import io
 import json
 import signal
+import sys
+import types
 from pathlib import Path
 
 import pyarrow as pa
@@ -280,3 +282,47 @@ def test_the_ray_path_clones_voices_as_tts_synth_does(tmp_path):
         synth_audio, _ = sf.read(tmp_path / "synth" / f"{row_id}.flac", dtype="int16")
         assert len(ray_audio) > 0 and (ray_audio == synth_audio).all()
     assert rows["missing"]["audio"] is None and "nowhere.wav" in rows["missing"]["error"]
+
+
+BASE_MODEL = REPO / "tests" / "fixtures" / "tiny-1.7b-base"
+
+
+@needs_bundled_model
+@pytest.mark.parametrize("model, arguments, message", [
+    (BASE_MODEL, {"ref_text": "Some words."}, "ref_text: given without ref_audio, whose option it is (the transcript "
+                                              "of that file); a manifest row with a reference of its own takes its own "
+                                              "ref_text column"),
+    (BASE_MODEL, {"x_vector_only": True}, "x_vector_only: given without ref_audio, whose option it is"),
+    (BASE_MODEL, {"ref_audio": "me.wav"}, "ref_audio: ICL voice cloning (x_vector_only false) needs ref_text, the "
+                                          "reference's transcript"),
+    (BASE_MODEL, {"ref_audio": "missing.wav", "x_vector_only": True}, "ref_audio: reference file not found: "),
+    (BASE_MODEL, {"ref_audio": "m.parquet", "x_vector_only": True}, "is not audio that libsndfile reads"),
+    (BASE_MODEL, {"speaker": "vivian", "ref_audio": "me.wav", "x_vector_only": True},
+     "speaker: speaker 'vivian': a Base checkpoint has no named speakers"),
+    (BASE_MODEL, {"language": "klingon", "ref_audio": "me.wav", "x_vector_only": True},
+     "language: unknown language 'klingon'"),
+    (cli.BUNDLED_MODEL_DIR, {"ref_audio": "me.wav", "x_vector_only": True},
+     "ref_audio: this checkpoint (custom_voice) cannot clone a voice"),
+])
+def test_the_ray_path_refuses_voice_arguments_before_it_reads_the_manifest(tmp_path, monkeypatch, model, arguments,
+                                                                           message):
+    """The Ray path runs tts synth's check of its voice options (tests/test_voice_job.py), naming its keyword
+    arguments: a value the checkpoint cannot take stops it before Ray reads a row, instead of failing every
+    row once the actors have loaded the model. Ray stands in here by a module that refuses to read."""
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    def read_parquet(*args, **kwargs):
+        raise AssertionError("Ray was asked to read the manifest: the voice arguments were not checked first")
+
+    ray_data = types.ModuleType("ray.data")
+    ray_data.read_parquet = read_parquet
+    ray = types.ModuleType("ray")
+    ray.data = ray_data
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.data", ray_data)
+    monkeypatch.chdir(tmp_path)
+    sf.write(tmp_path / "me.wav", [0.3, -0.3] * 15000, 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"id": ["a"], "text": ["One line to speak."]}), tmp_path / "m.parquet")
+    with pytest.raises(TTSError) as refused:
+        synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=model, **arguments)
+    assert message in str(refused.value)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -107,73 +106,6 @@ def checkpoint_config(model_dir: Path):
         return open_checkpoint(model_dir).config
     except TTSError:
         return None
-
-
-def check_voice_options(cfg, speaker: Optional[str], language: str, instruct: Optional[str],
-                        ref_audio: Optional[str], ref_text: Optional[str], x_vector_only: bool,
-                        given_by: Callable[[str], str], max_text_chars: int) -> None:
-    """The voice options (the voice of every row that names none) against the checkpoint, before it
-    loads: a value its rows cannot take would fail each of them once the model has loaded.
-    speaker None: not given. given_by(option): where its value came from, for the message (the
-    row-level messages name the manifest's columns: given as options, the options' names)."""
-    from .checkpoint import BASE, CUSTOM_VOICE
-    from .errors import RequestError
-    from .manifest import MAX_INSTRUCT_CHARS, text_problem
-    from .model.prompt import resolve_language_id
-    from .request import Request
-    from .synthesizer import check_voice
-    from .voice.checks import clone_problem, voice_fields_problem
-    from .voice.reference_audio import check_reference, reference_value_problem, resolve_reference_path
-
-    option = "speaker"
-    try:
-        if speaker is not None:
-            check_voice(cfg, speaker, None, False)
-        option = "language"
-        resolve_language_id(cfg, speaker if cfg.model_type == CUSTOM_VOICE else None, language)
-        option = "instruct"
-        if instruct and cfg.model_type == BASE:
-            check_voice(cfg, None, instruct, False)
-        too_long = instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs")
-        if too_long:
-            raise RequestError(too_long)
-        ref_text = ref_text and ref_text.strip()   # (as the manifest reads it)
-        if not (ref_audio and ref_audio.strip()):   # (a blank one is none, as the manifest reads it)
-            for option, value, what in (("ref_text", ref_text, "the transcript of that file"),
-                                        ("x_vector_only", x_vector_only, "how to clone that file")):
-                if value:
-                    raise TTSError(f"{given_by(option)}: given without {given_by('ref_audio')}, whose option it is "
-                                   f"({what}); a manifest row with a reference of its own takes its own {option} "
-                                   "column")
-            return
-        option = "ref_text"
-        bad_text = ref_text and text_problem(ref_text, max_text_chars)
-        if bad_text:
-            raise RequestError(bad_text)
-        option = "ref_audio"
-        request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text or None,
-                          x_vector_only=x_vector_only)
-        problem = (_as_options(clone_problem(request, cfg.model_type), given_by) or reference_value_problem(ref_audio)
-                   or _as_options(voice_fields_problem(request), given_by))
-        if problem:
-            raise RequestError(problem)
-        check_reference(resolve_reference_path(ref_audio.strip(), Path.cwd()))
-    except RequestError as e:
-        message = str(e).removeprefix(option + ": ")
-        if option == "ref_audio":   # "ref_audio 'x' is a URL" -> "--ref-audio: 'x' is a URL"
-            message = message.removeprefix("ref_audio ")
-        raise TTSError(f"{given_by(option)}: {message}") from None
-
-
-def _as_options(problem: Optional[str], given_by: Callable[[str], str]) -> Optional[str]:
-    """A row-level voice problem, which names the manifest's columns, naming the options instead where
-    the values came from options (not from a recipe, whose keys are the columns' names)."""
-    if not problem or not given_by("ref_audio").startswith("--"):
-        return problem
-    problem = problem.replace("(x_vector_only false)", "(without --x-vector-only)")
-    for column in ("x_vector_only", "ref_text", "ref_audio"):
-        problem = re.sub(rf"\b{column}\b", given_by(column), problem)
-    return problem
 
 
 def setting_option(name: str, **kwargs):
@@ -476,6 +408,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     from .output.writer import output_names
     from .scale.shard import parse_shard, shard_of
     from .scale.workers import WorkerPool, check_devices, parse_devices
+    from .voice.checks import check_voice_options
 
     # Everything that can be checked without the model is checked before it loads.
     if output_format not in FORMATS:

@@ -15,7 +15,8 @@ with a hash of the id where sanitizing changed it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
 (relative paths start from the manifest's folder); each actor encodes each distinct reference once,
-into a temporary folder of its own, as `tts synth` does into OUT/.references.
+into a temporary folder of its own, as `tts synth` does into OUT/.references. The voice arguments
+go through tts synth's check of its voice options (tts_cli/voice/checks.py) before Ray reads a row.
 
 Needs the `ray` extra: pip install -e '.[ray]' in the checkout. See README, "Scale-out".
 """
@@ -48,12 +49,19 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
     and gpus_per_actor=1, with one actor per GPU. speaker: of the rows that name none (default: vivian
     on a CustomVoice checkpoint, none on Base and VoiceDesign ones). ref_audio, ref_text,
     x_vector_only: the voice of the rows that name none (tts synth's --ref-audio, --ref-text,
-    --x-vector-only); ref_audio relative to the working folder."""
+    --x-vector-only); ref_audio relative to the working folder. Voice arguments that its rows cannot
+    take raise TTSError before Ray reads the manifest: tts synth's check of its voice options."""
     import ray.data
 
     from ..checkpoint import CUSTOM_VOICE, open_checkpoint
+    from ..voice.checks import check_voice_options
 
-    if speaker is None and open_checkpoint(model_dir).config.model_type == CUSTOM_VOICE:
+    cfg = open_checkpoint(model_dir).config
+    # Here, not in each row once the actors have loaded the model. The keyword arguments have the
+    # manifest columns' names, so the messages name them as they are.
+    check_voice_options(cfg, speaker, language, None, ref_audio, ref_text, x_vector_only,
+                        given_by=lambda setting: setting, max_text_chars=max_text_chars)
+    if speaker is None and cfg.model_type == CUSTOM_VOICE:
         speaker = "vivian"
     if ref_audio:   # the actors' working folder may be another
         ref_audio = str(Path(ref_audio).resolve())

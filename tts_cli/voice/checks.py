@@ -1,7 +1,14 @@
 """Row-level checks of a request's voice fields: those the manifest can make alone
-(`voice_fields_problem`) and the one that needs the checkpoint's type (`clone_problem`)."""
+(`voice_fields_problem`) and the one that needs the checkpoint's type (`clone_problem`); and the
+check of the voice options, the voice of every row that names none, before the model loads
+(`check_voice_options`: `tts synth` and the Ray path both run it, so that both refuse the same values)."""
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from ..errors import RequestError, TTSError
 from ..request import Request
 
 # The checkpoint type (config.json `tts_model_type`) whose checkpoints ship `speaker_encoder.*`
@@ -31,3 +38,67 @@ def clone_problem(request: Request, tts_model_type: str) -> str | None:
         return (f"this checkpoint ({tts_model_type}) cannot clone a voice: needs a Base checkpoint "
                 "(Qwen3-TTS-12Hz-1.7B-Base or -0.6B-Base), the only ones with a speaker encoder")
     return None
+
+
+def check_voice_options(cfg, speaker: str | None, language: str, instruct: str | None,
+                        ref_audio: str | None, ref_text: str | None, x_vector_only: bool,
+                        given_by: Callable[[str], str], max_text_chars: int) -> None:
+    """The voice options (the voice of every row that names none) against the checkpoint, before it
+    loads: a value its rows cannot take would fail each of them once the model has loaded.
+    speaker None: not given. given_by(option): where its value came from, for the message (the
+    row-level messages name the manifest's columns: given as options, the options' names)."""
+    from ..checkpoint import BASE, CUSTOM_VOICE
+    from ..manifest import MAX_INSTRUCT_CHARS, text_problem
+    from ..model.prompt import resolve_language_id
+    from ..synthesizer import check_voice
+    from .reference_audio import check_reference, reference_value_problem, resolve_reference_path
+
+    option = "speaker"
+    try:
+        if speaker is not None:
+            check_voice(cfg, speaker, None, False)
+        option = "language"
+        resolve_language_id(cfg, speaker if cfg.model_type == CUSTOM_VOICE else None, language)
+        option = "instruct"
+        if instruct and cfg.model_type == BASE:
+            check_voice(cfg, None, instruct, False)
+        too_long = instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs")
+        if too_long:
+            raise RequestError(too_long)
+        ref_text = ref_text and ref_text.strip()   # (as the manifest reads it)
+        if not (ref_audio and ref_audio.strip()):   # (a blank one is none, as the manifest reads it)
+            for option, value, what in (("ref_text", ref_text, "the transcript of that file"),
+                                        ("x_vector_only", x_vector_only, "how to clone that file")):
+                if value:
+                    raise TTSError(f"{given_by(option)}: given without {given_by('ref_audio')}, whose option it is "
+                                   f"({what}); a manifest row with a reference of its own takes its own {option} "
+                                   "column")
+            return
+        option = "ref_text"
+        bad_text = ref_text and text_problem(ref_text, max_text_chars)
+        if bad_text:
+            raise RequestError(bad_text)
+        option = "ref_audio"
+        request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text or None,
+                          x_vector_only=x_vector_only)
+        problem = (_as_options(clone_problem(request, cfg.model_type), given_by) or reference_value_problem(ref_audio)
+                   or _as_options(voice_fields_problem(request), given_by))
+        if problem:
+            raise RequestError(problem)
+        check_reference(resolve_reference_path(ref_audio.strip(), Path.cwd()))
+    except RequestError as e:
+        message = str(e).removeprefix(option + ": ")
+        if option == "ref_audio":   # "ref_audio 'x' is a URL" -> "--ref-audio: 'x' is a URL"
+            message = message.removeprefix("ref_audio ")
+        raise TTSError(f"{given_by(option)}: {message}") from None
+
+
+def _as_options(problem: str | None, given_by: Callable[[str], str]) -> str | None:
+    """A row-level voice problem, which names the manifest's columns, naming the options instead where
+    the values came from options (not from a recipe, whose keys are the columns' names)."""
+    if not problem or not given_by("ref_audio").startswith("--"):
+        return problem
+    problem = problem.replace("(x_vector_only false)", "(without --x-vector-only)")
+    for column in ("x_vector_only", "ref_text", "ref_audio"):
+        problem = re.sub(rf"\b{column}\b", given_by(column), problem)
+    return problem

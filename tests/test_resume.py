@@ -3,6 +3,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 from tts_cli import cli
 from tts_cli.errors import TTSError
 from tts_cli.job import REDO_PENDING
-from tts_cli.output.ledger import LEDGER_NAME, Ledger
+from tts_cli.output.ledger import LEDGER_NAME, Ledger, params_key
 from tts_cli.output.report import NOT_SYNTHESIZED
 
 from fakes import use_fake_synthesizer
@@ -152,7 +153,7 @@ def test_a_row_new_to_the_folder_does_not_take_the_file_of_a_row_made_before(fak
     assert sorted(path.name for path in out.glob("*.wav")) == ["A_B_3.wav", "a_b.wav", "a_b_2.wav"]
 
 
-def test_another_segment_limit_changes_only_the_rows_it_splits_otherwise(fake, tmp_path):
+def test_another_segment_limit_changes_only_the_rows_longer_than_either_limit(fake, tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("short\tOne short row.\nlong\tA first sentence here. A second one there. A third.\n")
     out = tmp_path / "out"
@@ -163,6 +164,47 @@ def test_another_segment_limit_changes_only_the_rows_it_splits_otherwise(fake, t
     assert result.exit_code == 2
     assert "1 rows were made before with other text or settings (first: row 2, id 'long': segment_chars" \
         in " ".join(result.stderr.split())
+
+
+def _ledger_line_before_fingerprints(row_id: str, text: str, seed: int, segment_frames: list[int], model: Path,
+                                     segment_chars: int) -> dict:
+    """A row's ledger line as runs wrote it before lines held the checkpoint's fingerprint (c46a8bf)."""
+    params = {"text": text, "speaker": "vivian", "language": "auto", "instruct": None, "seed": seed,
+              "model": str(model.resolve()), "greedy": False, "max_frames": None, "segment_chars": segment_chars,
+              "format": "wav"}
+    frames = sum(segment_frames)
+    return {"id": row_id, "key": params_key(params), "status": "ok", "file": f"{row_id}.wav", "frames": frames,
+            "segment_frames": segment_frames if len(segment_frames) > 1 else None,
+            "audio_seconds": frames * 1920 / 24000, "wall_seconds": 0.5, "hit_cap": False, "error": None,
+            "params": params}
+
+
+def test_another_segment_limit_is_judged_by_the_limit_the_ledger_recorded(fake, tmp_path):
+    """The ledger records the limit a row was split under, not its cuts, and the splitter that cut it may
+    not be today's: here an older one cut 'long' in three where today's makes two, at 30 characters as at
+    40, so splitting again took another limit for the same output. A rerun with the recorded settings
+    resumes every row (a ledger of an earlier version); another limit changes only the rows longer than
+    either limit."""
+    model, out = tmp_path / "model", tmp_path / "out"
+    rows = [("short", "One short row.", [3]),
+            ("long", "A first sentence here. A second one there. A third.", [4, 6, 5])]   # (frames per segment)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("".join(f"{row_id}\t{text}\n" for row_id, text, _ in rows))
+    out.mkdir()
+    lines = [_ledger_line_before_fingerprints(row_id, text, seed, frames, model, 30)
+             for seed, (row_id, text, frames) in enumerate(rows)]
+    (out / LEDGER_NAME).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for line in lines:
+        sf.write(out / line["file"], np.zeros(line["frames"] * 1920, dtype=np.float32), 24000, subtype="PCM_16")
+
+    result = _synth(manifest, out, "--segment-chars", 30, model=model)
+    assert result.exit_code == 0 and "2 rows ok (2 from an earlier run)" in result.stdout, result.output
+    assert fake.batches == []
+    result = _synth(manifest, out, "--segment-chars", 40, model=model)
+    assert result.exit_code == 2, result.output
+    assert ("1 rows were made before with other text or settings (first: row 2, id 'long': segment_chars 30 -> 40)"
+            in " ".join(result.stderr.split()))
+    assert fake.batches == []
 
 
 def test_another_checkpoint_put_in_the_model_folder_makes_the_rows_changed(tmp_path, monkeypatch):

@@ -471,11 +471,13 @@ def plan_row(row: ManifestRow, name: str, settings: JobSettings) -> RowPlan:
 
 def same_output(old: dict, new: dict, ignored: tuple[str, ...] = ()) -> bool:
     """Settings that differ only where the output does not: in settings the checkpoint ignores, and in
-    segment_chars where the text splits the same under both (a row shorter than either is one segment)."""
+    segment_chars where the text is no longer than either limit (one segment under both). Judged from
+    the limit the ledger recorded, not by splitting the text again: the ledger keeps no cuts, and the
+    splitter that made them may have cut otherwise than today's."""
     differ = {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)} - set(ignored)
     if differ - {"segment_chars"}:
         return False
-    return not differ or split_text(new["text"], old["segment_chars"]) == split_text(new["text"], new["segment_chars"])
+    return not differ or len(new["text"]) <= min(old["segment_chars"], new["segment_chars"])
 
 
 def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: JobSettings

@@ -336,6 +336,35 @@ def test_a_stop_cuts_short_only_the_waits_marked_for_it():
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before   # the handlers were put back
 
 
+# A real SIGINT as the CLI's modules start to import: the first ~0.1 s of any command.
+INTERRUPT_THE_CLI_IMPORT = """
+import os, signal, sys
+
+class InterruptTheCliImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tts_cli.cli":
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, InterruptTheCliImport())
+sys.argv[1:] = ["--version"]
+"""
+# How each launcher starts tts: `python -m tts_cli`, and the script pip writes for pyproject's entry point.
+RUN_AS_MODULE = "import runpy; runpy.run_module('tts_cli', run_name='__main__', alter_sys=True)"
+RUN_ENTRY_POINT = ("import importlib; module, _, function = {entry!r}.partition(':'); "
+                   "sys.exit(getattr(importlib.import_module(module), function)())")
+
+
+@pytest.mark.parametrize("launcher", ["module", "entry point"])
+def test_ctrl_c_while_the_cli_imports_exits_130_without_a_traceback(launcher):
+    tomllib = pytest.importorskip("tomllib")
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["tts"]
+    launch = RUN_AS_MODULE if launcher == "module" else RUN_ENTRY_POINT.format(entry=entry)
+    ended = subprocess.run([sys.executable, "-c", INTERRUPT_THE_CLI_IMPORT + launch], env=_env(),
+                           capture_output=True, text=True, timeout=60)
+    assert (ended.returncode, ended.stderr, ended.stdout) == (130, "interrupted\n", "")
+
+
 def test_a_stop_keeps_what_the_asr_heard_before_it():
     """The ASR's results after SIGINT: rows already transcribed keep their transcripts, only the
     rows still waiting are 'not heard'."""

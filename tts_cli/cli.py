@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from . import __version__, install_hint
+from . import INTERRUPTED_EXIT, __version__, install_hint
 from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEPTH_CHOICES,
                      TALKER_PRECISIONS)
 from .bench_plot import STEP_STAGES
@@ -47,7 +47,6 @@ TALKER_PRECISION_HELP = ("The talker's and code predictor's weights on cuda, whi
                          "slower in the prefill and at 128+ rows: docs/bench.md).")
 DEVICE_HELP = ("Torch device: auto (cuda when torch sees a GPU, else cpu; the choice is printed first and "
                "recorded), cpu or cuda[:N].")
-INTERRUPTED_EXIT = 130  # the shell convention for a run stopped by Ctrl-C (128 + SIGINT)
 # `tts bench`'s concurrencies when none are given. On CPU a check that runs in seconds on the bundled
 # tiny model, not a measurement.
 BENCH_LEVELS = {"cuda": "1,64,128,256,512", "cpu": "1,4"}

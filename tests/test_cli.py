@@ -162,7 +162,7 @@ def test_model_option_wins_over_env_and_env_over_bundled(tmp_path, monkeypatch):
 def _assert_one_red_line(result, message):
     assert result.exit_code == 2
     assert "Traceback" not in result.output
-    assert result.stderr.strip() == f"error: {message}"
+    assert result.stderr.splitlines() == [f"error: {message}"]
 
 
 def test_missing_model_dir_names_the_path(fake, tmp_path):
@@ -289,9 +289,31 @@ def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
     assert result.exit_code == 2 and "Traceback" not in result.output
     # the model loads after the device is chosen and said
-    assert [line for line in result.stderr.splitlines() if line] == [
-        cli.resolve_device("auto").line(),
+    assert result.stderr.splitlines() == [cli.resolve_device("auto").line(),
                                           f"error: {tmp_path / 'model' / 'config.json'}: not valid JSON"]
+
+
+def test_a_broken_checkpoint_config_is_the_line_after_the_device_line(tmp_path, monkeypatch):
+    monkeypatch.delenv("TTS_MODEL", raising=False)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{")
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--no-wer")
+    assert result.exit_code == 2
+    device_line, error = result.stderr.splitlines()
+    assert device_line == cli.resolve_device("auto").line()
+    assert error.startswith(f"error: malformed JSON in {tmp_path / 'model' / 'config.json'}: ")
+
+
+def test_a_rerun_with_nothing_to_do_prints_no_empty_line(fake, tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    arguments = ("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--no-wer")
+    assert _invoke(*arguments).exit_code == 0
+    rerun = _invoke(*arguments)
+    assert rerun.exit_code == 0 and "1 rows ok (1 from an earlier run)" in rerun.stdout
+    assert "" not in rerun.stderr.splitlines()
 
 
 @pytest.mark.parametrize("device, message", [

@@ -537,7 +537,8 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
             result = run_job(shard_rows, names, out, settings, start_executor, on_start=on_start,
                              on_rows_done=on_rows_done, on_output=synth_wer and synth_wer.feed)
         finally:
-            progress.stop()
+            if progress.live.is_started:   # (off a terminal, stop() prints an empty line, started or not)
+                progress.stop()
         if synth_wer is not None:
             try:
                 wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)

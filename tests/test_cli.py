@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tts_cli import __version__, cli, logs
 from tts_cli.errors import CheckpointError, TTSError
+from tts_cli.recipe import RECIPE_KEYS, load_recipe
 
 from fakes import SAMPLES_PER_FRAME, use_fake_synthesizer
 
@@ -527,6 +528,7 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("bogus: 1\n", "unknown key 'bogus'"),
+    ("bogus: null\n", "unknown key 'bogus'"),   # a null is the default of a known key only
     ("batch_size: many\n", "'batch_size' should be int"),
     ("[1, 2]\n", "expected a mapping"),
     # the command line's bounds hold for a recipe's values too
@@ -550,6 +552,26 @@ def test_bad_recipe_is_named(fake, tmp_path, content, message):
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--recipe", recipe)
     assert result.exit_code == 2
     assert message in result.stderr and str(recipe) in result.stderr
+
+
+@pytest.mark.parametrize("key", RECIPE_KEYS)
+def test_a_recipe_setting_given_as_null_is_left_at_its_default(tmp_path, key):
+    recipe = tmp_path / "r.yaml"
+    for null in ("null", "~", ""):
+        recipe.write_text(f"{key}: {null}\n")
+        assert load_recipe(str(recipe)) == {}
+
+
+def test_a_recipe_max_frames_null_runs_with_the_default_cap(fake, tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("max_frames: null\nbatch_size: 1\n")
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello there.\nGood bye.\n")
+    out = tmp_path / "out"
+    result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model", "--recipe", recipe)
+    assert result.exit_code == 0, result.output
+    assert fake.batches == [["000001"], ["000002"]]   # the recipe's other settings still apply
+    assert json.loads((out / "report.json").read_text())["settings"]["max_frames"] is None
 
 
 @pytest.mark.parametrize("value", ["9223372036854775808", "-9223372036854775809"])

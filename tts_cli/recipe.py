@@ -84,11 +84,14 @@ def load_recipe(name_or_path: str) -> dict:
         raise TTSError(f"malformed YAML in recipe {path}: {' '.join(str(e).split())}") from None
     if not isinstance(data, dict):
         raise TTSError(f"recipe {path}: expected a mapping of option names to values")
+    settings = {}
     for key, value in data.items():
-        if key == "rows" and isinstance(value, int) and not isinstance(value, bool):
-            data[key] = value = str(value)   # `rows: 64` in YAML is an int
         if key not in RECIPE_KEYS:
             raise TTSError(f"recipe {path}: unknown key '{key}' (known: {', '.join(RECIPE_KEYS)})")
+        if value is None:   # `key: null` (or `key:` alone) leaves the setting at its default, as if absent
+            continue
+        if key == "rows" and isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)   # `rows: 64` in YAML is an int
         kind = RECIPE_KEYS[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TTSError(f"recipe {path}: '{key}' should be {kind.__name__}, got {value!r}")
@@ -100,7 +103,8 @@ def load_recipe(name_or_path: str) -> dict:
             raise TTSError(f"recipe {path}: '{key}' should be one of {', '.join(SETTING_CHOICES[key])}, got {value!r}")
         if key == "rows":
             parse_rows(value, f"recipe {path}: 'rows'")
-    return data
+        settings[key] = value
+    return settings
 
 
 def parse_rows(value: str, given_by: str = "--rows") -> int | None:

@@ -543,6 +543,8 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
     ("rows: 0\n", "'rows' 0: auto or a whole number of slots (1 or more)"),
     ("rows: '²'\n", "'rows' ²: auto or a whole number of slots (1 or more)"),
     ("speaker: [vivian\n", "malformed YAML in recipe"),
+    ("max_frames: 3\nseed: 1\nmax_frames: 4\n", "found duplicate key 'max_frames' (first on line 1)"),
+    ("? [seed]\n: 1\n", "found unhashable key"),
 ])
 def test_bad_recipe_is_named(fake, tmp_path, content, message):
     recipe = tmp_path / "r.yaml"
@@ -560,6 +562,12 @@ def test_a_recipe_setting_given_as_null_is_left_at_its_default(tmp_path, key):
     for null in ("null", "~", ""):
         recipe.write_text(f"{key}: {null}\n")
         assert load_recipe(str(recipe)) == {}
+
+
+def test_a_recipe_may_merge_in_a_mapping_and_override_its_keys(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("<<: {seed: 1, greedy: true}\nseed: 2\n")
+    assert load_recipe(str(recipe)) == {"seed": 2, "greedy": True}
 
 
 def test_a_recipe_max_frames_null_runs_with_the_default_cap(fake, tmp_path):

@@ -8,6 +8,7 @@ keys and their types are its fields. This module imports no torch."""
 from __future__ import annotations
 
 import typing
+from collections.abc import Hashable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
@@ -65,6 +66,30 @@ def available() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.is_dir() else []
 
 
+def _read_yaml(text: str):
+    """yaml.safe_load, but a key given twice in one mapping is an error (YAML requires unique keys; PyYAML
+    keeps the last value without a word). yaml is imported here: only a run with a recipe needs it."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            first_line = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":   # `<<: *anchor`: keys the mapping may override
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, Hashable):   # refused by SafeLoader, with its own message
+                    continue
+                if key in first_line:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"found duplicate key {key!r} (first on line {first_line[key]})",
+                        key_node.start_mark)
+                first_line[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def load_recipe(name_or_path: str) -> dict:
     import yaml
 
@@ -75,7 +100,7 @@ def load_recipe(name_or_path: str) -> dict:
         raise TTSError(f"recipe not found: {name_or_path} (give a YAML path or one of: "
                        f"{', '.join(available()) or 'none, recipes/ ships with the source checkout'})")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = _read_yaml(path.read_text(encoding="utf-8")) or {}
     except OSError as e:
         raise TTSError(f"recipe {path} cannot be read: {e.strerror or e}") from None
     except UnicodeDecodeError as e:

@@ -194,10 +194,18 @@ def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monke
     result = _invoke("synth", manifest, "--out", tmp_path / "out-cpu", "--model", tmp_path / "model", "--rows", 3,
                      "--depth", "loop", "--talker-precision", "bf16")
     assert [len(batch) for batch in fake.batches[2:]] == [8] * 6 + [2]   # cpu: 8 per call, whatever --rows
-    output = " ".join(result.output.split())
-    assert "warning: --rows 3 is ignored: it sets the CUDA engine's slots, and this run is on cpu" in output
-    assert "warning: --depth loop, --talker-precision bf16 ignored: they set the CUDA engine, and this run is on " \
-           "cpu" in output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == ["warning: --rows 3, --depth loop, --talker-precision bf16 ignored: they set the CUDA engine, "
+                        "and this run is on cpu"]
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("rows: 64\ncodec_precision: fp32\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out-recipe", "--model", tmp_path / "model",
+                     "--recipe", recipe)
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: rows 64 (recipe {recipe}), codec_precision fp32 (recipe {recipe}) ignored: they "
+                        "set the CUDA engine, and this run is on cpu"]
+    result = _invoke("synth", manifest, "--out", tmp_path / "out-rows", "--model", tmp_path / "model", "--rows", 3)
+    assert "warning: --rows 3 ignored: it sets the CUDA engine, and this run is on cpu" in result.stderr.splitlines()
 
 
 def test_with_gpus_the_default_call_gives_every_gpu_work(fake, tmp_path, monkeypatch):

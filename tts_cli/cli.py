@@ -466,17 +466,15 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     if on_cuda:
         say(f"rows: {engine_rows} (--rows)" if engine_rows else
             f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
-    else:
-        where = ", ".join(devices) if devices else device
-        if engine_rows:
-            say(f"warning: {named('rows')} {engine_rows} is ignored: it sets the CUDA engine's "
-                f"slots, and this run is on {where}", "yellow")
-        engine_only = [f"{named(name)} {value}"
-                       for name, value in (("depth", depth), ("codec_precision", codec_precision),
+    else:   # the plain model on CPU: fp32 weights and vocoder, the code predictor's loop, no engine slots
+        # named as given: --depth loop, or depth loop (recipe r.yaml), whose key is the setting's name
+        engine_only = [f"{name} {value} ({given_by[name]})" if name in given_by else f"{named(name)} {value}"
+                       for name, value in (("rows", rows), ("depth", depth), ("codec_precision", codec_precision),
                                            ("talker_precision", talker_precision)) if value != getattr(DEFAULTS, name)]
-        if engine_only:   # the plain model on CPU: fp32 weights and vocoder, the code predictor's loop
-            say(f"warning: {', '.join(engine_only)} ignored: they set the CUDA engine, and this run is on {where}",
-                "yellow")
+        if engine_only:
+            where = ", ".join(devices) if devices else device
+            say(f"warning: {', '.join(engine_only)} ignored: {'it sets' if len(engine_only) == 1 else 'they set'} "
+                f"the CUDA engine, and this run is on {where}", "yellow")
     if batch_size is None:
         batch_size = CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8
         if devices and on_cuda:   # two batches a worker at least: else one GPU takes a corpus of fewer segments

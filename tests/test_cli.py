@@ -302,17 +302,40 @@ def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
                                           f"error: {tmp_path / 'model' / 'config.json'}: not valid JSON"]
 
 
-def test_a_broken_checkpoint_config_is_the_line_after_the_device_line(tmp_path, monkeypatch):
+@pytest.mark.parametrize("existing_out", [False, True])
+@pytest.mark.parametrize("broken", ["not JSON", "missing a field"])
+def test_a_broken_checkpoint_config_stops_the_run_before_the_output_folder_is_touched(tmp_path, monkeypatch, broken,
+                                                                                     existing_out):
+    """Before the model loads and before --out is made or locked (found at load, it came after .tts-lock and
+    ledger.jsonl were written there)."""
+    def must_not_load(model_dir, device, engine_rows=None, depth=None, codec_precision=None, talker_precision=None):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "load_synthesizer", must_not_load)
     monkeypatch.delenv("TTS_MODEL", raising=False)
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text("{")
+    config = tmp_path / "model" / "config.json"
+    config.parent.mkdir()
+    if broken == "not JSON":
+        config.write_text("{")
+    else:
+        fields = json.loads((cli.BUNDLED_MODEL_DIR / "config.json").read_text())
+        del fields["tts_model_type"]
+        config.write_text(json.dumps(fields))
+    out = tmp_path / "out"
+    if existing_out:
+        out.mkdir()
+        (out / "notes.txt").write_text("not tts's")
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
-    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--no-wer")
-    assert result.exit_code == 2
-    device_line, error = result.stderr.splitlines()
-    assert device_line == cli.resolve_device("auto").line()
-    assert error.startswith(f"error: malformed JSON in {tmp_path / 'model' / 'config.json'}: ")
+    result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model", "--no-wer")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    [error] = result.stderr.splitlines()
+    assert error.startswith(f"error: malformed JSON in {config}: " if broken == "not JSON"
+                            else f"error: {config}: missing field 'tts_model_type'")
+    if existing_out:
+        assert [path.name for path in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "not tts's"
+    else:
+        assert not out.exists()
 
 
 def test_a_rerun_with_nothing_to_do_prints_no_empty_line(fake, tmp_path):

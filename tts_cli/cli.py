@@ -98,13 +98,13 @@ def resolve_model(option: Optional[Path], given_by: str = "--model") -> ModelCho
 def checkpoint_config(model_dir: Path):
     """The checkpoint's config.json (its kind, speakers and languages: the row defaults, the voice options'
     checks and the reference encoders depend on them), read before the model loads; None when the folder
-    is not a checkpoint, which loading it reports."""
+    has no config.json, which loading it reports. A folder with one is opened here and its error raised, so
+    that a broken checkpoint stops the run before the output folder is made or locked."""
     from .checkpoint import open_checkpoint
 
-    try:
-        return open_checkpoint(model_dir).config
-    except TTSError:
+    if not (model_dir / "config.json").exists():
         return None
+    return open_checkpoint(model_dir).config
 
 
 def setting_option(name: str, **kwargs):

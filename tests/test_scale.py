@@ -326,3 +326,40 @@ def test_the_ray_path_refuses_voice_arguments_before_it_reads_the_manifest(tmp_p
     with pytest.raises(TTSError) as refused:
         synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=model, **arguments)
     assert message in str(refused.value)
+
+
+@needs_bundled_model
+def test_the_ray_path_takes_a_blank_ref_audio_for_none_as_tts_synth_does(tmp_path, monkeypatch):
+    """ref_audio="  " passed the voice check as no reference, then was resolved to the working folder, which every
+    row without a reference of its own took for its reference, and failed. The rows are made here as the actors
+    make them, from the arguments Ray would give them; Ray stands in by a module that records those."""
+    from tts_cli.manifest import RowDefaults, check_references, read_manifest, rows_from_table
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    table = pa.table({"id": ["a"], "text": ["One line to speak."]})
+    actor_arguments = {}
+
+    class Dataset:
+        def schema(self):
+            return types.SimpleNamespace(base_schema=table.schema)
+
+        def map_batches(self, actor, fn_constructor_kwargs, **options):
+            actor_arguments.update(fn_constructor_kwargs)
+            return types.SimpleNamespace(write_parquet=lambda path: None)
+
+    ray_data = types.ModuleType("ray.data")
+    ray_data.read_parquet = lambda path: Dataset()
+    ray_data.ActorPoolStrategy = lambda size: None
+    ray = types.ModuleType("ray")
+    ray.data = ray_data
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.data", ray_data)
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(table, tmp_path / "m.parquet")
+    synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, ref_audio="  ")
+    [row] = rows_from_table(table, actor_arguments["defaults"], "a Ray batch",
+                            base_dir=Path(actor_arguments["references_base"]))
+    check_references([row])
+    [local_row] = read_manifest(tmp_path / "m.parquet", RowDefaults("vivian", "auto", 0, ref_audio="  ")).rows
+    assert row.problem is local_row.problem is None
+    assert row.request.ref_audio is local_row.request.ref_audio is None

@@ -257,8 +257,14 @@ def _reference_path(cell, defaults: RowDefaults, base_dir: Path) -> str | None:
     working folder, else None (no cloning)."""
     if _string_or(cell, ""):
         return resolve_reference_path(_string_or(cell, ""), base_dir)
-    if defaults.ref_audio and defaults.ref_audio.strip():
-        return resolve_reference_path(defaults.ref_audio.strip(), Path.cwd())
+    return default_reference_path(defaults.ref_audio)
+
+
+def default_reference_path(ref_audio: str | None) -> str | None:
+    """The file of --ref-audio (the Ray path's ref_audio=), relative to the working folder; None when it is
+    not given or blank: a blank value names no reference, as an empty ref_audio cell does."""
+    if ref_audio and ref_audio.strip():
+        return resolve_reference_path(ref_audio.strip(), Path.cwd())
     return None
 
 

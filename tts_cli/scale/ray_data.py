@@ -28,8 +28,8 @@ import tempfile
 from pathlib import Path
 
 from ..errors import TTSError
-from ..manifest import (DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_references, check_schema, mark_duplicate_ids,
-                        rows_from_table)
+from ..manifest import (DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_references, check_schema, default_reference_path,
+                        mark_duplicate_ids, rows_from_table)
 from ..output.writer import sanitize_id
 from ..recipe import wrapped_seed
 from .shard import stable_id_number
@@ -49,8 +49,9 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
     and gpus_per_actor=1, with one actor per GPU. speaker: of the rows that name none (default: vivian
     on a CustomVoice checkpoint, none on Base and VoiceDesign ones). ref_audio, ref_text,
     x_vector_only: the voice of the rows that name none (tts synth's --ref-audio, --ref-text,
-    --x-vector-only); ref_audio relative to the working folder. Voice arguments that its rows cannot
-    take raise TTSError before Ray reads the manifest: tts synth's check of its voice options."""
+    --x-vector-only); ref_audio relative to the working folder, and a blank one none, as tts synth reads
+    them. Voice arguments that its rows cannot take raise TTSError before Ray reads the manifest: tts
+    synth's check of its voice options."""
     import ray.data
 
     from ..checkpoint import CUSTOM_VOICE, open_checkpoint
@@ -63,8 +64,7 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
                         given_by=lambda setting: setting, max_text_chars=max_text_chars)
     if speaker is None and cfg.model_type == CUSTOM_VOICE:
         speaker = "vivian"
-    if ref_audio:   # the actors' working folder may be another
-        ref_audio = str(Path(ref_audio).resolve())
+    ref_audio = default_reference_path(ref_audio)   # absolute: the actors' working folder may be another
 
     dataset = ray.data.read_parquet(str(manifest))
     schema = dataset.schema().base_schema

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 from ..errors import RequestError, TTSError
 from ..request import Request
@@ -48,10 +47,10 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
     speaker None: not given. given_by(option): where its value came from, for the message (the
     row-level messages name the manifest's columns: given as options, the options' names)."""
     from ..checkpoint import BASE, CUSTOM_VOICE
-    from ..manifest import MAX_INSTRUCT_CHARS, text_problem
+    from ..manifest import MAX_INSTRUCT_CHARS, default_reference_path, text_problem
     from ..model.prompt import resolve_language_id
     from ..synthesizer import check_voice
-    from .reference_audio import check_reference, reference_value_problem, resolve_reference_path
+    from .reference_audio import check_reference, reference_value_problem
 
     option = "speaker"
     try:
@@ -66,7 +65,8 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
         if too_long:
             raise RequestError(too_long)
         ref_text = ref_text and ref_text.strip()   # (as the manifest reads it)
-        if not (ref_audio and ref_audio.strip()):   # (a blank one is none, as the manifest reads it)
+        reference_path = default_reference_path(ref_audio)
+        if reference_path is None:
             for option, value, what in (("ref_text", ref_text, "the transcript of that file"),
                                         ("x_vector_only", x_vector_only, "how to clone that file")):
                 if value:
@@ -85,7 +85,7 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
                    or _as_options(voice_fields_problem(request), given_by))
         if problem:
             raise RequestError(problem)
-        check_reference(resolve_reference_path(ref_audio.strip(), Path.cwd()))
+        check_reference(reference_path)
     except RequestError as e:
         message = str(e).removeprefix(option + ": ")
         if option == "ref_audio":   # "ref_audio 'x' is a URL" -> "--ref-audio: 'x' is a URL"

@@ -2,8 +2,10 @@
 left, write each finished row and record it, then rebuild the report from the ledger.
 
 - Resume: a row whose ledger entry has the same key (text + settings) and whose output is there is
-  skipped; a row done before with another key stops the run before the model loads, unless
-  --redo-changed.
+  skipped. So is one whose settings differ only where they cannot change its output (same_output):
+  a setting its checkpoint ignores (JobSettings.ignored_params), or segment_chars where its text fits
+  both limits (one segment under either). A row done before with other text or settings stops the run
+  before the model loads, unless --redo-changed.
 - Long text: a row is split into segments (tts_cli/textsplit.py), each synthesized as a request of
   its own with its own frame cap, and the segments' audio is joined with a short crossfade.
 - Faults: a RequestError fails only the row at fault (its batch is retried row by row); a CUDA

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tts_cli import cli
 from tts_cli.errors import TTSError
 from tts_cli.job import REDO_PENDING
-from tts_cli.output.ledger import LEDGER_NAME, Ledger, params_key
+from tts_cli.output.ledger import LEDGER_NAME, LOCK_NAME, Ledger, params_key
 from tts_cli.output.report import NOT_SYNTHESIZED
 
 from fakes import use_fake_synthesizer
@@ -271,6 +271,31 @@ def test_ledger_drops_a_torn_last_line_and_locks_the_folder(tmp_path):
         Ledger(tmp_path)
 
 
+def test_the_folder_stays_locked_until_the_report_is_written(fake, tmp_path, monkeypatch):
+    """The lock is not the ledger's alone: a second run starting while this one hears its last rows or
+    writes its report would write its own report (or remove rows.parquet) beside this one's."""
+    from tts_cli.output import report as report_module
+    real_write_reports, second_run = report_module.write_reports, []
+
+    def write_reports(out_dir, *args):
+        try:
+            Ledger(out_dir).close()   # what a second run into the folder does first
+            second_run.append("let in")
+        except TTSError as e:
+            second_run.append(str(e))
+        return real_write_reports(out_dir, *args)
+
+    monkeypatch.setattr(report_module, "write_reports", write_reports)
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\n")
+    out = tmp_path / "out"
+    result = _synth(manifest, out, model=tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert len(second_run) == 1 and "another tts run is writing into this folder" in second_run[0]
+    with Ledger(out):   # released at the end
+        pass
+
+
 def test_parquet_shard_that_no_ledger_entry_names_is_removed_and_its_rows_redone(fake, tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("".join(f"r{i}\tRow number {i}.\n" for i in range(5)))
@@ -408,7 +433,7 @@ def test_files_under_output_names_in_a_folder_no_run_wrote_stop_the_run(fake, tm
     assert result.exit_code == 2, result.output
     assert f"error: {out} holds {theirs}, named as this run's outputs, but no ledger.jsonl" in result.stderr
     assert not hasattr(fake, "loaded_with") and (out / theirs).read_bytes() == b"someone else's"
-    assert not (out / LEDGER_NAME).exists()
+    assert not (out / LEDGER_NAME).exists() and not (out / LOCK_NAME).exists()   # the folder as it was
     (out / theirs).unlink()
     assert _synth(manifest, out, "--format", output_format, model=tmp_path / "model").exit_code == 0
     assert (out / ".draft.tmp").read_bytes() == b"mine"

@@ -403,6 +403,7 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     from .job import JobSettings, LocalExecutor, run_job
     from .manifest import RowDefaults, read_manifest
     from .output.formats import FORMATS, file_extension
+    from .output.ledger import FolderLock
     from .output.report import RunInfo, build_report, references_line, write_reports
     from .output.writer import output_names
     from .scale.shard import parse_shard, shard_of
@@ -530,10 +531,13 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
     else:
         synth_wer = None
     wer_section = wer_rows = None
+    # Held to the report's end, not only while synthesis writes the ledger: a run started while this one
+    # still hears its last rows would otherwise write its files and report beside this one's.
+    lock = FolderLock(out)
     try:
         try:
             result = run_job(shard_rows, names, out, settings, start_executor, on_start=on_start,
-                             on_rows_done=on_rows_done, on_output=synth_wer and synth_wer.feed)
+                             on_rows_done=on_rows_done, on_output=synth_wer and synth_wer.feed, lock=lock)
         finally:
             if progress.live.is_started:   # (off a terminal, stop() prints an empty line, started or not)
                 progress.stop()
@@ -543,48 +547,53 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
                 result.notes += filter(None, [synth_wer.unheard_note()])
             except TTSError as e:
                 result.notes.append(f"WER not computed: {e}")
+        for note in result.notes:
+            say(f"note: {note}", "yellow")
+        result.notes[:0] = manifest_notes
+
+        from .synthesizer import numerics, weights_dtype
+        first_device = devices[0] if devices else device
+        report = build_report(RunInfo(
+            manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
+            bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
+            device_choice=device_choice.reason,
+            dtype=loaded_numerics or numerics(first_device, codec_precision,
+                                              weights_dtype(first_device, talker_precision)),
+            greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
+            skipped_empty=skipped_empty, load_seconds=load_seconds,
+            wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
+            segment_chars=segment_chars, max_text_chars=max_text_chars,
+            shard=shard and f"{shard_index}/{shard_count}",
+            devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
+            references=voices.summary() if voices else None, synthesis=result.synthesis,
+        ), result.records, wer_section)
+        _, md_path = write_reports(out, report, wer_rows)
+        if wer_rows is None:
+            (out / "rows.parquet").unlink(missing_ok=True)   # an earlier run's: it would not match this report
+        else:
+            from .quality.scoring import write_rows_parquet
+            write_rows_parquet(out / "rows.parquet", wer_rows)
+        totals = report["totals"]
+        stopped = (f"{totals['not_synthesized']} not synthesized (the run stopped), "
+                   if totals["not_synthesized"] else "")
+        typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
+                   f"{stopped}{totals['skipped_empty']} empty skipped; "
+                   f"{totals['audio_seconds_this_run']:.2f} s audio made in "
+                   f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
+        if report.get("synthesis"):
+            from .output.report import synthesis_line
+            typer.echo(f"engine: {synthesis_line(report['synthesis'])}")
+        if voices:
+            typer.echo(f"references: {references_line(report['references'])}")
+        if wer_section is not None:
+            typer.echo(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
+        if isinstance(result.stopped, RunCannotGoOn):   # (a signal's stop is raised by the caller's stop_on_signals)
+            raise result.stopped
+        return 0 if totals["failed"] == totals["not_synthesized"] == 0 else 1
     finally:
         if synth_wer is not None:
             synth_wer.close()
-    for note in result.notes:
-        say(f"note: {note}", "yellow")
-    result.notes[:0] = manifest_notes
-
-    from .synthesizer import numerics, weights_dtype
-    first_device = devices[0] if devices else device
-    report = build_report(RunInfo(
-        manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
-        bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
-        device_choice=device_choice.reason,
-        dtype=loaded_numerics or numerics(first_device, codec_precision, weights_dtype(first_device, talker_precision)),
-        greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
-        skipped_empty=skipped_empty, load_seconds=load_seconds,
-        wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
-        segment_chars=segment_chars, max_text_chars=max_text_chars, shard=shard and f"{shard_index}/{shard_count}",
-        devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
-        references=voices.summary() if voices else None, synthesis=result.synthesis,
-    ), result.records, wer_section)
-    _, md_path = write_reports(out, report, wer_rows)
-    if wer_rows is None:
-        (out / "rows.parquet").unlink(missing_ok=True)   # an earlier run's: it would not match this report
-    else:
-        from .quality.scoring import write_rows_parquet
-        write_rows_parquet(out / "rows.parquet", wer_rows)
-    totals = report["totals"]
-    stopped = f"{totals['not_synthesized']} not synthesized (the run stopped), " if totals["not_synthesized"] else ""
-    typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, {stopped}"
-               f"{totals['skipped_empty']} empty skipped; {totals['audio_seconds_this_run']:.2f} s audio made in "
-               f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
-    if report.get("synthesis"):
-        from .output.report import synthesis_line
-        typer.echo(f"engine: {synthesis_line(report['synthesis'])}")
-    if voices:
-        typer.echo(f"references: {references_line(report['references'])}")
-    if wer_section is not None:
-        typer.echo(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
-    if isinstance(result.stopped, RunCannotGoOn):   # (a signal's stop is raised by the caller's stop_on_signals)
-        raise result.stopped
-    return 0 if totals["failed"] == totals["not_synthesized"] == 0 else 1
+        lock.close()
 
 
 def default_asr_workers(on_cuda: bool, synthesis_processes: int = 1) -> int:

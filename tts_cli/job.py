@@ -37,7 +37,7 @@ from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS,
 from .errors import OutputError, RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
 from .output.formats import SHARD_PATTERN, make_sink, output_exists, output_intact
-from .output.ledger import LEDGER_NAME, Ledger, changed_params, params_key, row_params
+from .output.ledger import LEDGER_NAME, FolderLock, Ledger, changed_params, params_key, row_params
 from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
 from .output.writer import remove_temporary_files, sanitize_id
 from .processes import RunCannotGoOn, RunStopped, stops_here
@@ -353,15 +353,16 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
             start_executor: Callable[[], Executor],
             on_start: Callable[[int], None] = lambda total: None,
             on_rows_done: Callable[[list[RowRecord]], None] = lambda records: None,
-            on_output: OutputCallback | None = None) -> JobResult:
+            on_output: OutputCallback | None = None, lock: FolderLock | None = None) -> JobResult:
     """Synthesize the rows not yet done into out_dir. `names` maps a row's index to its output name;
     start_executor is called only when there is something to synthesize, and on_start(rows to do)
-    once it has started; on_output: see OutputCallback."""
+    once it has started; on_output: see OutputCallback; lock: a FolderLock that the ledger takes (once the
+    folder is checked) and the caller closes, to hold it beyond the job (else the lock ends with the job)."""
     out_dir = Path(out_dir)
     notes: list[str] = []
     if not (out_dir / LEDGER_NAME).exists():
         check_no_foreign_outputs(out_dir, names.values(), settings.output_format)
-    with Ledger(out_dir) as ledger:
+    with Ledger(out_dir, lock) as ledger:
         if ledger.repaired_bytes:
             notes.append(f"cut a torn last line ({ledger.repaired_bytes} bytes) off the ledger: a run was killed mid-write")
         removed = remove_temporary_files(out_dir)

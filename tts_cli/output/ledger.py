@@ -48,25 +48,44 @@ def changed_params(old: dict, new: dict) -> str:
     return ", ".join(parts)
 
 
-class Ledger:
-    """The ledger of one output folder, opened for appending; holds the folder's lock until closed.
-    An OSError (disk full, I/O error, read-only folder) is raised as OutputError naming the file."""
+class FolderLock:
+    """The lock of an output folder (flock on .tts-lock), taken by take() and held until close(). take()
+    raises TTSError when another run holds it, OutputError when it cannot be taken (a read-only folder)."""
 
     def __init__(self, out_dir: Path):
-        self.path = Path(out_dir) / LEDGER_NAME
+        self.out_dir, self.fd = Path(out_dir), None
+
+    def take(self) -> None:
         try:
-            self._lock = _lock_folder(Path(out_dir))
+            self.fd = _lock_folder(self.out_dir)
         except OSError as e:
-            raise OutputError(Path(out_dir) / LOCK_NAME, e) from e
+            raise OutputError(self.out_dir / LOCK_NAME, e) from e
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Ledger:
+    """The ledger of one output folder, opened for appending; takes the folder's lock and holds it until
+    closed, or takes `lock`, which its caller holds beyond the ledger (through the report) and closes. An
+    OSError (disk full, I/O error, read-only folder) is raised as OutputError naming the file."""
+
+    def __init__(self, out_dir: Path, lock: FolderLock | None = None):
+        self.path = Path(out_dir) / LEDGER_NAME
+        self._own_lock = lock is None
+        self._lock = FolderLock(out_dir) if lock is None else lock
+        self._lock.take()
         try:
             self.repaired_bytes = _drop_torn_tail(self.path)
             self.latest: dict[str, dict] = {entry["id"]: entry for entry in _read_entries(self.path)}  # last per id
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
-            os.close(self._lock)
+            self._release()
             raise OutputError(self.path, e) from e
         except BaseException:
-            os.close(self._lock)
+            self._release()
             raise
 
     def append(self, entries: list[dict]) -> None:
@@ -93,7 +112,11 @@ class Ledger:
 
     def close(self) -> None:
         os.close(self._fd)
-        os.close(self._lock)
+        self._release()
+
+    def _release(self) -> None:
+        if self._own_lock:
+            self._lock.close()
 
     def __enter__(self) -> "Ledger":
         return self

@@ -192,6 +192,26 @@ def test_parquet_rows_audio_is_extracted_beside_the_page(monkeypatch, tmp_path):
     assert {r["audio"]["preload"] for r in PageParser((out / "report.html").read_text()).rows if r["audio"]} == {"none"}
 
 
+def test_parquet_rows_of_two_runs_with_one_name_get_their_own_audio(monkeypatch, tmp_path):
+    """Names are unique within a run: a row added by a later run can have the name an earlier run's row
+    has in its shard ('a!' and 'a?' are both a_.flac); each row's player still plays its own audio."""
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest, out = tmp_path / "m.txt", tmp_path / "out"
+    options = ["--out", str(out), "--model", str(tmp_path / "model"), "--format", "parquet", "--greedy", "--no-wer"]
+    manifest.write_text("a?\tThe first row.\n")
+    assert runner.invoke(cli.app, ["synth", str(manifest), *options]).exit_code == 0
+    manifest.write_text("a!\tA second row, longer than the first.\na?\tThe first row.\n")
+    result = runner.invoke(cli.app, ["synth", str(manifest), *options])
+    assert result.exit_code == 0, result.output
+    shard_audio = {row["id"]: row["audio"]["bytes"] for shard in sorted(out.glob("part-*.parquet"))
+                   for row in pq.read_table(shard).to_pylist()}
+    sources = {r["attrs"]["data-id"]: r["audio"]["src"]
+               for r in PageParser((out / "report.html").read_text(encoding="utf-8")).rows}
+    assert len(set(sources.values())) == 2
+    for row_id, src in sources.items():
+        assert (out / src).read_bytes() == shard_audio[row_id]
+
+
 def test_score_page_links_the_files_in_the_audio_folder(with_fake_asr, tmp_path):
     audio_dir, out = tmp_path / "audio", tmp_path / "scores"
     audio_dir.mkdir()

@@ -124,13 +124,20 @@ def extract_parquet_audio(out_dir: Path, report_rows: list[dict]) -> dict[str, s
     for r in report_rows:
         if r["error"] is None and r["file"]:
             wanted.setdefault(r["file"], set()).add(r["id"])
-    links, kept = {}, set()
+    links, kept, taken = {}, set(), set()
     for shard, ids in wanted.items():
         table = pq.read_table(Path(out_dir) / shard, columns=["id", "audio"]).to_pydict()
         for row_id, audio in zip(table["id"], table["audio"]):
             if row_id not in ids:
                 continue
-            name = Path(audio["path"]).name   # the row's own name: output_names keeps it unique and safe
+            # The row's own name: output_names keeps it safe, and unique among its run's rows only; a row
+            # of an earlier run's shard may have it too (ids that differ in characters a name cannot keep).
+            name, n = Path(audio["path"]).name, 1
+            stem, _, extension = name.rpartition(".")
+            while name.lower() in taken:
+                n += 1
+                name = f"{stem}_{n}.{extension}"
+            taken.add(name.lower())
             folder.mkdir(exist_ok=True)
             path = folder / name
             if not (path.is_file() and path.read_bytes() == audio["bytes"]):

@@ -212,6 +212,21 @@ def test_parquet_rows_of_two_runs_with_one_name_get_their_own_audio(monkeypatch,
         assert (out / src).read_bytes() == shard_audio[row_id]
 
 
+def test_a_report_audio_folder_that_cannot_be_made_stops_the_run_with_status_2(monkeypatch, tmp_path):
+    """As for any output that cannot be written: one line naming the path, exit 2 (it was a traceback, 1)."""
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest, out = tmp_path / "m.txt", tmp_path / "out"
+    manifest.write_text("a\tThe first row.\n")
+    assert runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                                   "--format", "parquet", "--no-wer"]).exit_code == 0
+    shutil.rmtree(out / report_html.PARQUET_AUDIO_FOLDER)
+    (out / report_html.PARQUET_AUDIO_FOLDER).write_text("in the way")
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                                     "--format", "parquet", "--no-wer"])
+    assert result.exit_code == 2, result.output
+    assert f"cannot write {out / report_html.PARQUET_AUDIO_FOLDER}: File exists" in result.stderr
+
+
 def test_score_page_links_the_files_in_the_audio_folder(with_fake_asr, tmp_path):
     audio_dir, out = tmp_path / "audio", tmp_path / "scores"
     audio_dir.mkdir()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from ..errors import OutputError
 from .writer import write_atomically
 
 PAGE_NAME = "report.html"
@@ -125,6 +126,11 @@ def extract_parquet_audio(out_dir: Path, report_rows: list[dict]) -> dict[str, s
         if r["error"] is None and r["file"]:
             wanted.setdefault(r["file"], set()).add(r["id"])
     links, kept, taken = {}, set(), set()
+    if wanted:
+        try:
+            folder.mkdir(exist_ok=True)
+        except OSError as e:   # (a file of that name, a full disk): exit 2 naming it, as for the rows' files
+            raise OutputError(folder, e) from e
     for shard, ids in wanted.items():
         table = pq.read_table(Path(out_dir) / shard, columns=["id", "audio"]).to_pydict()
         for row_id, audio in zip(table["id"], table["audio"]):
@@ -138,7 +144,6 @@ def extract_parquet_audio(out_dir: Path, report_rows: list[dict]) -> dict[str, s
                 n += 1
                 name = f"{stem}_{n}.{extension}"
             taken.add(name.lower())
-            folder.mkdir(exist_ok=True)
             path = folder / name
             if not (path.is_file() and path.read_bytes() == audio["bytes"]):
                 write_atomically(path, lambda tmp, data=audio["bytes"]: tmp.write_bytes(data))
@@ -147,7 +152,10 @@ def extract_parquet_audio(out_dir: Path, report_rows: list[dict]) -> dict[str, s
     if folder.is_dir():
         for path in folder.iterdir():
             if path.is_file() and path.name not in kept:
-                path.unlink()
+                try:
+                    path.unlink()
+                except OSError as e:
+                    raise OutputError(path, e) from e
     return links
 
 

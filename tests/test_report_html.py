@@ -169,7 +169,7 @@ def test_parquet_rows_audio_is_extracted_beside_the_page(monkeypatch, tmp_path):
     that no row names is removed by the next run; beyond PRELOAD_METADATA_MAX_PLAYERS players no preload."""
     use_fake_synthesizer(monkeypatch, tmp_path)
     out = tmp_path / "out"
-    (out / report_html.PARQUET_AUDIO_FOLDER).mkdir(parents=True)
+    _synth(tmp_path, out, "--format", "parquet", "--max-frames", 3)
     (out / report_html.PARQUET_AUDIO_FOLDER / "gone.flac").write_bytes(b"an earlier run's row")
     report = _synth(tmp_path, out, "--format", "parquet", "--max-frames", 3)
     shard_audio = {row["id"]: row["audio"] for row in pq.read_table(out / "part-00000.parquet").to_pylist()}

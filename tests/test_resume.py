@@ -418,7 +418,8 @@ def test_rows_of_an_earlier_run_reach_the_outputs_callback_shard_by_shard(fake, 
 
 
 @pytest.mark.parametrize("output_format, theirs", [
-    ("parquet", "part-00000.parquet"), ("wav", "r1.wav"), ("flac", "report.md"), ("wav", "rows.parquet")])
+    ("parquet", "part-00000.parquet"), ("wav", "r1.wav"), ("flac", "report.md"), ("wav", "rows.parquet"),
+    ("parquet", "report_audio/theirs.flac")])
 def test_files_under_output_names_in_a_folder_no_run_wrote_stop_the_run(fake, tmp_path, output_format, theirs):
     """No ledger: a file named as an output was not made by tts. It is neither overwritten nor taken for a
     killed run's (a shard was removed as an orphan), and nothing is loaded: exit 2 naming it. A hidden
@@ -426,7 +427,7 @@ def test_files_under_output_names_in_a_folder_no_run_wrote_stop_the_run(fake, tm
     manifest = tmp_path / "m.txt"
     manifest.write_text("r0\tOne.\nr1\tTwo.\n")
     out = tmp_path / "out"
-    out.mkdir()
+    (out / theirs).parent.mkdir(parents=True)
     (out / theirs).write_bytes(b"someone else's")
     (out / ".draft.tmp").write_bytes(b"mine")
     result = _synth(manifest, out, "--format", output_format, model=tmp_path / "model")

@@ -39,6 +39,7 @@ from .manifest import ManifestRow
 from .output.formats import SHARD_PATTERN, make_sink, output_exists, output_intact
 from .output.ledger import LEDGER_NAME, FolderLock, Ledger, changed_params, params_key, row_params
 from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
+from .output.report_html import PARQUET_AUDIO_FOLDER
 from .output.writer import remove_temporary_files, sanitize_id
 from .processes import RunCannotGoOn, RunStopped, stops_here
 from .recipe import wrapped_seed
@@ -435,6 +436,9 @@ def check_no_foreign_outputs(out_dir: Path, names, output_format: str) -> None:
     removed (a parquet shard). TTSError naming the first."""
     if output_format == "parquet":
         found = sorted(path.name for path in out_dir.iterdir() if SHARD_PATTERN.fullmatch(path.name))
+        audio_copies = out_dir / PARQUET_AUDIO_FOLDER   # report.html's: the run removes those no row names
+        if audio_copies.is_dir():
+            found += sorted(f"{PARQUET_AUDIO_FOLDER}/{path.name}" for path in audio_copies.iterdir())
     else:
         found = [name for name in names if (out_dir / name).exists()]
     found += [name for name in RUN_FILES if (out_dir / name).exists()]

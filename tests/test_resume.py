@@ -269,6 +269,9 @@ def test_ledger_drops_a_torn_last_line_and_locks_the_folder(tmp_path):
     (tmp_path / LEDGER_NAME).write_text('{"id": "a"}\n{"id": "b", "key": "k", "status": "ok"}\n')
     with pytest.raises(TTSError, match=r"ledger.jsonl, line 1: not a ledger entry"):
         Ledger(tmp_path)
+    (tmp_path / LEDGER_NAME).write_bytes(b'{"id": "a", "key": "k", "status": "ok"}\n{"id": "b\xff", "key": "k"}\n')
+    with pytest.raises(TTSError, match=r"ledger.jsonl, line 2: not a ledger entry \('utf-8' codec can't decode"):
+        Ledger(tmp_path)
 
 
 def test_the_folder_stays_locked_until_the_report_is_written(fake, tmp_path, monkeypatch):

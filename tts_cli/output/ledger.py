@@ -160,14 +160,14 @@ def _read_entries(path: Path, whole_lines_only: bool = False) -> list[dict]:
     if not path.is_file():
         return []
     entries = []
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:   # decoded line by line: a line that is not UTF-8 is named as any bad line
         for number, line in enumerate(f, 1):
-            if whole_lines_only and not line.endswith("\n"):
+            if whole_lines_only and not line.endswith(b"\n"):
                 break
             try:
-                entry = json.loads(line)
+                entry = json.loads(line.decode("utf-8"))
                 entry["id"], entry["key"], entry["status"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
                 raise TTSError(f"{path}, line {number}: not a ledger entry ({e}); "
                                "fix or remove that line, or use a new --out") from None
             entries.append(entry)

@@ -336,6 +336,131 @@ def test_a_stop_cuts_short_only_the_waits_marked_for_it():
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before   # the handlers were put back
 
 
+def _rows(tmp_path, count):
+    from tts_cli.manifest import RowDefaults, read_manifest
+
+    return read_manifest(_manifest(tmp_path, count), RowDefaults(speaker="vivian", language="english",
+                                                                 base_seed=0)).rows
+
+
+def _stopped_job(tmp_path, rows, start_executor, after_first_row):
+    """run_job under stop_on_signals, one row per batch; after_first_row() is called as the first row is
+    recorded (outside any wait, as while a batch is written), and a SIGTERM comes from it or after it."""
+    from tts_cli.job import JobSettings, run_job
+
+    out = tmp_path / "out"
+    out.mkdir()
+
+    def on_rows_done(records):
+        if records[0].request.id == "row-00":
+            after_first_row()
+
+    with stop_on_signals():
+        result = run_job(rows, {row.index: f"{row.request.id}.wav" for row in rows}, out, JobSettings(batch_size=1),
+                         start_executor, on_rows_done=on_rows_done)
+    assert result.stopped is not None and result.stopped.exit_status == 143
+    return result, out
+
+
+def _assert_only_written(result, out, made):
+    """The rows `made` are recorded ok with files that decode whole; the others are not synthesized."""
+    from tts_cli.output.report import NOT_SYNTHESIZED
+
+    entries = _ledger(out)
+    assert [(e["id"], e["status"]) for e in entries] == [(row_id, "ok") for row_id in made]
+    for entry in entries:
+        audio, rate = sf.read(out / entry["file"])
+        assert rate == 24000 and len(audio) == entry["frames"] * SAMPLES_PER_FRAME > 0
+    left = len(result.records) - len(made)
+    assert [r.error for r in result.records] == [None] * len(made) + [NOT_SYNTHESIZED] * left
+
+
+def test_a_stop_writes_the_rows_the_synthesis_thread_already_made_and_waits_for_no_other(tmp_path):
+    """SIGTERM while the first row is written, with the next two made and queued by the synthesis thread
+    and the fourth being made: the two are written and recorded too; the fourth is not waited for (the
+    fake holds it until synthesis is cancelled), and the rows after it are not synthesized."""
+    import threading
+
+    from fakes import FakeSynthesizer
+    from tts_cli.errors import SynthesisCancelled
+    from tts_cli.job import JobSettings, LocalExecutor
+
+    holding = threading.Event()
+
+    class HoldsTheFourthRow(FakeSynthesizer):   # one row per call (batch_size=1)
+        def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None, on_result=None, cancel=None):
+            if len(self.batches) == 3:
+                holding.set()
+                cancel.wait(timeout=20)
+                raise SynthesisCancelled()
+            return super().synthesize(requests, greedy, max_frames, max_rows)
+
+    def stop():
+        assert holding.wait(timeout=20)   # rows 1 and 2 queued, row 3 being made
+        signal.raise_signal(signal.SIGTERM)
+
+    fake, start = HoldsTheFourthRow(), time.monotonic()
+    result, out = _stopped_job(tmp_path, _rows(tmp_path, 6), lambda: LocalExecutor(fake, JobSettings(batch_size=1)),
+                               after_first_row=stop)
+    assert time.monotonic() - start < 10, "the stop waited for the row being made"
+    _assert_only_written(result, out, ["row-00", "row-01", "row-02"])
+
+
+class _Process:
+    pid, exitcode = 4242, None
+
+    def terminate(self):
+        self.exitcode = -signal.SIGTERM
+
+    def join(self, timeout=None):
+        pass
+
+    def is_alive(self):
+        return False
+
+
+@needs_bundled_model
+@pytest.mark.parametrize("worker", ["running", "ended by the stop"])
+def test_a_stop_writes_the_rows_a_gpus_worker_already_sent(tmp_path, worker):
+    """--gpus. A worker that made both batches it held (one row each) has sent the second when SIGTERM
+    comes as the first row is written: that row is written and recorded too. A worker ended by the
+    SIGTERM (sent to the whole process group) while the parent waits, before it made its second batch,
+    leaves that row not synthesized, not failed."""
+    from multiprocessing import Pipe
+
+    import numpy as np
+
+    from tts_cli.checkpoint import open_checkpoint
+    from tts_cli.job import Segment
+    from tts_cli.scale.workers import Worker, WorkerPool
+
+    received, sent = Pipe(duplex=False)
+    makes = 2 if worker == "running" else 1
+
+    class Tasks:   # a worker that answers the first `makes` batches as it gets them
+        def put(self, task):
+            index, requests = task
+            if index < makes:
+                segments = [Segment(np.full(2 * SAMPLES_PER_FRAME, 0.1, np.float32), 2, False) for _ in requests]
+                sent.send(("done", index, segments, 0.1, [], None))
+            elif index == 2:   # sent once the first row is written: the parent goes on to wait
+                signal.raise_signal(signal.SIGTERM)
+                sent.close()
+
+        def cancel_join_thread(self):
+            pass
+
+    pool = object.__new__(WorkerPool)
+    pool.cfg = open_checkpoint(cli.BUNDLED_MODEL_DIR).config   # the rows are checked against it
+    pool.voices, pool.notes, pool.timings, pool.started = None, [], {}, 1
+    pool.sample_rate, pool.numerics = 24000, "float32"
+    pool.workers = [Worker("cpu", _Process(), Tasks(), received)]
+    stop = (lambda: signal.raise_signal(signal.SIGTERM)) if worker == "running" else (lambda: None)
+    result, out = _stopped_job(tmp_path, _rows(tmp_path, 5), lambda: pool, after_first_row=stop)
+    _assert_only_written(result, out, ["row-00", "row-01"][:makes])
+    assert pool.workers == [] and pool.notes == []
+
+
 # A real SIGINT as the CLI's modules start to import: the first ~0.1 s of any command.
 INTERRUPT_THE_CLI_IMPORT = """
 import os, signal, sys

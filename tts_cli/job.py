@@ -15,9 +15,10 @@ left, write each finished row and record it, then rebuild the report from the le
 - A worker process that dies fails the rows it held (tts_cli/scale/workers.py); an output that
   cannot be written (disk full, I/O error, read-only folder) stops the run with OutputError: its row
   gets no ledger line, the rows of its batch that were written keep theirs.
-- SIGTERM or Ctrl-C (tts_cli/processes.py) cuts short the wait for the next batch, never the
-  writing and recording of a finished one; the run then returns what the ledger holds, with
-  JobResult.stopped set.
+- SIGTERM or Ctrl-C (tts_cli/processes.py) stops the synthesis and ends the wait for the next
+  results, never the writing and recording of finished rows: those already handed over (queued by
+  the synthesis thread, sent by a worker) are written too, none still being made is waited for. The
+  run then returns what the ledger holds, with JobResult.stopped set.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from .output.ledger import LEDGER_NAME, FolderLock, Ledger, changed_params, para
 from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
 from .output.report_html import PARQUET_AUDIO_FOLDER
 from .output.writer import remove_temporary_files, sanitize_id
-from .processes import RunCannotGoOn, RunStopped, stops_here
+from .processes import STOP_POLL_SECONDS, RunCannotGoOn, RunStopped, stop_signal, stops_here
 from .recipe import wrapped_seed
 from .request import Request
 from .textsplit import crossfade_samples, join_with_crossfade, split_text
@@ -115,7 +116,9 @@ class Executor(Protocol):
         """The row's request as it is synthesized (a clone row with its encoded reference: prepare_request),
         or RequestError for a row it cannot synthesize."""
 
-    def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]: ...
+    def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]:
+        """After a stop signal (tts_cli/processes.py stop_signal): stops synthesizing, yields the outcomes
+        already in hand without waiting for others, and returns."""
 
     def close(self, now: bool = False) -> None:
         """now: the run stopped or failed, so no batch still running is wanted."""
@@ -178,7 +181,7 @@ class LocalExecutor:
         self._thread = threading.Thread(target=synthesize_all, name="tts-synthesis", daemon=True)
         self._thread.start()
         while True:
-            items = [_next_item(found)]
+            items = [_next_item(found, self._cancel)]
             while not found.empty() and items[-1] is not _END and not isinstance(items[-1], BaseException):
                 items.append(found.get())
             by_batch: dict[int, list] = {}
@@ -187,9 +190,10 @@ class LocalExecutor:
                     by_batch.setdefault(item[0], []).append(item[1:])
             for index, done in by_batch.items():
                 yield index, [(position, outcome) for position, outcome, _ in done], max(s for *_, s in done)
-            if isinstance(items[-1], BaseException):
+            # After a stop, an error of the synthesis it cut short does not take the stop's place.
+            if isinstance(items[-1], BaseException) and stop_signal() is None:
                 raise items[-1]
-            if items[-1] is _END:
+            if items[-1] is _END or isinstance(items[-1], BaseException):
                 return
 
     @property
@@ -215,13 +219,19 @@ _END = object()
 CANCEL_WAIT_SECONDS = 60   # a stopped run waits this long for the synthesis thread's current step or batch
 
 
-def _next_item(found: queue.SimpleQueue):
-    """The next item, waiting in short slices: a stop (stops_here in the caller) cuts the wait."""
-    while True:
+def _next_item(found: queue.SimpleQueue, cancel: threading.Event):
+    """The next item, waiting in short slices to see a stop. After one, synthesis is cancelled and only
+    what is queued already comes, then _END: rows still being made are not waited for."""
+    while stop_signal() is None:
         try:
-            return found.get(timeout=0.25)
+            return found.get(timeout=STOP_POLL_SECONDS)
         except queue.Empty:
             continue
+    cancel.set()
+    try:
+        return found.get_nowait()
+    except queue.Empty:
+        return _END
 
 
 def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None, limit: RowLimit,
@@ -548,9 +558,8 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
     batches, stopped = synthesize_plans(todo, executor, settings), None
     with ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="tts-writer") as writers:
         while True:
-            try:
-                with stops_here():   # a stop cuts short the wait for the next batch, not its writing
-                    finished = next(batches, None)
+            try:   # after a stop, the executor yields the rows it has in hand, then ends
+                finished = next(batches, None)
             except RunStopped as e:
                 stopped, finished = e, None
             except TTSError:
@@ -578,6 +587,8 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
             if output_error is not None:   # the rows written before it are recorded (above), then the run stops
                 raise output_error
     ledger.append(sink.durable_entries(final=True))   # after a stop too: the rows finished before it are kept
+    if stopped is None and (signum := stop_signal()) is not None:   # (also one that came as the last rows were written)
+        stopped = RunStopped(signum)
     notes += getattr(executor, "notes", [])
     if getattr(executor, "limit", None) and executor.limit.shrinks:
         notes.append(f"out of memory {executor.limit.shrinks} times: rows per call went down to {executor.limit.rows}")
@@ -594,15 +605,16 @@ def synthesize_plans(plans: list[RowPlan], executor: Executor,
     fade = crossfade_samples(executor.sample_rate)
     items: list[tuple[RowPlan, int]] = []     # (row, segment index) for each request, in batch order
     refused = []
-    for plan in plans:
-        try:
-            request = executor.prepare(plan.row.request)
-        except RequestError as e:
-            refused.append((plan, str(e)))
-            continue
-        plan.segments = segment_requests(request, settings.segment_chars)
-        plan.outcomes = [None] * len(plan.segments)
-        items += [(plan, k) for k in range(len(plan.segments))]
+    with stops_here():   # encoding references: nothing is finished yet, so a stop may cut it anywhere
+        for plan in plans:
+            try:
+                request = executor.prepare(plan.row.request)
+            except RequestError as e:
+                refused.append((plan, str(e)))
+                continue
+            plan.segments = segment_requests(request, settings.segment_chars)
+            plan.outcomes = [None] * len(plan.segments)
+            items += [(plan, k) for k in range(len(plan.segments))]
     if refused:
         yield refused
     batches = [items[i:i + settings.batch_size] for i in range(0, len(items), settings.batch_size)]

@@ -13,7 +13,9 @@ at the EOF of its own pipe, once the parent and these children (which hold that 
 
 The parent: while stop_on_signals() is active, SIGTERM (what Slurm, Kubernetes and Ray send before
 SIGKILL) and SIGINT stop the run. A stop cuts short only the waits marked with stops_here()
-(synthesis, loading the model, the ASR): RunStopped is raised there, at once. Anywhere else (a
+(loading the model, encoding references, the ASR): RunStopped is raised there, at once. The wait
+for synthesis ends itself instead (stop_signal(), tts_cli/job.py): a signal raised wherever it lands
+there would drop the rows already synthesized and handed over but not yet written. Anywhere else (a
 batch's rows being written and recorded, the report) the stop waits for the next such wait or for
 the end of the run, so that what is finished is on disk, in the ledger and in the report.
 """
@@ -30,6 +32,7 @@ from typing import Iterator
 
 PR_SET_PDEATHSIG = 1            # linux/prctl.h
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_POLL_SECONDS = 0.25        # how soon a wait that ends itself (stop_signal) sees a stop
 PARENT_GONE_EXIT = 1
 
 
@@ -120,6 +123,12 @@ def stop_on_signals() -> Iterator[StopRequest]:
         _current = None
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def stop_signal() -> int | None:
+    """The stop signal that came, if any: for a wait that must end where it loses nothing, not wherever
+    the signal lands (stops_here)."""
+    return None if _current is None else _current.signum
 
 
 @contextmanager

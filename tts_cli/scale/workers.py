@@ -11,6 +11,8 @@ A worker that dies (killed, out of host memory, a crashed driver) closes its res
 parent sees the EOF at once, fails the rows of the batches that worker held (the run's exit status
 is then 1, and a rerun retries them) and goes on with the other workers; with none left, the run
 stops. Private pipes and queues keep a killed worker from taking a lock that the others need.
+On a stop signal no batch is sent any more, and the results the workers have sent already are read
+(and so written by the job) without waiting for those still being made; the job then stops the workers.
 `cpu` entries make CPU workers (`--gpus cpu,cpu`), which is how the pool is tested without GPUs.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from ..errors import TTSError
 from ..logs import log_to_stderr, verbose
-from ..processes import RunCannotGoOn, end_with_parent
+from ..processes import STOP_POLL_SECONDS, RunCannotGoOn, end_with_parent, stop_signal
 from ..request import Request
 
 if TYPE_CHECKING:
@@ -132,20 +134,31 @@ class WorkerPool:
     def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]:
         unsent, answered = deque(range(len(batches))), 0
         while answered < len(batches):
-            if not self.workers:
+            stopping = stop_signal() is not None
+            if not self.workers and not stopping:
                 raise RunCannotGoOn(f"every worker process died ({self.started} of {self.started}; the notes "
                                     "say how)")
-            while unsent:   # to the least busy worker first
+            while unsent and not stopping:   # to the least busy worker first
                 worker = min(self.workers, key=lambda w: len(w.held))
                 if len(worker.held) == BATCHES_IN_FLIGHT_PER_WORKER:
                     break
                 worker.held.append(unsent.popleft())
                 worker.tasks.put((worker.held[-1], batches[worker.held[-1]]))
-            ready = wait([w.results for w in self.workers])   # a message, or the EOF of a worker that died
+            # a message, or the EOF of a worker that died; after a stop only what has come already
+            ready = wait([w.results for w in self.workers], timeout=0 if stopping else STOP_POLL_SECONDS)
+            if not ready:
+                if stopping:
+                    return
+                continue
             worker = next(w for w in self.workers if w.results in ready)
             try:
                 _, index, outcomes, seconds, notes, timing = worker.results.recv()
             except ENDED:
+                # Ended by the stop too (a SIGTERM to the whole process group, maybe while this waited):
+                # its rows are left not synthesized, not failed.
+                if stop_signal() is not None:
+                    self._remove(worker)
+                    continue
                 for index, outcomes in self._lost(worker, batches):
                     answered += 1
                     yield index, list(enumerate(outcomes)), 0.0
@@ -171,15 +184,19 @@ class WorkerPool:
 
     def _lost(self, worker: Worker, batches: list[list[Request]]) -> list[tuple[int, list]]:
         """A worker that died: its batches' rows fail with one line that says so."""
-        self.workers.remove(worker)
-        worker.tasks.cancel_join_thread()   # what it did not take is dropped, not waited for at exit
-        how = _how_it_ended(worker.process)
+        how = self._remove(worker)
         rows = sum(len(batches[index]) for index in worker.held)
         self.notes.append(f"{worker} died ({how}) holding {len(worker.held)} batches ({rows} segments): their rows "
                           f"failed, the run went on with {len(self.workers)} of {self.started} workers; rerun the "
                           "same command to retry them")
         error = TTSError(f"{worker} died ({how}) while it held this row: rerun the same command to retry it")
         return [(index, [error] * len(batches[index])) for index in worker.held]
+
+    def _remove(self, worker: Worker) -> str:
+        """Takes a worker that ended out of the pool; how it ended."""
+        self.workers.remove(worker)
+        worker.tasks.cancel_join_thread()   # what it did not take is dropped, not waited for at exit
+        return _how_it_ended(worker.process)
 
     def close(self, now: bool = False) -> None:
         """Stops the workers: after their batches, or now (a stopped or failed run), by SIGTERM."""

@@ -139,11 +139,11 @@ def test_unknown_speaker_and_language_list_the_valid_values():
         synth.validate(Request(id="x", text="Hello.", speaker="dylan", language="beijing_dialect"))
 
 
-def test_small_model_ignores_instructs_with_a_warning(caplog):
+def test_small_model_ignores_instructs_with_a_note(caplog):
     synth = Synthesizer.from_pretrained(TINY_06)
     assert not synth.supports_instruct
     plain = synth.prompt(Request(id="a", text="Hello there.", speaker="aiden", language="english"))
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.INFO):
         instructed = synth.prompt(Request(id="b", text="Hello there.", speaker="aiden", language="english",
                                           instruct="Whisper."))
     assert instructed == plain

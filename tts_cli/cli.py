@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -66,6 +67,20 @@ stderr = Console(stderr=True, highlight=False)
 def say(message: str, style: str) -> None:
     """One line on stderr, never wrapped and never read as rich markup (messages hold paths and ids)."""
     stderr.print(Text(message, style=style), soft_wrap=True)
+
+
+def echo_summary(line: str) -> None:
+    """One line of a batch command's summary on stdout. A reader that closed stdout early (`tts synth ... | true`)
+    only loses these lines: the outputs are on disk and recorded, so the command goes on to its own exit status
+    (click would end it with 1, silently)."""
+    try:
+        typer.echo(line)
+    except BrokenPipeError:
+        # Python's advice (docs of the signal module, "Note on SIGPIPE"): the later lines and the flush at exit
+        # then go to /dev/null instead of raising again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 @dataclass
@@ -576,17 +591,17 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         totals = report["totals"]
         stopped = (f"{totals['not_synthesized']} not synthesized (the run stopped), "
                    if totals["not_synthesized"] else "")
-        typer.echo(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
-                   f"{stopped}{totals['skipped_empty']} empty skipped; "
-                   f"{totals['audio_seconds_this_run']:.2f} s audio made in "
-                   f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
+        echo_summary(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
+                     f"{stopped}{totals['skipped_empty']} empty skipped; "
+                     f"{totals['audio_seconds_this_run']:.2f} s audio made in "
+                     f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
         if report.get("synthesis"):
             from .output.report import synthesis_line
-            typer.echo(f"engine: {synthesis_line(report['synthesis'])}")
+            echo_summary(f"engine: {synthesis_line(report['synthesis'])}")
         if voices:
-            typer.echo(f"references: {references_line(report['references'])}")
+            echo_summary(f"references: {references_line(report['references'])}")
         if wer_section is not None:
-            typer.echo(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
+            echo_summary(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
         if isinstance(result.stopped, RunCannotGoOn):   # (a signal's stop is raised by the caller's stop_on_signals)
             raise result.stopped
         return 0 if totals["failed"] == totals["not_synthesized"] == 0 else 1
@@ -990,7 +1005,7 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
         "ASR model source": asr.source, "ASR settings": dict(TRANSCRIBE_OPTIONS, compute_type=COMPUTE_TYPE),
         "tts version": __version__}}, manifest.skipped_empty)
     paths = write_score_files(out, report, audio_dir)
-    typer.echo(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
+    echo_summary(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
     if unheard:   # not heard for a stop: raised here (the caller says so, exit 130, 143); else the ASR failed
         with stops_here():   # raises RunStopped on entering it if a stop came
             pass

@@ -77,6 +77,17 @@ def test_a_cut_inside_a_word_keeps_combining_marks_and_joined_emoji_whole():
     assert "".join(split_text(family, 4)) == family   # no room for it whole: cut all the same
 
 
+@pytest.mark.parametrize("limit", [1, 2, 3, 7])
+def test_a_run_of_no_break_spaces_longer_than_the_limit_is_no_segment_of_its_own(limit):
+    """No-break spaces are never a break: a run of them met by fixed-width slices would be a segment
+    of whitespace alone, which fails its row as empty text. It stays between the words around it."""
+    text = "word\u00a0" * 100 + "end" + "\u00a0" * 9 + "end"
+    segments = split_text(text, limit)
+    assert all(segment.strip() and len(segment) <= limit for segment in segments)
+    assert "".join(segments).replace("\u00a0", "") == text.replace("\u00a0", "")
+    assert split_text("ab" + "\u00a0" * 6 + "cd", 2) == ["ab", "cd"]
+
+
 @pytest.mark.parametrize("limit", [7, 40, 300])
 def test_segments_respect_the_limit_and_keep_every_word(limit):
     rng = np.random.default_rng(limit)

@@ -50,7 +50,7 @@ def _cut(text: str, before: str, max_chars: int, breaks: tuple[re.Pattern, ...])
     if len(text) <= max_chars:
         return [(text, before)]
     if not breaks:
-        return [(piece, before if i == 0 else "") for i, piece in enumerate(_slices(text, max_chars))]
+        return _slices(text, before, max_chars)
     pieces, start, separator = [], 0, before
     for cut in breaks[0].finditer(text):
         closing = cut.group().rstrip()   # the closing marks the break pattern took stay with their sentence
@@ -61,17 +61,23 @@ def _cut(text: str, before: str, max_chars: int, breaks: tuple[re.Pattern, ...])
             for part in _cut(piece.strip(), sep, max_chars, breaks[1:])]
 
 
-def _slices(text: str, max_chars: int) -> list[str]:
-    """text in slices of at most max_chars, none starting with a combining mark, a joiner or a
-    modifier (one after a joiner: an emoji sequence) where the slice before can end earlier."""
-    slices, start = [], 0
+def _slices(text: str, before: str, max_chars: int) -> list[tuple[str, str]]:
+    """text in slices of at most max_chars, each with the whitespace before it (`before` for the first), none
+    starting with a combining mark, a joiner or a modifier (one after a joiner: an emoji sequence) where the
+    slice before can end earlier. A slice of whitespace alone (a run of no-break spaces, which no break
+    pattern cuts at) joins the separator of the next one instead: as a segment it would be empty text."""
+    slices, start, separator = [], 0, before
     while start < len(text):
         end = min(start + max_chars, len(text))
         cut = end
         while start + 1 < cut < len(text) and (_JOINS_BACK.match(text, cut) or text[cut - 1] == "\u200d"):
             cut -= 1
         end = cut if cut > start + 1 else end
-        slices.append(text[start:end])
+        if text[start:end].strip():
+            slices.append((text[start:end], separator))
+            separator = ""
+        else:
+            separator += text[start:end]
         start = end
     return slices
 

@@ -35,10 +35,14 @@ def test_shards_of_every_n_are_disjoint_and_cover_all_ids():
     assert shard_of("utt-7", 8) == shard_of("utt-7", 8) == 0           # fixed: SHA-256, not hash()
 
 
-@pytest.mark.parametrize("spec", ["3/3", "-1/2", "1", "a/b", "1/0"])
+@pytest.mark.parametrize("spec", ["3/3", "-1/2", "1", "a/b", "1/0", "1/2/3", "١/٢", "0/٢", "٠/2", "0/²"])
 def test_bad_shard_specs_are_refused(spec):
     with pytest.raises(TTSError, match="expected i/n with 0 <= i < n"):
         parse_shard(spec)
+
+
+def test_good_shard_specs():
+    assert parse_shard("0/4") == (0, 4) and parse_shard(" 3 / 4 ") == (3, 4) and parse_shard("09/10") == (9, 10)
 
 
 def test_gpu_lists():

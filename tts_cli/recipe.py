@@ -132,10 +132,17 @@ def load_recipe(name_or_path: str) -> dict:
     return settings
 
 
+def ascii_whole_number(text: str) -> int | None:
+    """The number that `text` writes in ASCII digits alone, else None: str.isdigit() and int() also take
+    other scripts' digits (١, ٢), which the options that take numbers are not documented to accept."""
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def parse_rows(value: str, given_by: str = "--rows") -> int | None:
     """--rows (or what gave its value: given_by): None for auto, else the whole number of engine slots."""
     if value == AUTO_ROWS:
         return None
-    if value.isascii() and value.isdigit() and int(value) >= 1:
-        return int(value)
+    slots = ascii_whole_number(value)
+    if slots is not None and slots >= 1:
+        return slots
     raise TTSError(f"{given_by} {value}: auto or a whole number of slots (1 or more)")

@@ -6,17 +6,18 @@ shard; the shards of one n are disjoint and together hold every row, including r
 from __future__ import annotations
 
 import hashlib
-import re
 
 from ..errors import TTSError
+from ..recipe import ascii_whole_number
 
 
 def parse_shard(spec: str) -> tuple[int, int]:
-    """'i/n' -> (i, n), 0 <= i < n."""
-    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
-    if not match or not 0 <= int(match.group(1)) < int(match.group(2)):
+    """'i/n' -> (i, n), 0 <= i < n, in ASCII digits (as --rows)."""
+    index, _, count = spec.partition("/")
+    index, count = ascii_whole_number(index.strip()), ascii_whole_number(count.strip())
+    if index is None or count is None or not 0 <= index < count:
         raise TTSError(f"--shard {spec!r}: expected i/n with 0 <= i < n, e.g. 0/4")
-    return int(match.group(1)), int(match.group(2))
+    return index, count
 
 
 def stable_id_number(row_id: str) -> int:

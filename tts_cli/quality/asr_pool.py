@@ -14,6 +14,7 @@ SIGKILLed (tts_cli/processes.py). A stop (SIGTERM, Ctrl-C) cuts the wait for res
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -31,6 +32,13 @@ STALL_SECONDS = 600.0
 def _load_in_worker(model_path: str, cpu_threads: int) -> None:
     global _worker_transcriber
     end_with_parent()
+    from tqdm import tqdm   # faster-whisper's dependency: here, where it runs
+
+    # faster-whisper opens a tqdm bar (disabled) per transcription, and tqdm's default lock includes a
+    # multiprocessing RLock, registered with the resource tracker that this worker shares with tts. A worker
+    # ended by SIGTERM (a scheduler's, sent to the whole group) never unregisters it, and the tracker reports it
+    # leaked when tts ends. The bars are this process's alone: a thread lock is all they need.
+    tqdm.set_lock(threading.RLock())
     _worker_transcriber = Transcriber(Path(model_path), cpu_threads)
 
 

@@ -283,21 +283,38 @@ def test_espeak_report_files_are_consistent(espeak_run):
 
 def test_score_takes_each_rows_file_from_the_ledger_of_the_synth_run_there(tmp_path):
     """A row redone in another format leaves its old file; a row new to a resumed folder may get
-    another name (`_2`): the ledger says which file is the row's. Its references are not read."""
+    another name (`_2`): the ledger says which file is the row's. A row it records as failed, or left to
+    be redone, or does not record, has no audio there, whatever file has its name (another row's, or
+    its own stale one). Its references are not read."""
+    from tts_cli.job import REDO_PENDING
     from tts_cli.manifest import RowDefaults, read_manifest
     from tts_cli.quality.scoring import rows_from_manifest
 
-    for name in ("a.wav", "a.flac", "b.wav", "b_2.wav", "c.wav"):
+    for name in ("a.wav", "a.flac", "b.wav", "b_2.wav", "c.wav", "d.wav", "e.wav", "f.wav"):
         (tmp_path / name).write_bytes(b"audio")
     entries = [{"id": "a", "key": "k", "status": "ok", "file": "a.flac"},
                {"id": "b", "key": "k", "status": "ok", "file": "b_2.wav"},
-               {"id": "c", "key": "k", "status": "failed", "file": None}]
+               {"id": "c", "key": "k", "status": "ok", "file": "c.wav"},
+               {"id": "c", "key": "k", "status": "failed", "file": None, "error": "unknown speaker 'x'"},
+               {"id": "d", "key": "k", "status": "failed", "file": None, "error": REDO_PENDING},
+               {"id": "f", "key": "k", "status": "ok", "file": "part-00000.parquet"}]
     (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries) + '{"id": "torn')
     manifest = tmp_path / "m.parquet"
-    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["One.", "Two.", "Three."],
-                             "ref_audio": ["gone.wav"] * 3, "x_vector_only": [True] * 3}), manifest)
+    pq.write_table(pa.table({"id": list("abcdef"), "text": ["One.", "Two.", "Three.", "Four.", "Five.", "Six."],
+                             "ref_audio": ["gone.wav"] * 6, "x_vector_only": [True] * 6}), manifest)
     rows = rows_from_manifest(read_manifest(manifest, RowDefaults("", "auto", 0), references=False), tmp_path)
-    assert [(row.file, row.error) for row in rows] == [("a.flac", None), ("b_2.wav", None), ("c.wav", None)]
+    ledger = tmp_path / "ledger.jsonl"
+    assert [(row.file, row.error) for row in rows] == [
+        ("a.flac", None), ("b_2.wav", None),
+        (None, f"no audio: {ledger} records this row as failed: unknown speaker 'x'"),
+        (None, f"no audio: {ledger} records this row as failed: {REDO_PENDING}"),
+        (None, f"no audio: {ledger} has no entry for this row (it was not synthesized there)"),
+        (None, f"no audio file: {ledger} records this row in part-00000.parquet (tts score reads .wav and .flac "
+               "files)")]
+
+    (tmp_path / "b_2.wav").unlink()
+    assert rows_from_manifest(read_manifest(manifest, RowDefaults("", "auto", 0), references=False),
+                              tmp_path)[1].error == f"audio file not found: {tmp_path / 'b_2.wav'}"
 
 
 def test_score_refuses_a_folder_that_is_no_asr_model(tmp_path):

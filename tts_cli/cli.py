@@ -918,7 +918,8 @@ def score(
     audio_dir: Path = typer.Argument(
         ..., metavar="AUDIO_DIR", show_default=False,
         help="Folder of audio files (.wav or .flac), one per manifest row, named by the row id sanitized "
-             "as tts synth names its files."),
+             "as tts synth names its files; in a tts synth run's folder, the file its ledger names for the row "
+             "(a row it records as failed, or not at all, has no audio)."),
     manifest: Path = typer.Option(
         ..., "--manifest", metavar="MANIFEST", show_default=False,
         help="The rows' texts: .txt or .parquet, as for tts synth."),
@@ -943,9 +944,9 @@ def score(
     rows above 50%, and flags for runaway or silent audio.
 
     Exit status: 0 every row was heard (scored or not scored by language); 1 some rows failed
-    (missing or unreadable file, bad manifest row) or were not heard (an ASR worker died); 2 nothing
-    could be scored (bad manifest, folder, ASR model), with one red line saying why; 130 Ctrl-C, 143
-    SIGTERM (the report holds the rows heard before it).
+    (missing or unreadable file, no audio by the folder's ledger, bad manifest row) or were not heard
+    (an ASR worker died); 2 nothing could be scored (bad manifest, folder, ASR model), with one red
+    line saying why; 130 Ctrl-C, 143 SIGTERM (the report holds the rows heard before it).
     """
     exit_code = None
     try:

@@ -13,7 +13,7 @@ from typing import Callable
 from ..manifest import Manifest
 from ..output.report import markdown_cell
 from ..output.report_html import flag_counts, write_score_html
-from ..output.ledger import latest_entries
+from ..output.ledger import LEDGER_NAME, latest_entries
 from ..output.writer import wav_names, write_atomically
 from .asr import SPLIT_CHARACTER_LANGUAGES, Transcript
 from .asr_pool import AsrPool, NotHeard
@@ -97,25 +97,44 @@ AUDIO_EXTENSIONS = (".wav", ".flac")  # what `tts synth` writes; other systems' 
 
 
 def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
-    """One row per manifest row, with its audio file in audio_dir: the one a `tts synth` run's ledger
-    there names for its id (a folder resumed into, or redone in another format, may hold other
-    names and stale files), else named from its id as our writer names it (sanitized, repeated names
-    `_2`, ...); a row without a file or with a manifest problem carries the error."""
-    made = {row_id: entry["file"] for row_id, entry in latest_entries(audio_dir).items()
-            if entry["status"] == "ok" and Path(entry.get("file") or "").suffix in AUDIO_EXTENSIONS}
+    """One row per manifest row, with its audio file in audio_dir. In a `tts synth` run's folder only the
+    file its ledger names for the row's id is the row's: a folder resumed into, or redone in another
+    format, may hold other names and stale files, and the name a row would get may be another row's
+    (`_2`, ...), so a row the ledger records as failed, or does not record, has no audio. Elsewhere
+    the file is named from the id as our writer names it (sanitized, repeated names `_2`, ...). A row
+    without a file or with a manifest problem carries the error."""
+    ledger = audio_dir / LEDGER_NAME
+    entries = latest_entries(audio_dir) if ledger.is_file() else None
     rows = []
     for row, wav_name in zip(manifest.rows, wav_names([row.request.id for row in manifest.rows])):
         request = row.request
         scored = ScoredRow(request.id, request.text, request.language, error=row.problem)
-        stem = wav_name.removesuffix(".wav")
-        names = [made[request.id]] if request.id in made else [stem + ext for ext in AUDIO_EXTENSIONS]
+        if entries is None:
+            stem = wav_name.removesuffix(".wav")
+            names = [stem + ext for ext in AUDIO_EXTENSIONS]
+            missing = f"audio file not found: {audio_dir / stem}{{{','.join(AUDIO_EXTENSIONS)}}}"
+        else:
+            names, missing = _ledger_file(entries.get(request.id), ledger)
+            missing = missing or f"audio file not found: {audio_dir / names[0]}"
         found = [name for name in names if (audio_dir / name).is_file()]
         if found:
             scored.file = found[0]
         elif scored.error is None:
-            scored.error = f"audio file not found: {audio_dir / stem}{{{','.join(AUDIO_EXTENSIONS)}}}"
+            scored.error = missing
         rows.append(scored)
     return rows
+
+
+def _ledger_file(entry: dict | None, ledger: Path) -> tuple[list[str], str | None]:
+    """The row's file as its latest ledger entry names it, or why the row has none to score."""
+    if entry is None:
+        return [], f"no audio: {ledger} has no entry for this row (it was not synthesized there)"
+    if entry["status"] != "ok":
+        return [], f"no audio: {ledger} records this row as failed: {entry.get('error')}"
+    if Path(entry.get("file") or "").suffix not in AUDIO_EXTENSIONS:
+        return [], (f"no audio file: {ledger} records this row in {entry.get('file')} (tts score reads "
+                    f"{' and '.join(AUDIO_EXTENSIONS)} files)")
+    return [entry["file"]], None
 
 
 def score_audio_dir(audio_dir: Path, rows: list[ScoredRow], asr_model: Path, workers: int) -> list[NotHeard]:

@@ -349,8 +349,8 @@ def test_a_rerun_with_nothing_to_do_prints_no_empty_line(fake, tmp_path):
 
 
 @pytest.mark.parametrize("device, message", [
-    *[(d, f"device '{d}' (--device): auto, cpu, cuda or cuda:N") for d in ("toaster", "mps", "xpu", "meta", "CPU",
-                                                                          "cpu:0", "cuda:x", "cuda:")],
+    *[(d, f"device '{d}' (--device): auto, cpu, cuda or cuda:N")
+      for d in ("toaster", "mps", "xpu", "meta", "CPU", "cpu:0", "cuda:x", "cuda:", "cuda:١", "cuda:²")],
     pytest.param("cuda", "device 'cuda' (--device): torch reports no CUDA device on this machine",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     pytest.param("cuda:7", "device 'cuda:7' (--device): torch reports no CUDA device on this machine",

@@ -48,8 +48,9 @@ def test_good_shard_specs():
 def test_gpu_lists():
     assert parse_devices("0,1") == ["cuda:0", "cuda:1"]
     assert parse_devices("cpu, cpu") == ["cpu", "cpu"]
-    with pytest.raises(TTSError, match="expected GPU numbers"):
-        parse_devices("0,gpu1")
+    for spec in ("0,gpu1", "١", "0,²", "cuda:١"):   # (other scripts' digits: int() takes some, torch none)
+        with pytest.raises(TTSError, match="expected GPU numbers"):
+            parse_devices(spec)
 
 
 def test_an_empty_gpus_list_is_refused_not_ignored(tmp_path):

@@ -160,7 +160,7 @@ def check_device(device: str, given_by: str = "--device") -> None:
     """cpu, cuda or cuda:N, where torch sees that GPU: the devices tts runs on (not torch's whole list)."""
     import torch
 
-    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+    if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", device):   # (\d would take other scripts' digits)
         raise TTSError(f"device {device!r} ({given_by}): auto, cpu, cuda or cuda:N")
     if device.startswith("cuda"):
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0

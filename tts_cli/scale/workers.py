@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Iterator
 from ..errors import TTSError
 from ..logs import log_to_stderr, verbose
 from ..processes import STOP_POLL_SECONDS, RunCannotGoOn, end_with_parent, stop_signal
+from ..recipe import ascii_whole_number
 from ..request import Request
 
 if TYPE_CHECKING:
@@ -46,9 +47,9 @@ def parse_devices(spec: str) -> list[str]:
     """'0,1' -> ['cuda:0', 'cuda:1']; 'cpu,cpu' -> two CPU workers; 'cuda:2' is kept as it is."""
     devices = []
     for part in (p.strip() for p in spec.split(",")):
-        if part.isdigit():
+        if ascii_whole_number(part) is not None:
             devices.append(f"cuda:{part}")
-        elif part == "cpu" or (part.startswith("cuda:") and part[5:].isdigit()):
+        elif part == "cpu" or (part.startswith("cuda:") and ascii_whole_number(part[5:]) is not None):
             devices.append(part)
         else:
             raise TTSError(f"--gpus {spec!r}: expected GPU numbers separated by commas (0,1,2), or cpu entries")

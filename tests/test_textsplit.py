@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from tts_cli.manifest import text_problem
 from tts_cli.textsplit import join_with_crossfade, split_text
 
 
@@ -86,6 +87,21 @@ def test_a_run_of_no_break_spaces_longer_than_the_limit_is_no_segment_of_its_own
     assert all(segment.strip() and len(segment) <= limit for segment in segments)
     assert "".join(segments).replace("\u00a0", "") == text.replace("\u00a0", "")
     assert split_text("ab" + "\u00a0" * 6 + "cd", 2) == ["ab", "cd"]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 7])
+def test_no_segment_is_text_the_manifest_calls_empty(limit):
+    """Zero-width characters pass the synthesizer's check for empty text, not the manifest's: a segment of them
+    alone (with no-break spaces or not) is no segment; they stay between the characters around them."""
+    invisible = "\u200b\u2060\u00a0\ufeff"
+    text = "word\u200b" * 40 + "ab" + invisible * 3 + "cd\n\u200b\nHi.\u200b \u200b Bye."
+    segments = split_text(text, limit)
+    assert all(text_problem(segment, limit) is None for segment in segments)
+    assert "".join(segments).translate(dict.fromkeys(map(ord, invisible + " \n"))) == \
+        text.translate(dict.fromkeys(map(ord, invisible + " \n")))
+    assert split_text("ab\u200b\u200b\u200bcd", 1) == ["a", "b", "c", "d"]
+    assert split_text("ab\u200b\u200b\u200bcd", 3) == ["ab\u200b", "\u200b\u200bc", "d"]
+    assert split_text("Hi.\n\u200b\nBye.", 4) == ["Hi.", "Bye."] and split_text("\u200b\u200d", 5) == []
 
 
 @pytest.mark.parametrize("limit", [7, 40, 300])

@@ -135,9 +135,15 @@ def default_id(row_index: int) -> str:
     return f"{row_index + 1:06d}"
 
 
+def is_empty_text(text: str) -> bool:
+    """Whether text has nothing to speak: it is whitespace and invisible formatting characters (zero-width
+    spaces and joiners, direction marks: category Cf) alone, or nothing."""
+    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
+
+
 def text_problem(text: str, max_chars: int, limit: str = "--max-text-chars") -> str | None:
     """Why a (stripped, decoded) text cannot be spoken, or None; limit: what sets max_chars."""
-    if not text.strip() or all(unicodedata.category(char) == "Cf" or char.isspace() for char in text):
+    if is_empty_text(text):
         return "empty text" if not text.strip() else "empty text: only invisible formatting characters (zero-width ...)"
     bad = _first_control_character(text)
     if bad is not None:

@@ -11,6 +11,8 @@ import re
 
 import numpy as np
 
+from .manifest import is_empty_text
+
 # Cut points, strongest first. Each pattern matches the break *after* which a cut is made, so the
 # punctuation stays with the text before it (with the closing quotes and brackets that follow it,
 # French ones after a no-break space). A line break ends a sentence. CJK marks need no following
@@ -39,14 +41,14 @@ def split_text(text: str, max_chars: int) -> list[str]:
         raise ValueError(f"max_chars must be >= 1, got {max_chars}")
     text = text.strip()
     if len(text) <= max_chars:
-        return [text] if text else []
+        return [] if is_empty_text(text) else [text]
     return _pack(_cut(text, "", max_chars, (_SENTENCE_END, _CLAUSE_END, _SPACE)), max_chars)
 
 
 def _cut(text: str, before: str, max_chars: int, breaks: tuple[re.Pattern, ...]) -> list[tuple[str, str]]:
-    """Pieces of at most max_chars, each with the whitespace the text had before it (maybe none;
-    `before` for the first): cut at the first kind of break, and any piece still too long at the next
-    kind, down to fixed-width slices."""
+    """Pieces of at most max_chars, each with what the text had before it (`before` for the first): whitespace,
+    maybe none, and any piece between that would be empty text as a segment. Cut at the first kind of break, and
+    any piece still too long at the next kind, down to fixed-width slices."""
     if len(text) <= max_chars:
         return [(text, before)]
     if not breaks:
@@ -57,15 +59,21 @@ def _cut(text: str, before: str, max_chars: int, breaks: tuple[re.Pattern, ...])
         pieces.append((text[start:cut.start()] + closing, separator))
         start, separator = cut.end(), cut.group()[len(closing):]
     pieces.append((text[start:], separator))
-    return [part for piece, sep in pieces if piece.strip()
-            for part in _cut(piece.strip(), sep, max_chars, breaks[1:])]
+    parts, gap = [], ""
+    for piece, sep in pieces:
+        if is_empty_text(piece):   # as a segment it would be empty text: it is part of the gap before the next
+            gap += sep + piece
+        else:
+            parts += _cut(piece.strip(), gap + sep, max_chars, breaks[1:])
+            gap = ""
+    return parts
 
 
 def _slices(text: str, before: str, max_chars: int) -> list[tuple[str, str]]:
     """text in slices of at most max_chars, each with the whitespace before it (`before` for the first), none
     starting with a combining mark, a joiner or a modifier (one after a joiner: an emoji sequence) where the
-    slice before can end earlier. A slice of whitespace alone (a run of no-break spaces, which no break
-    pattern cuts at) joins the separator of the next one instead: as a segment it would be empty text."""
+    slice before can end earlier. A slice the manifest would call empty text (no-break spaces, which no break
+    pattern cuts at, or zero-width characters, alone) joins the separator of the next one instead."""
     slices, start, separator = [], 0, before
     while start < len(text):
         end = min(start + max_chars, len(text))
@@ -73,7 +81,7 @@ def _slices(text: str, before: str, max_chars: int) -> list[tuple[str, str]]:
         while start + 1 < cut < len(text) and (_JOINS_BACK.match(text, cut) or text[cut - 1] == "\u200d"):
             cut -= 1
         end = cut if cut > start + 1 else end
-        if text[start:end].strip():
+        if not is_empty_text(text[start:end]):
             slices.append((text[start:end], separator))
             separator = ""
         else:

@@ -1,8 +1,12 @@
 """What `tts bench` shows: its table (100 columns, nothing cut), the stage that bounds each
-concurrency, and the plot of one or several result files (`tts bench --plot`, `tts plot`)."""
+concurrency, the plot of one or several result files (`tts bench --plot`, `tts plot`), and nothing
+into a stdout closed early."""
 import io
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -174,3 +178,23 @@ def test_a_plot_name_without_a_picture_format_is_refused_before_anything_runs(tm
                                      "--plot", str(tmp_path / name)])
     assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
     assert not (tmp_path / "b.json").exists() and list(tmp_path.iterdir()) == [ours]   # the bench never ran
+
+
+def test_a_stdout_closed_early_leaves_bench_its_own_exit_status(tmp_path):
+    """`tts bench ... | true`: the reader went before the table; the results are written all the same, and the
+    status is the bench's (rich's own handling of the closed pipe would end it with 1)."""
+    results = tmp_path / "b.json"
+    read_end, write_end = os.pipe()
+    os.close(read_end)   # nobody reads: writing the table meets EPIPE
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("TTS_MODEL", None)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "tts_cli", "bench", "--device", "cpu", "--concurrency", "1",
+                                    "--requests", "1", "--frames", "8", "--json", str(results)],
+                                   env=env, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert "Traceback" not in stderr and "Error" not in stderr
+    assert [row["concurrency"] for row in json.loads(results.read_text())["rows"]] == [1]

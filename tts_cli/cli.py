@@ -10,7 +10,7 @@ from time import perf_counter
 from typing import Optional
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -69,12 +69,20 @@ def say(message: str, style: str) -> None:
     stderr.print(Text(message, style=style), soft_wrap=True)
 
 
-def echo_summary(line: str) -> None:
-    """One line of a batch command's summary on stdout. A reader that closed stdout early (`tts synth ... | true`)
-    only loses these lines: the outputs are on disk and recorded, so the command goes on to its own exit status
-    (click would end it with 1, silently)."""
+def echo_summary(output: str | RenderableType, width: int | None = None) -> None:
+    """A command's final output on stdout: a line, or a rich table (`width` columns wide, else the terminal's). A
+    reader that closed stdout early (`tts bench ... | true`) only loses this output: what the command made is on
+    disk and recorded, so it goes on to its own exit status (click, and rich for a table, would end it with 1,
+    silently)."""
+    if not isinstance(output, str):
+        # rendered as rich would print it to this stdout (coloured on a terminal), then written below, where a
+        # closed stdout is handled: rich's own print would exit 1
+        console = Console(width=width)
+        with console.capture() as captured:
+            console.print(output)
+        output = captured.get().removesuffix("\n")
     try:
-        typer.echo(line)
+        typer.echo(output, color=True)   # (the only colours are those rich chose for this stdout)
     except BrokenPipeError:
         # Python's advice (docs of the signal module, "Note on SIGPIPE"): the later lines and the flush at exit
         # then go to /dev/null instead of raising again.
@@ -195,7 +203,7 @@ def resolve_device(option: str, given_by: str = "--device") -> DeviceChoice:
 
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"tts {__version__}")
+        echo_summary(f"tts {__version__}")
         raise typer.Exit()
 
 
@@ -775,14 +783,15 @@ def bench(
         say(f"error: {e}", "red")
         raise typer.Exit(2)
     # at least 100 columns, so that a pipe or a narrow terminal wraps the table's lines instead of cutting them
-    Console(width=max(Console().width, BENCH_TABLE_WIDTH)).print(bench_table(result))
+    echo_summary(bench_table(result), width=max(Console().width, BENCH_TABLE_WIDTH))
     for line in bench_notes(result, depth):
-        typer.echo(line)
+        echo_summary(line)
     if result.get("ref_seconds"):
         cloned_from = f"{result['ref_frames']} frames, ICL" if result["ref_frames"] else "x-vector only"
-        typer.echo(f"workload {workload}: one voice cloned from a {result['ref_seconds']:g} s reference "
-                   f"({cloned_from}), encoded in {result['ref_encode_s']:.2f} s by {result['ref_encoders']} encoders")
-    typer.echo(f"results: {json_out}")
+        echo_summary(f"workload {workload}: one voice cloned from a {result['ref_seconds']:g} s reference "
+                     f"({cloned_from}), encoded in {result['ref_encode_s']:.2f} s by {result['ref_encoders']} "
+                     "encoders")
+    echo_summary(f"results: {json_out}")
     if plot is not None:
         from .bench_plot import plot_runs, runs_from
         try:
@@ -790,7 +799,7 @@ def bench(
         except TTSError as e:
             say(f"error: {e} (the results are in {json_out})", "red")
             raise typer.Exit(2)
-        typer.echo(f"plot: {plot}")
+        echo_summary(f"plot: {plot}")
 
 
 def check_writable(path: Path, what: str) -> None:
@@ -844,7 +853,7 @@ def plot_command(
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
-    typer.echo(f"plot: {out} ({len(runs)} runs: {'; '.join(run.label for run in runs)})")
+    echo_summary(f"plot: {out} ({len(runs)} runs: {'; '.join(run.label for run in runs)})")
 
 
 # (header, the row's value as text) per column; headers short and units in bench_notes, so that the
@@ -1112,7 +1121,7 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
         say(device_choice.line(), "bold")
         device = device_choice.device
         meta = record_golden(model_dir, out, device, frames, prompts)
-        typer.echo(f"recorded {len(meta['prompts'])} prompts of {model_dir} on {device} into {out}")
+        echo_summary(f"recorded {len(meta['prompts'])} prompts of {model_dir} on {device} into {out}")
         return 0
     if frames is not None or prompts is not None or out is not None:
         raise TTSError("--frames, --prompts and --out go with --record (the checks take the records' own)")
@@ -1124,11 +1133,11 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
     say(device_choice.line(), "bold")
     device = device_choice.device
     checks = verify(model_dir, golden, device, dtype)
-    Console().print(checks_table(checks, f"{model_dir} against {golden} ({numerics_title(device, dtype)})"))
+    echo_summary(checks_table(checks, f"{model_dir} against {golden} ({numerics_title(device, dtype)})"))
     failed = [check for check in checks if check.failed]
     unavailable = sum(check.value is None for check in checks)
     informative = sum(check.informative for check in checks)
     passed = len(checks) - len(failed) - unavailable - informative
     summary = f"{passed} checks pass, {len(failed)} fail, {unavailable} not available"
-    typer.echo(summary + (f", {informative} for information" if informative else ""))
+    echo_summary(summary + (f", {informative} for information" if informative else ""))
     return 1 if failed else 0

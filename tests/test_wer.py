@@ -396,6 +396,28 @@ def test_score_with_no_audio_for_any_row_is_one_red_line(tmp_path):
 
 
 @needs_asr_model
+def test_score_with_no_audio_for_any_row_in_a_synth_runs_folder_gives_the_first_rows_reason(tmp_path):
+    """In a folder with a ledger, names do not decide (a.wav is no row's audio here): the ledger's reason for the first
+    row says why nothing can be scored, not how files are named."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\nb\tGood bye.\n", encoding="utf-8")
+    audio = tmp_path / "audio"
+    audio.mkdir()
+    (audio / "a.wav").write_bytes(b"stale")
+    entries = [{"id": "a", "key": "k", "status": "failed", "file": None, "error": "unknown speaker 'x'"},
+               {"id": "b", "key": "k", "status": "ok", "file": "part-00000.parquet"}]
+    ledger = audio / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    result = CliRunner().invoke(cli.app, ["score", str(audio), "--manifest", str(manifest),
+                                          "--out", str(tmp_path / "out"), "--asr-workers", "1"])
+    assert result.exit_code == 2, result.output
+    message = " ".join(result.output.split())   # (wrapped)
+    assert (f"{audio}: no audio file for any of the manifest's 2 rows (row 1, id 'a': no audio: {ledger} records "
+            "this row as failed: unknown speaker 'x')") in message
+    assert "named by its id" not in message and not (tmp_path / "out").exists()
+
+
+@needs_asr_model
 def test_score_fails_only_the_rows_without_audio(tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("a b\tHello there.\nmissing\tNobody wrote me.\n", encoding="utf-8")

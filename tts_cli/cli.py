@@ -983,7 +983,7 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
     from .manifest import RowDefaults, read_manifest
     from .output.ledger import LEDGER_NAME
     from .quality.asr import COMPUTE_TYPE, TRANSCRIBE_OPTIONS, WHISPER_LANGUAGE, resolve_asr_model
-    from .quality.scoring import build_report, rows_from_manifest, score_audio_dir, write_score_files
+    from .quality.scoring import build_report, rows_from_manifest, run_ledger, score_audio_dir, write_score_files
 
     if language.lower() not in ("auto", *WHISPER_LANGUAGE):   # the checkpoints' language names
         raise TTSError(f"--language {language}: auto or one of {', '.join(WHISPER_LANGUAGE)}")
@@ -1001,9 +1001,12 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
         raise TTSError(f"{manifest_path}: no rows ({manifest.skipped_empty} empty rows skipped)")
     rows = rows_from_manifest(manifest, audio_dir)
     if not any(row.file for row in rows):
-        raise TTSError(f"{audio_dir}: no audio file for any of the manifest's {len(rows)} rows (one .wav or .flac "
-                       "per row, named by its id as tts synth names them; its --format parquet keeps the audio "
-                       "inside the shards)")
+        # in a synth run's folder the ledger, not the names, says where a row's audio is: the first row's reason
+        # (failed, not made there, kept in a parquet shard, ...) says why there is none
+        why = (f"row {manifest.rows[0].number}, id {rows[0].id!r}: {rows[0].error}" if run_ledger(audio_dir)
+               else "one .wav or .flac per row, named by its id as tts synth names them; its --format parquet keeps "
+                    "the audio inside the shards")
+        raise TTSError(f"{audio_dir}: no audio file for any of the manifest's {len(rows)} rows ({why})")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

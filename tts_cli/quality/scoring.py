@@ -103,8 +103,8 @@ def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
     (`_2`, ...), so a row the ledger records as failed, or does not record, has no audio. Elsewhere
     the file is named from the id as our writer names it (sanitized, repeated names `_2`, ...). A row
     without a file or with a manifest problem carries the error."""
-    ledger = audio_dir / LEDGER_NAME
-    entries = latest_entries(audio_dir) if ledger.is_file() else None
+    ledger = run_ledger(audio_dir)
+    entries = latest_entries(audio_dir) if ledger else None
     rows = []
     for row, wav_name in zip(manifest.rows, wav_names([row.request.id for row in manifest.rows])):
         request = row.request
@@ -123,6 +123,13 @@ def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
             scored.error = missing
         rows.append(scored)
     return rows
+
+
+def run_ledger(audio_dir: Path) -> Path | None:
+    """The ledger of the `tts synth` run whose folder audio_dir is, which alone names the rows' files there; None
+    for another folder."""
+    ledger = audio_dir / LEDGER_NAME
+    return ledger if ledger.is_file() else None
 
 
 def _ledger_file(entry: dict | None, ledger: Path) -> tuple[list[str], str | None]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from .errors import TTSError
 from .recipe import SEED_RANGE, wrapped_seed
 from .request import Request
+from .textsplit import is_empty_text
 from .voice.checks import voice_fields_problem
 from .voice.reference_audio import (ReferenceAudioError, check_reference, reference_value_problem,
                                     resolve_reference_path)
@@ -133,12 +134,6 @@ def note_left_out_instructs(manifest: Manifest) -> None:
 
 def default_id(row_index: int) -> str:
     return f"{row_index + 1:06d}"
-
-
-def is_empty_text(text: str) -> bool:
-    """Whether text has nothing to speak: it is whitespace and invisible formatting characters (zero-width
-    spaces and joiners, direction marks: category Cf) alone, or nothing."""
-    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
 
 
 def text_problem(text: str, max_chars: int, limit: str = "--max-text-chars") -> str | None:

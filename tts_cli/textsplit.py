@@ -8,10 +8,10 @@ so a paragraph never reaches the talker's context limit.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import numpy as np
 
-from .manifest import is_empty_text
 
 # Cut points, strongest first. Each pattern matches the break *after* which a cut is made, so the
 # punctuation stays with the text before it (with the closing quotes and brackets that follow it,
@@ -33,6 +33,12 @@ _JOINS_BACK = re.compile(r"[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff
                          r"|[\U0001f3fb-\U0001f3ff\U000e0100-\U000e01ef]")
 
 CROSSFADE_SECONDS = 0.04   # long enough to hide a click at the seam, too short to hear as overlap
+
+
+def is_empty_text(text: str) -> bool:
+    """Whether text has nothing to speak: it is whitespace and invisible formatting characters (zero-width
+    spaces and joiners, direction marks: category Cf) alone, or nothing."""
+    return all(char.isspace() or unicodedata.category(char) == "Cf" for char in text)
 
 
 def split_text(text: str, max_chars: int) -> list[str]:

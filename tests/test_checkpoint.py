@@ -139,6 +139,14 @@ def test_unknown_speaker_and_language_list_the_valid_values():
         synth.validate(Request(id="x", text="Hello.", speaker="dylan", language="beijing_dialect"))
 
 
+@pytest.mark.parametrize("text", ["", "  \n", "\u200b\u200d", "\u2060 \ufeff"])
+def test_a_request_with_nothing_to_speak_is_refused_by_the_manifests_rule(text):
+    """A library caller's request meets the manifest's rule for empty text (whitespace and invisible formatting
+    characters alone), not a looser strip()."""
+    with pytest.raises(RequestError, match="^empty text$"):
+        Synthesizer.from_pretrained(TINY).validate(Request(id="x", text=text, speaker="vivian"))
+
+
 def test_small_model_ignores_instructs_with_a_note(caplog):
     synth = Synthesizer.from_pretrained(TINY_06)
     assert not synth.supports_instruct

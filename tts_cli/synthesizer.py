@@ -35,6 +35,7 @@ from tts_cli.model.prompt import (Prompt, assistant_text, build_prompt, check_sp
 from tts_cli.model.qwen3_tts import Qwen3TTS
 from tts_cli.model.sampler import SamplerSettings
 from tts_cli.request import Request, Result, VoiceReference
+from tts_cli.textsplit import is_empty_text
 from tts_cli.voice.checks import clone_problem
 
 log = logging.getLogger(__name__)
@@ -151,7 +152,7 @@ def allow_tf32() -> None:
 
 def check_request(cfg: ModelConfig, request: Request) -> None:
     """What the row asks for against what its checkpoint's kind can do (RequestError naming it)."""
-    if not request.text.strip():
+    if is_empty_text(request.text):   # (the manifest's rule: a library caller's request meets it here)
         raise RequestError("empty text")
     check_no_added_tokens(cfg, request)
     check_voice(cfg, request.speaker, request.instruct, request.reference is not None)

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console, RenderableType
@@ -25,6 +25,14 @@ from .logs import log_to_stderr
 from .processes import RunCannotGoOn, RunStopped, stop_on_signals, stops_here
 from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_CHOICES, SETTING_RANGES, load_recipe, parse_rows
 from .voice.limits import LIMITS_HELP
+
+if TYPE_CHECKING:   # (imported where they are used: --help starts without loading torch)
+    from .job import JobResult, JobSettings
+    from .manifest import ManifestRow
+    from .output.report import RunInfo
+    from .quality.asr import AsrModelChoice
+    from .quality.synth_wer import SynthWer
+    from .voice.voices import Voices
 
 BUNDLED_MODEL_DIR = Path(__file__).parent / "assets" / "tiny-1.7b-customvoice"
 DEFAULT_SPEAKER = "vivian"   # for rows of a CustomVoice checkpoint that name none
@@ -379,7 +387,7 @@ def synth(
             options = apply_recipe(ctx, load_recipe(recipe), options)
         given_by = {key: f"recipe {recipe}" for key, value in options.items() if value != given[key]}
         with stop_on_signals() as stop:   # SIGTERM, Ctrl-C: the run stops between batches, then reports
-            exit_code = run_synth(manifest, out, given_by=given_by, **options)
+            exit_code = run_synth(manifest, out, SynthOptions(**options, given_by=given_by))
             stop.raise_if_stopped()
     except TTSError as e:
         say(f"error: {e}", "red")
@@ -406,51 +414,140 @@ def apply_recipe(ctx: typer.Context, recipe: dict, options: dict) -> dict:
     return merged
 
 
-def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Optional[str], language: str,
-              seed: int, greedy: bool, max_frames: Optional[int], batch_size: Optional[int], device: str,
-              rows: str, depth: str, codec_precision: str, talker_precision: str, given_by: Optional[dict] = None,
-              output_format: str = "wav",
-              max_text_chars: int = 10_000, segment_chars: int = 300,
-              shard: Optional[str] = None, gpus: Optional[str] = None, redo_changed: bool = False,
-              wer: bool = False, asr_model: Optional[Path] = None, asr_workers: Optional[int] = None,
-              wer_required: bool = False,
-              instruct: Optional[str] = None, ref_audio: Optional[str] = None, ref_text: Optional[str] = None,
-              x_vector_only: bool = False) -> int:
-    """given_by: the options a recipe set, and its name (the others came from the command line)."""
-    given_by = given_by or {}
+@dataclass
+class SynthOptions:
+    """The options of `tts synth`, a recipe's values included."""
+    model: Optional[Path]
+    speaker: Optional[str]
+    language: str
+    seed: int
+    greedy: bool
+    max_frames: Optional[int]
+    batch_size: Optional[int]
+    rows: str
+    depth: str
+    codec_precision: str
+    talker_precision: str
+    device: str
+    output_format: str
+    max_text_chars: int
+    segment_chars: int
+    shard: Optional[str]
+    gpus: Optional[str]
+    redo_changed: bool
+    wer: bool
+    asr_model: Optional[Path]
+    asr_workers: Optional[int]
+    wer_required: bool   # --wer given explicitly: no ASR model is an error, not a note
+    instruct: Optional[str]
+    ref_audio: Optional[str]
+    ref_text: Optional[str]
+    x_vector_only: bool
+    given_by: dict[str, str]   # the options a recipe set, and its name (the others came from the command line)
 
-    def named(setting: str) -> str:   # where a setting's value came from: its option, or the recipe
-        return given_by.get(setting, "--" + setting.replace("_", "-"))
+    def named(self, setting: str) -> str:
+        """Where a setting's value came from: its option, or the recipe."""
+        return self.given_by.get(setting, "--" + setting.replace("_", "-"))
+
+
+@dataclass
+class SynthPlan:
+    """What the checks of a synth run resolved, before its output folder is made and its model loads."""
+    model: ModelChoice
+    kind: Optional[str]            # the checkpoint's model_type; None without config.json (loading says so)
+    takes_instruct: bool           # whether the checkpoint reads a row's instruct (tts_cli.manifest.RowDefaults)
+    manifest_notes: list[str]      # what reading the manifest changed or ignored, for the report
+    rows: list[ManifestRow]        # this shard's rows
+    names: dict[int, str]          # a row's index -> its output name
+    skipped_empty: int             # the manifest's blank lines, counted in shard 0 only
+    shard: Optional[str]           # "i/n", or None without --shard
+    engine_rows: Optional[int]     # --rows; None: auto
+    gpus: Optional[list[str]]      # --gpus: a worker process per device; None: this process, on device_choice
+    device_choice: DeviceChoice
+    asr: Optional[AsrModelChoice]  # None: no WER
+
+    @property
+    def on_cuda(self) -> bool:
+        if self.gpus:
+            return any(d.startswith("cuda") for d in self.gpus)
+        return self.device_choice.device.startswith("cuda")
+
+
+def run_synth(manifest_path: Path, out: Path, options: SynthOptions) -> int:
+    """The checks, then the job (tts_cli/job.py: manifest rows -> batches -> engine steps -> writer and ledger),
+    then the report and the summary lines. Returns the exit status, 0 every row succeeded or 1 some failed
+    (the others are raised, and synth says why)."""
     # Imported here so that --help and the placeholder commands start without loading torch.
-    from .checkpoint import BASE, CUSTOM_VOICE, fingerprint
-    from .job import JobSettings, LocalExecutor, run_job
+    from .job import run_job
+    from .output.ledger import FolderLock
+    from .output.report import build_report
+
+    plan = check_synth(manifest_path, options)
+    make_output_folder(out)
+    report_row_error = row_error_printer()
+    say_run_start(plan, options, report_row_error)
+    settings = job_settings(plan, options)
+    voices = reference_voices(plan, out)
+    model_load = ModelLoad(plan, settings, voices)
+    progress = SynthProgress(report_row_error)
+    synth_wer = start_synth_wer(plan, options, out)
+    # Held to the report's end, not only while synthesis writes the ledger: a run started while this one
+    # still hears its last rows would otherwise write its files and report beside this one's.
+    lock = FolderLock(out)
+    try:
+        try:
+            result = run_job(plan.rows, plan.names, out, settings, model_load.start, on_start=progress.start,
+                             on_rows_done=progress.rows_done, on_output=synth_wer and synth_wer.feed, lock=lock)
+        finally:
+            progress.stop()
+        wer_section, wer_rows = finish_wer(synth_wer, result, plan.skipped_empty)
+        for note in result.notes:   # (the manifest's were said when it was read; the report has them all)
+            say(f"note: {note}", "yellow")
+        result.notes[:0] = plan.manifest_notes
+        report = build_report(run_info(manifest_path, options, plan, settings, model_load, voices, result),
+                              result.records, wer_section)
+        md_path = write_synth_reports(out, report, wer_rows)
+        echo_synth_summary(report, md_path, out)
+        if isinstance(result.stopped, RunCannotGoOn):   # (a signal's stop is raised by the caller's stop_on_signals)
+            raise result.stopped
+        totals = report["totals"]
+        return 0 if totals["failed"] == totals["not_synthesized"] == 0 else 1
+    finally:
+        if synth_wer is not None:
+            synth_wer.close()
+        lock.close()
+
+
+def check_synth(manifest_path: Path, options: SynthOptions) -> SynthPlan:
+    """Everything that can be checked without the model, checked before the output folder is made and the
+    model loads. The manifest's notes are printed as soon as it is read."""
+    from .checkpoint import BASE, CUSTOM_VOICE
     from .manifest import RowDefaults, read_manifest
     from .output.formats import FORMATS, file_extension
-    from .output.ledger import FolderLock
-    from .output.report import RunInfo, build_report, references_line, write_reports
     from .output.writer import output_names
     from .scale.shard import parse_shard, shard_of
-    from .scale.workers import WorkerPool, check_devices, parse_devices
+    from .scale.workers import check_devices, parse_devices
     from .voice.checks import check_voice_options
 
-    # Everything that can be checked without the model is checked before it loads.
-    if output_format not in FORMATS:
-        raise TTSError(f"--format {output_format!r}: expected one of {', '.join(FORMATS)}")
-    shard_index, shard_count = parse_shard(shard) if shard else (0, 1)
-    engine_rows = parse_rows(rows)
-    devices = parse_devices(gpus) if gpus is not None else None
-    choice = resolve_model(model, named("model"))
-    cfg = checkpoint_config(choice.dir)
+    if options.output_format not in FORMATS:
+        raise TTSError(f"--format {options.output_format!r}: expected one of {', '.join(FORMATS)}")
+    shard_index, shard_count = parse_shard(options.shard) if options.shard else (0, 1)
+    engine_rows = parse_rows(options.rows)
+    gpus = parse_devices(options.gpus) if options.gpus is not None else None
+    model = resolve_model(options.model, options.named("model"))
+    cfg = checkpoint_config(model.dir)
     kind = cfg and cfg.model_type
     if cfg is not None:
-        check_voice_options(cfg, speaker, language, instruct, ref_audio, ref_text, x_vector_only,
-                            named, max_text_chars)
+        check_voice_options(cfg, options.speaker, options.language, options.instruct, options.ref_audio,
+                            options.ref_text, options.x_vector_only, options.named, options.max_text_chars)
+    speaker = options.speaker
     if speaker is None and kind in (None, CUSTOM_VOICE):
         speaker = DEFAULT_SPEAKER
-    asr = resolve_synth_asr(asr_model, required=wer_required) if wer else None
+    asr = resolve_synth_asr(options.asr_model, required=options.wer_required) if options.wer else None
     takes_instruct = kind != CUSTOM_VOICE or cfg.supports_instruct   # (Base refuses one; VoiceDesign needs it)
-    manifest = read_manifest(manifest_path, RowDefaults(speaker, language, seed, max_text_chars, instruct,
-                                                        ref_audio, ref_text, x_vector_only, takes_instruct))
+    manifest = read_manifest(manifest_path, RowDefaults(speaker, options.language, options.seed, options.max_text_chars,
+                                                        options.instruct, options.ref_audio, options.ref_text,
+                                                        options.x_vector_only, takes_instruct))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
     if kind == BASE and not any(row.request.clones_voice for row in manifest.rows):
@@ -462,161 +559,219 @@ def run_synth(manifest_path: Path, out: Path, model: Optional[Path], speaker: Op
         say(f"note: {note}", "yellow")
     # Names over the whole manifest, so that a row's file name does not depend on the shard.
     names = dict(zip((row.index for row in manifest.rows),
-                     output_names([row.request.id for row in manifest.rows], file_extension(output_format))))
+                     output_names([row.request.id for row in manifest.rows], file_extension(options.output_format))))
     shard_rows = [row for row in manifest.rows if shard_of(row.request.id, shard_count) == shard_index]
     skipped_empty = manifest.skipped_empty if shard_index == 0 else 0   # the manifest's blank lines, counted once
-    check_engine_choices(depth, codec_precision, talker_precision)
-    if devices:
-        check_devices(devices)
-        device_choice = DeviceChoice(",".join(devices), "--gpus: one worker per device" +
-                                     ("" if device == AUTO_DEVICE else f"; --device {device} not used"))
+    check_engine_choices(options.depth, options.codec_precision, options.talker_precision)
+    if gpus:
+        check_devices(gpus)
+        device_choice = DeviceChoice(",".join(gpus), "--gpus: one worker per device" +
+                                     ("" if options.device == AUTO_DEVICE else f"; --device {options.device} not used"))
     else:
-        device_choice = resolve_device(device, given_by.get("device", "--device"))
-        device = device_choice.device
+        device_choice = resolve_device(options.device, options.named("device"))
+    return SynthPlan(model=model, kind=kind, takes_instruct=takes_instruct, manifest_notes=manifest_notes,
+                     rows=shard_rows, names=names, skipped_empty=skipped_empty,
+                     shard=options.shard and f"{shard_index}/{shard_count}", engine_rows=engine_rows, gpus=gpus,
+                     device_choice=device_choice, asr=asr)
+
+
+def make_output_folder(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TTSError(f"cannot create output folder {out}: {e}") from e
-    say(device_choice.line(), "bold")
 
-    report_row_error = row_error_printer()
-    for row in shard_rows:
+
+def say_run_start(plan: SynthPlan, options: SynthOptions, report_row_error) -> None:
+    """The lines on stderr before synthesis: the device, the rows that fail before it, the bundled model's
+    warning, and the engine's rows on cuda, or the engine options that a run elsewhere ignores."""
+    say(plan.device_choice.line(), "bold")
+    for row in plan.rows:
         if row.problem:
             report_row_error(f"row {row.number} ({row.request.id!r}): {row.problem}", "yellow")
-    if choice.bundled:
-        say(f"warning: using the bundled tiny model ({choice.dir}): random weights: its audio is noise; "
+    if plan.model.bundled:
+        say(f"warning: using the bundled tiny model ({plan.model.dir}): random weights: its audio is noise; "
             "pass --model or set TTS_MODEL to a real Qwen3-TTS-12Hz checkpoint", "yellow")
-    on_cuda = any(d.startswith("cuda") for d in devices) if devices else device.startswith("cuda")
-    if on_cuda:
-        say(f"rows: {engine_rows} (--rows)" if engine_rows else
+    if plan.on_cuda:
+        say(f"rows: {plan.engine_rows} (--rows)" if plan.engine_rows else
             f"rows: auto ({AUTO_ROWS_RULE}, per call; the report notes each choice)", "bold")
     else:   # the plain model on CPU: fp32 weights and vocoder, the code predictor's loop, no engine slots
         # named as given: --depth loop, or depth loop (recipe r.yaml), whose key is the setting's name
-        engine_only = [f"{name} {value} ({given_by[name]})" if name in given_by else f"{named(name)} {value}"
-                       for name, value in (("rows", rows), ("depth", depth), ("codec_precision", codec_precision),
-                                           ("talker_precision", talker_precision)) if value != getattr(DEFAULTS, name)]
+        given_by = options.given_by
+        engine_only = [f"{name} {value} ({given_by[name]})" if name in given_by else f"{options.named(name)} {value}"
+                       for name, value in (("rows", options.rows), ("depth", options.depth),
+                                           ("codec_precision", options.codec_precision),
+                                           ("talker_precision", options.talker_precision))
+                       if value != getattr(DEFAULTS, name)]
         if engine_only:
-            where = ", ".join(devices) if devices else device
+            where = ", ".join(plan.gpus) if plan.gpus else plan.device_choice.device
             say(f"warning: {', '.join(engine_only)} ignored: {'it sets' if len(engine_only) == 1 else 'they set'} "
                 f"the CUDA engine, and this run is on {where}", "yellow")
-    if batch_size is None:
-        batch_size = CALL_ROWS_PER_SLOT * (engine_rows or AUTO_ROWS[0]) if on_cuda else 8
-        if devices and on_cuda:   # two batches a worker at least: else one GPU takes a corpus of fewer segments
-            batch_size = max(1, min(batch_size, -(-len(shard_rows) // (2 * len(devices)))))
-    settings = JobSettings(output_format=output_format, greedy=greedy, max_frames=max_frames,
-                           segment_chars=segment_chars, batch_size=batch_size, engine_rows=engine_rows, depth=depth,
-                           codec_precision=codec_precision, talker_precision=talker_precision,
-                           model=str(choice.dir.resolve()), model_fingerprint=fingerprint(choice.dir),
-                           redo_changed=redo_changed, ignored_params=() if takes_instruct else ("instruct",))
-    load_seconds = 0.0
-    loaded_numerics = None   # what the loaded model computes in (its weights may differ from the request's)
-    # Each distinct reference encoded once into out/.references (tts_cli/voice/voices.py); with --gpus
-    # in this process, on its CPU, before the batches go to the workers.
-    voices = None
-    if kind == BASE and any(row.request.clones_voice for row in shard_rows if row.problem is None):
-        from .voice.voices import Voices
-        voices = Voices(choice.dir, out, "cpu" if devices else device)
 
-    def start_executor():
-        nonlocal load_seconds, loaded_numerics
+
+def job_settings(plan: SynthPlan, options: SynthOptions) -> JobSettings:
+    """What run_job synthesizes with; a batch size not given follows the devices and --rows."""
+    from .checkpoint import fingerprint
+    from .job import JobSettings
+
+    batch_size = options.batch_size
+    if batch_size is None:
+        batch_size = CALL_ROWS_PER_SLOT * (plan.engine_rows or AUTO_ROWS[0]) if plan.on_cuda else 8
+        if plan.gpus and plan.on_cuda:   # two batches a worker at least: else one GPU takes a corpus of fewer segments
+            batch_size = max(1, min(batch_size, -(-len(plan.rows) // (2 * len(plan.gpus)))))
+    return JobSettings(output_format=options.output_format, greedy=options.greedy, max_frames=options.max_frames,
+                       segment_chars=options.segment_chars, batch_size=batch_size, engine_rows=plan.engine_rows,
+                       depth=options.depth, codec_precision=options.codec_precision,
+                       talker_precision=options.talker_precision, model=str(plan.model.dir.resolve()),
+                       model_fingerprint=fingerprint(plan.model.dir), redo_changed=options.redo_changed,
+                       ignored_params=() if plan.takes_instruct else ("instruct",))
+
+
+def reference_voices(plan: SynthPlan, out: Path) -> Optional[Voices]:
+    """Each distinct reference encoded once into out/.references (tts_cli/voice/voices.py); with --gpus in
+    this process, on its CPU, before the batches go to the workers. None when no row clones a voice."""
+    from .checkpoint import BASE
+
+    if plan.kind == BASE and any(row.request.clones_voice for row in plan.rows if row.problem is None):
+        from .voice.voices import Voices
+        return Voices(plan.model.dir, out, "cpu" if plan.gpus else plan.device_choice.device)
+    return None
+
+
+@dataclass
+class ModelLoad:
+    """run_job's start_executor, called only when rows are left to synthesize: loads the model (or starts the
+    --gpus workers), and keeps for the report how long that took and what the loaded model computes in."""
+    plan: SynthPlan
+    settings: JobSettings
+    voices: Optional[Voices]
+    seconds: float = 0.0
+    numerics: Optional[str] = None   # (the loaded model's weights may differ from the request's)
+
+    def start(self):
+        from .job import LocalExecutor
+        from .scale.workers import WorkerPool
+
+        plan, settings = self.plan, self.settings
         load_start = perf_counter()
-        executor = (WorkerPool(choice.dir, devices, settings, voices) if devices
-                    else LocalExecutor(load_synthesizer(choice.dir, device, engine_rows, depth, codec_precision,
-                                                        talker_precision), settings, voices))
-        load_seconds = perf_counter() - load_start
-        loaded_numerics = executor.numerics
+        executor = (WorkerPool(plan.model.dir, plan.gpus, settings, self.voices) if plan.gpus
+                    else LocalExecutor(load_synthesizer(plan.model.dir, plan.device_choice.device, settings.engine_rows,
+                                                        settings.depth, settings.codec_precision,
+                                                        settings.talker_precision), settings, self.voices))
+        self.seconds = perf_counter() - load_start
+        self.numerics = executor.numerics
         return executor
 
-    # Started once the model is loaded, so that a load error stays the only line on stderr.
-    progress = Progress(TextColumn("synthesizing"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-                        TextColumn("{task.fields[audio_seconds]:.1f} s audio"), TimeElapsedColumn(), console=stderr)
-    task = progress.add_task("synth", total=None, audio_seconds=0.0)
 
-    def on_start(total: int) -> None:
-        progress.update(task, total=total)
-        progress.start()
+class SynthProgress:
+    """The progress bar on stderr (rows done, seconds of audio), with the errors of failed rows above it."""
 
-    def on_rows_done(records) -> None:
+    def __init__(self, report_row_error):
+        self.bar = Progress(TextColumn("synthesizing"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+                            TextColumn("{task.fields[audio_seconds]:.1f} s audio"), TimeElapsedColumn(),
+                            console=stderr)
+        self.task = self.bar.add_task("synth", total=None, audio_seconds=0.0)
+        self.report_row_error = report_row_error
+
+    def start(self, total: int) -> None:
+        """run_job's on_start, once the model is loaded, so that a load error stays the only line on stderr."""
+        self.bar.update(self.task, total=total)
+        self.bar.start()
+
+    def rows_done(self, records) -> None:
         for record in records:
             if not record.ok:
-                report_row_error(f"row {record.row_number} ({record.request.id!r}): {record.error}", "red")
-        audio = progress.tasks[task].fields["audio_seconds"]
+                self.report_row_error(f"row {record.row_number} ({record.request.id!r}): {record.error}", "red")
+        audio = self.bar.tasks[self.task].fields["audio_seconds"]
         audio += sum(record.audio_seconds or 0.0 for record in records)
-        progress.update(task, advance=len(records), audio_seconds=audio)
+        self.bar.update(self.task, advance=len(records), audio_seconds=audio)
 
-    if asr is not None:
-        from .quality.synth_wer import SynthWer
-        gpu_synthesis = (not any(str(d).startswith("cpu") for d in devices)) if devices else device.startswith("cuda")
-        asr_workers = asr_workers or default_asr_workers(gpu_synthesis, len(devices) if devices else 1)
-        synth_wer = SynthWer(asr, asr_workers, out, output_format)
-        if not devices and device == "cpu":
-            leave_cores_to_asr(asr_workers)
-    else:
-        synth_wer = None
+    def stop(self) -> None:
+        if self.bar.live.is_started:   # (off a terminal, stop() prints an empty line, started or not)
+            self.bar.stop()
+
+
+def start_synth_wer(plan: SynthPlan, options: SynthOptions, out: Path) -> Optional[SynthWer]:
+    """The ASR workers that hear each row beside synthesis (tts_cli/quality/synth_wer.py); None without WER."""
+    if plan.asr is None:
+        return None
+    from .quality.synth_wer import SynthWer
+
+    gpus, device = plan.gpus, plan.device_choice.device
+    gpu_synthesis = (not any(str(d).startswith("cpu") for d in gpus)) if gpus else device.startswith("cuda")
+    asr_workers = options.asr_workers or default_asr_workers(gpu_synthesis, len(gpus) if gpus else 1)
+    synth_wer = SynthWer(plan.asr, asr_workers, out, options.output_format)
+    if not gpus and device == "cpu":
+        leave_cores_to_asr(asr_workers)
+    return synth_wer
+
+
+def finish_wer(synth_wer: Optional[SynthWer], result: JobResult, skipped_empty: int):
+    """The report's WER section and the rows of rows.parquet, once the ASR heard the last rows; (None, None)
+    without WER, or when it could not be computed (a note of the result says why)."""
     wer_section = wer_rows = None
-    # Held to the report's end, not only while synthesis writes the ledger: a run started while this one
-    # still hears its last rows would otherwise write its files and report beside this one's.
-    lock = FolderLock(out)
-    try:
+    if synth_wer is not None:
         try:
-            result = run_job(shard_rows, names, out, settings, start_executor, on_start=on_start,
-                             on_rows_done=on_rows_done, on_output=synth_wer and synth_wer.feed, lock=lock)
-        finally:
-            if progress.live.is_started:   # (off a terminal, stop() prints an empty line, started or not)
-                progress.stop()
-        if synth_wer is not None:
-            try:
-                wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)
-                result.notes += filter(None, [synth_wer.unheard_note()])
-            except TTSError as e:
-                result.notes.append(f"WER not computed: {e}")
-        for note in result.notes:
-            say(f"note: {note}", "yellow")
-        result.notes[:0] = manifest_notes
+            wer_section, wer_rows = synth_wer.finish(result.records, skipped_empty)
+            result.notes += filter(None, [synth_wer.unheard_note()])
+        except TTSError as e:
+            result.notes.append(f"WER not computed: {e}")
+    return wer_section, wer_rows
 
-        from .synthesizer import numerics, weights_dtype
-        first_device = devices[0] if devices else device
-        report = build_report(RunInfo(
-            manifest=str(manifest_path), model_dir=str(choice.dir), model_source=choice.source,
-            bundled_random_model=choice.bundled, device=",".join(devices) if devices else device,
-            device_choice=device_choice.reason,
-            dtype=loaded_numerics or numerics(first_device, codec_precision,
-                                              weights_dtype(first_device, talker_precision)),
-            greedy=greedy, base_seed=seed, max_frames=max_frames, batch_size=batch_size,
-            skipped_empty=skipped_empty, load_seconds=load_seconds,
-            wall_seconds=result.wall_seconds - load_seconds, tts_version=__version__, output_format=output_format,
-            segment_chars=segment_chars, max_text_chars=max_text_chars,
-            shard=shard and f"{shard_index}/{shard_count}",
-            devices=devices, resumed=result.resumed, audio_seconds_this_run=result.audio_seconds, notes=result.notes,
-            references=voices.summary() if voices else None, synthesis=result.synthesis,
-        ), result.records, wer_section)
-        _, md_path = write_reports(out, report, wer_rows)
-        if wer_rows is None:
-            (out / "rows.parquet").unlink(missing_ok=True)   # an earlier run's: it would not match this report
-        else:
-            from .quality.scoring import write_rows_parquet
-            write_rows_parquet(out / "rows.parquet", wer_rows)
-        totals = report["totals"]
-        stopped = (f"{totals['not_synthesized']} not synthesized (the run stopped), "
-                   if totals["not_synthesized"] else "")
-        echo_summary(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
-                     f"{stopped}{totals['skipped_empty']} empty skipped; "
-                     f"{totals['audio_seconds_this_run']:.2f} s audio made in "
-                     f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
-        if report.get("synthesis"):
-            from .output.report import synthesis_line
-            echo_summary(f"engine: {synthesis_line(report['synthesis'])}")
-        if voices:
-            echo_summary(f"references: {references_line(report['references'])}")
-        if wer_section is not None:
-            echo_summary(f"WER: {score_summary_line(wer_section['summary'])}; rows: {out / 'rows.parquet'}")
-        if isinstance(result.stopped, RunCannotGoOn):   # (a signal's stop is raised by the caller's stop_on_signals)
-            raise result.stopped
-        return 0 if totals["failed"] == totals["not_synthesized"] == 0 else 1
-    finally:
-        if synth_wer is not None:
-            synth_wer.close()
-        lock.close()
+
+def run_info(manifest_path: Path, options: SynthOptions, plan: SynthPlan, settings: JobSettings,
+             model_load: ModelLoad, voices: Optional[Voices], result: JobResult) -> RunInfo:
+    """What the report says of the run beside its rows."""
+    from .output.report import RunInfo
+    from .synthesizer import numerics, weights_dtype
+
+    first_device = plan.gpus[0] if plan.gpus else plan.device_choice.device
+    return RunInfo(
+        manifest=str(manifest_path), model_dir=str(plan.model.dir), model_source=plan.model.source,
+        bundled_random_model=plan.model.bundled, device=plan.device_choice.device,
+        device_choice=plan.device_choice.reason,
+        dtype=model_load.numerics or numerics(first_device, options.codec_precision,
+                                              weights_dtype(first_device, options.talker_precision)),
+        greedy=options.greedy, base_seed=options.seed, max_frames=options.max_frames, batch_size=settings.batch_size,
+        skipped_empty=plan.skipped_empty, load_seconds=model_load.seconds,
+        wall_seconds=result.wall_seconds - model_load.seconds, tts_version=__version__,
+        output_format=options.output_format, segment_chars=options.segment_chars,
+        max_text_chars=options.max_text_chars, shard=plan.shard, devices=plan.gpus, resumed=result.resumed,
+        audio_seconds_this_run=result.audio_seconds, notes=result.notes,
+        references=voices.summary() if voices else None, synthesis=result.synthesis,
+    )
+
+
+def write_synth_reports(out: Path, report: dict, wer_rows: Optional[list[dict]]) -> Path:
+    """report.json, .md and .html, and rows.parquet with WER; returns the path of report.md."""
+    from .output.report import write_reports
+
+    _, md_path = write_reports(out, report, wer_rows)
+    if wer_rows is None:
+        (out / "rows.parquet").unlink(missing_ok=True)   # an earlier run's: it would not match this report
+    else:
+        from .quality.scoring import write_rows_parquet
+        write_rows_parquet(out / "rows.parquet", wer_rows)
+    return md_path
+
+
+def echo_synth_summary(report: dict, md_path: Path, out: Path) -> None:
+    """The summary lines on stdout: the rows, then the engine, the references and the WER where the report has them."""
+    from .output.report import references_line, synthesis_line
+
+    totals = report["totals"]
+    stopped = (f"{totals['not_synthesized']} not synthesized (the run stopped), "
+               if totals["not_synthesized"] else "")
+    echo_summary(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
+                 f"{stopped}{totals['skipped_empty']} empty skipped; "
+                 f"{totals['audio_seconds_this_run']:.2f} s audio made in "
+                 f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
+    if report.get("synthesis"):
+        echo_summary(f"engine: {synthesis_line(report['synthesis'])}")
+    if "references" in report:
+        echo_summary(f"references: {references_line(report['references'])}")
+    if "wer" in report:
+        echo_summary(f"WER: {score_summary_line(report['wer']['summary'])}; rows: {out / 'rows.parquet'}")
 
 
 def default_asr_workers(on_cuda: bool, synthesis_processes: int = 1) -> int:
@@ -1007,10 +1162,7 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
                else "one .wav or .flac per row, named by its id as tts synth names them; its --format parquet keeps "
                     "the audio inside the shards")
         raise TTSError(f"{audio_dir}: no audio file for any of the manifest's {len(rows)} rows ({why})")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise TTSError(f"cannot create output folder {out}: {e}") from e
+    make_output_folder(out)
 
     unheard = score_audio_dir(audio_dir, rows, asr.path, workers)
     report = build_report(rows, {"title": "tts score report", "settings": {

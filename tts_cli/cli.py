@@ -77,7 +77,7 @@ def say(message: str, style: str) -> None:
     stderr.print(Text(message, style=style), soft_wrap=True)
 
 
-def echo_summary(output: str | RenderableType, width: int | None = None) -> None:
+def print_output(output: str | RenderableType, width: int | None = None) -> None:
     """A command's final output on stdout: a line, or a rich table (`width` columns wide, else the terminal's). A
     reader that closed stdout early (`tts bench ... | true`) only loses this output: what the command made is on
     disk and recorded, so it goes on to its own exit status (click, and rich for a table, would end it with 1,
@@ -211,7 +211,7 @@ def resolve_device(option: str, given_by: str = "--device") -> DeviceChoice:
 
 def _print_version(value: bool) -> None:
     if value:
-        echo_summary(f"tts {__version__}")
+        print_output(f"tts {__version__}")
         raise typer.Exit()
 
 
@@ -762,16 +762,16 @@ def echo_synth_summary(report: dict, md_path: Path, out: Path) -> None:
     totals = report["totals"]
     stopped = (f"{totals['not_synthesized']} not synthesized (the run stopped), "
                if totals["not_synthesized"] else "")
-    echo_summary(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
+    print_output(f"{totals['ok']} rows ok ({totals['resumed']} from an earlier run), {totals['failed']} failed, "
                  f"{stopped}{totals['skipped_empty']} empty skipped; "
                  f"{totals['audio_seconds_this_run']:.2f} s audio made in "
                  f"{totals['wall_seconds']:.2f} s (xRT {totals['xrt']}); report: {md_path}")
     if report.get("synthesis"):
-        echo_summary(f"engine: {synthesis_line(report['synthesis'])}")
+        print_output(f"engine: {synthesis_line(report['synthesis'])}")
     if "references" in report:
-        echo_summary(f"references: {references_line(report['references'])}")
+        print_output(f"references: {references_line(report['references'])}")
     if "wer" in report:
-        echo_summary(f"WER: {score_summary_line(report['wer']['summary'])}; rows: {out / 'rows.parquet'}")
+        print_output(f"WER: {score_summary_line(report['wer']['summary'])}; rows: {out / 'rows.parquet'}")
 
 
 def default_asr_workers(on_cuda: bool, synthesis_processes: int = 1) -> int:
@@ -938,15 +938,15 @@ def bench(
         say(f"error: {e}", "red")
         raise typer.Exit(2)
     # at least 100 columns, so that a pipe or a narrow terminal wraps the table's lines instead of cutting them
-    echo_summary(bench_table(result), width=max(Console().width, BENCH_TABLE_WIDTH))
+    print_output(bench_table(result), width=max(Console().width, BENCH_TABLE_WIDTH))
     for line in bench_notes(result, depth):
-        echo_summary(line)
+        print_output(line)
     if result.get("ref_seconds"):
         cloned_from = f"{result['ref_frames']} frames, ICL" if result["ref_frames"] else "x-vector only"
-        echo_summary(f"workload {workload}: one voice cloned from a {result['ref_seconds']:g} s reference "
+        print_output(f"workload {workload}: one voice cloned from a {result['ref_seconds']:g} s reference "
                      f"({cloned_from}), encoded in {result['ref_encode_s']:.2f} s by {result['ref_encoders']} "
                      "encoders")
-    echo_summary(f"results: {json_out}")
+    print_output(f"results: {json_out}")
     if plot is not None:
         from .bench_plot import plot_runs, runs_from
         try:
@@ -954,7 +954,7 @@ def bench(
         except TTSError as e:
             say(f"error: {e} (the results are in {json_out})", "red")
             raise typer.Exit(2)
-        echo_summary(f"plot: {plot}")
+        print_output(f"plot: {plot}")
 
 
 def check_writable(path: Path, what: str) -> None:
@@ -1008,7 +1008,7 @@ def plot_command(
     except TTSError as e:
         say(f"error: {e}", "red")
         raise typer.Exit(2)
-    echo_summary(f"plot: {out} ({len(runs)} runs: {'; '.join(run.label for run in runs)})")
+    print_output(f"plot: {out} ({len(runs)} runs: {'; '.join(run.label for run in runs)})")
 
 
 # (header, the row's value as text) per column; headers short and units in bench_notes, so that the
@@ -1170,7 +1170,7 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
         "ASR model source": asr.source, "ASR settings": dict(TRANSCRIBE_OPTIONS, compute_type=COMPUTE_TYPE),
         "tts version": __version__}}, manifest.skipped_empty)
     paths = write_score_files(out, report, audio_dir)
-    echo_summary(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
+    print_output(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
     if unheard:   # not heard for a stop: raised here (the caller says so, exit 130, 143); else the ASR failed
         with stops_here():   # raises RunStopped on entering it if a stop came
             pass
@@ -1276,7 +1276,7 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
         say(device_choice.line(), "bold")
         device = device_choice.device
         meta = record_golden(model_dir, out, device, frames, prompts)
-        echo_summary(f"recorded {len(meta['prompts'])} prompts of {model_dir} on {device} into {out}")
+        print_output(f"recorded {len(meta['prompts'])} prompts of {model_dir} on {device} into {out}")
         return 0
     if frames is not None or prompts is not None or out is not None:
         raise TTSError("--frames, --prompts and --out go with --record (the checks take the records' own)")
@@ -1288,11 +1288,11 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
     say(device_choice.line(), "bold")
     device = device_choice.device
     checks = verify(model_dir, golden, device, dtype)
-    echo_summary(checks_table(checks, f"{model_dir} against {golden} ({numerics_title(device, dtype)})"))
+    print_output(checks_table(checks, f"{model_dir} against {golden} ({numerics_title(device, dtype)})"))
     failed = [check for check in checks if check.failed]
     unavailable = sum(check.value is None for check in checks)
     informative = sum(check.informative for check in checks)
     passed = len(checks) - len(failed) - unavailable - informative
     summary = f"{passed} checks pass, {len(failed)} fail, {unavailable} not available"
-    echo_summary(summary + (f", {informative} for information" if informative else ""))
+    print_output(summary + (f", {informative} for information" if informative else ""))
     return 1 if failed else 0

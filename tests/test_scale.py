@@ -333,6 +333,47 @@ def test_the_ray_path_refuses_voice_arguments_before_it_reads_the_manifest(tmp_p
     assert message in str(refused.value)
 
 
+def _recording_ray(monkeypatch, table: pa.Table) -> dict:
+    """Ray, stood in by a module that reads `table` and records what it is given instead of running: the
+    actors' constructor arguments, and the paths read and written ("read", "write")."""
+    seen = {}
+
+    class Dataset:
+        def schema(self):
+            return types.SimpleNamespace(base_schema=table.schema)
+
+        def map_batches(self, actor, fn_constructor_kwargs, **options):
+            seen.update(fn_constructor_kwargs)
+            return types.SimpleNamespace(write_parquet=lambda path: seen.update(write=path))
+
+    ray_data = types.ModuleType("ray.data")
+    ray_data.read_parquet = lambda path: seen.update(read=path) or Dataset()
+    ray_data.ActorPoolStrategy = lambda size: None
+    ray = types.ModuleType("ray")
+    ray.data = ray_data
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setitem(sys.modules, "ray.data", ray_data)
+    return seen
+
+
+@needs_bundled_model
+def test_the_ray_path_gives_ray_and_its_actors_absolute_paths(tmp_path, monkeypatch):
+    """Ray's tasks and the actors run in a working folder of their own (a runtime_env working_dir, another
+    node's): a relative manifest was not found, a relative model_dir failed every actor, and a relative
+    out_dir's shards went to their folder, leaving out_dir empty. URIs are Ray's to read as they are."""
+    import os
+
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    seen = _recording_ray(monkeypatch, pa.table({"id": ["a"], "text": ["One line to speak."]}))
+    monkeypatch.chdir(tmp_path)
+    synthesize_with_ray("m.parquet", "out", model_dir=os.path.relpath(cli.BUNDLED_MODEL_DIR))
+    assert (seen["read"], seen["write"]) == (str(tmp_path / "m.parquet"), str(tmp_path / "out"))
+    assert (seen["model_dir"], seen["references_base"]) == (str(cli.BUNDLED_MODEL_DIR), str(tmp_path))
+    synthesize_with_ray("s3://bucket/m.parquet", f"file://{tmp_path}/uri", model_dir=cli.BUNDLED_MODEL_DIR)
+    assert (seen["read"], seen["write"]) == ("s3://bucket/m.parquet", f"file://{tmp_path}/uri")
+
+
 @needs_bundled_model
 def test_the_ray_path_takes_a_blank_ref_audio_for_none_as_tts_synth_does(tmp_path, monkeypatch):
     """ref_audio="  " passed the voice check as no reference, then was resolved to the working folder, which every
@@ -342,23 +383,7 @@ def test_the_ray_path_takes_a_blank_ref_audio_for_none_as_tts_synth_does(tmp_pat
     from tts_cli.scale.ray_data import synthesize_with_ray
 
     table = pa.table({"id": ["a"], "text": ["One line to speak."]})
-    actor_arguments = {}
-
-    class Dataset:
-        def schema(self):
-            return types.SimpleNamespace(base_schema=table.schema)
-
-        def map_batches(self, actor, fn_constructor_kwargs, **options):
-            actor_arguments.update(fn_constructor_kwargs)
-            return types.SimpleNamespace(write_parquet=lambda path: None)
-
-    ray_data = types.ModuleType("ray.data")
-    ray_data.read_parquet = lambda path: Dataset()
-    ray_data.ActorPoolStrategy = lambda size: None
-    ray = types.ModuleType("ray")
-    ray.data = ray_data
-    monkeypatch.setitem(sys.modules, "ray", ray)
-    monkeypatch.setitem(sys.modules, "ray.data", ray_data)
+    actor_arguments = _recording_ray(monkeypatch, table)
     monkeypatch.chdir(tmp_path)
     pq.write_table(table, tmp_path / "m.parquet")
     synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, ref_audio="  ")

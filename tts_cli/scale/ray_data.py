@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
     on a CustomVoice checkpoint, none on Base and VoiceDesign ones). ref_audio, ref_text,
     x_vector_only: the voice of the rows that name none (tts synth's --ref-audio, --ref-text,
     --x-vector-only); ref_audio relative to the working folder, and a blank one none, as tts synth reads
-    them. Voice arguments that its rows cannot take raise TTSError before Ray reads the manifest: tts
+    them. Local paths (manifest, out_dir, model_dir, ref_audio) start from this process's working folder,
+    not the actors'. Voice arguments that its rows cannot take raise TTSError before Ray reads the manifest: tts
     synth's check of its voice options."""
     import ray.data
 
@@ -65,6 +67,10 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
     if speaker is None and cfg.model_type == CUSTOM_VOICE:
         speaker = "vivian"
     ref_audio = default_reference_path(ref_audio)   # absolute: the actors' working folder may be another
+    # The same for the other local paths, which Ray's tasks and the actors took from their own working folder:
+    # a relative out_dir's shards went there, leaving out_dir empty.
+    manifest, out_dir, model_dir = (path if "://" in str(path) else os.path.abspath(path)
+                                    for path in (manifest, out_dir, model_dir))
 
     dataset = ray.data.read_parquet(str(manifest))
     schema = dataset.schema().base_schema

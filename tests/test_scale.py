@@ -289,6 +289,22 @@ def test_the_ray_path_clones_voices_as_tts_synth_does(tmp_path):
     assert rows["missing"]["audio"] is None and "nowhere.wav" in rows["missing"]["error"]
 
 
+@needs_bundled_model
+def test_a_seed_that_is_not_an_integer_fails_its_ray_row_not_the_run(tmp_path):
+    """tts synth refuses such a manifest before it starts (tests/test_bad_rows.py); in a Ray batch the error was
+    raised, which failed the whole run, with nothing written, once Ray reached that batch. The actor is called
+    here as Ray calls it, on a pyarrow batch."""
+    from tts_cli.manifest import RowDefaults
+    from tts_cli.scale.ray_data import SynthesizerActor
+
+    actor = SynthesizerActor(str(cli.BUNDLED_MODEL_DIR), "cpu", RowDefaults("vivian", "auto", 0), greedy=True,
+                             max_frames=3, segment_chars=300, segments_per_call=8, references_base=str(tmp_path))
+    rows = actor(pa.table({"id": ["a", "b", "c"], "text": ["One.", "Two.", "Three."],
+                           "seed": [1.0, 1.5, None]})).to_pylist()
+    assert [row["error"] for row in rows] == [None, "column 'seed': expected an integer, got 1.5", None]
+    assert rows[0]["frames"] == rows[2]["frames"] == 3 and rows[1]["audio"] is None
+
+
 BASE_MODEL = REPO / "tests" / "fixtures" / "tiny-1.7b-base"
 
 

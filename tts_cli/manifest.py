@@ -363,9 +363,11 @@ def check_schema(schema, source) -> None:
             raise TTSError(f"{source}: column '{name}' has type {schema.field(name).type}; expected {expected}")
 
 
-def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path(".")) -> list[ManifestRow]:
+def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path("."),
+                    bad_seed_fails_row: bool = False) -> list[ManifestRow]:
     """The rows of a table that passed check_schema; row indexes count from the table's first row;
-    relative ref_audio paths start from base_dir (the manifest's folder)."""
+    relative ref_audio paths start from base_dir (the manifest's folder). A seed that is not an integer
+    (1.5 in a float column) raises TTSError, or with bad_seed_fails_row fails its row alone."""
     import pyarrow as pa
 
     def column(name: str) -> list:
@@ -389,9 +391,16 @@ def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path(
                 cells[name], problem = _decode(cells[name], name)
                 problems.append(problem)
         row_id = None if cells["id"] is None else str(cells["id"])
+        try:
+            seed = _seed(source, index, cells["seed"])
+        except TTSError:
+            if not bad_seed_fails_row:
+                raise
+            seed = None
+            problems.append(f"column 'seed': expected an integer, got {cells['seed']!r}")
         rows.append(_make_row(
             index, row_id, cells["text"] or "", defaults, speaker=cells["speaker"], language=cells["language"],
-            instruct=cells["instruct"], seed=_seed(source, index, cells["seed"]), ref_audio=cells["ref_audio"],
+            instruct=cells["instruct"], seed=seed, ref_audio=cells["ref_audio"],
             ref_text=cells["ref_text"], x_vector_only=cells["x_vector_only"], base_dir=base_dir,
             problem=next((p for p in problems if p), None)))
     return rows

@@ -126,8 +126,9 @@ class SynthesizerActor:
         ids = batch.column("id").to_pylist()
         # a batch's row numbers start at 1 whatever its place in the manifest: its first id says where it is
         named = next((cell for cell in ids if cell is not None and str(cell).strip()), None)
+        # bad_seed_fails_row: raised here, one cell's error would fail the whole run, found only once it reached it
         rows = rows_from_table(batch, self.defaults, f"the Ray batch with id {named!r}" if named else "a Ray batch",
-                               base_dir=self.references_base)
+                               base_dir=self.references_base, bad_seed_fails_row=True)
         seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
         for row, seed, cell in zip(rows, seeds, ids):
             if seed is None:

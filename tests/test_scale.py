@@ -391,6 +391,26 @@ def test_the_ray_path_gives_ray_and_its_actors_absolute_paths(tmp_path, monkeypa
 
 
 @needs_bundled_model
+def test_the_ray_path_refuses_an_output_folder_that_holds_files(tmp_path, monkeypatch):
+    """A second run into the same folder added its shards beside the first's: read as one dataset, every row twice.
+    An empty folder is fresh."""
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    seen = _recording_ray(monkeypatch, pa.table({"id": ["a"], "text": ["One line to speak."]}))
+    (tmp_path / "out").mkdir()
+    synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR)
+    assert seen.pop("write") == str(tmp_path / "out")
+    (tmp_path / "out" / "shard-0.parquet").write_bytes(b"")
+    (tmp_path / "out" / "shard-1.parquet").write_bytes(b"")
+    with pytest.raises(TTSError, match=r"out holds shard-\d.parquet and 1 more: the Ray path does not resume"):
+        synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR)
+    assert "write" not in seen
+    with pytest.raises(TTSError, match="cannot use .*shard-0.parquet as the output folder: .*Not a directory"):
+        synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out" / "shard-0.parquet",
+                            model_dir=cli.BUNDLED_MODEL_DIR)
+
+
+@needs_bundled_model
 def test_the_ray_path_takes_a_blank_ref_audio_for_none_as_tts_synth_does(tmp_path, monkeypatch):
     """ref_audio="  " passed the voice check as no reference, then was resolved to the working folder, which every
     row without a reference of its own took for its reference, and failed. The rows are made here as the actors

@@ -8,10 +8,10 @@ columns of `tts synth --format parquet` (audio as a `datasets` Audio struct of F
 `frames` and `error` (null audio for a failed row). Ray Data schedules, retries tasks whose
 worker or node failed, and writes; an error of synthesis itself (a bug, a device fault) fails its
 block's rows, with the error, and the others are kept. There is no ledger: rerun into a fresh output
-folder. The manifest needs an `id` in every row (a row without one fails: a Ray batch does not know
-its row number), and a row without a `seed` draws with base_seed + a hash of its id (tts synth uses
-the row index); duplicate ids are found only within a batch. A row's audio path is its sanitized id,
-with a hash of the id where sanitizing changed it.
+folder (one that holds anything is refused). The manifest needs an `id` in every row (a row without
+one fails: a Ray batch does not know its row number), and a row without a `seed` draws with
+base_seed + a hash of its id (tts synth uses the row index); duplicate ids are found only within a
+batch. A row's audio path is its sanitized id, with a hash of the id where sanitizing changed it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
 (relative paths start from the manifest's folder); each actor encodes each distinct reference once,
@@ -72,6 +72,8 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
     manifest, out_dir, model_dir = (path if "://" in str(path) else os.path.abspath(path)
                                     for path in (manifest, out_dir, model_dir))
 
+    check_fresh_folder(out_dir)
+
     dataset = ray.data.read_parquet(str(manifest))
     schema = dataset.schema().base_schema
     check_schema(schema, manifest)
@@ -87,6 +89,22 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
             greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call,
             references_base=str(Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent)),
     ).write_parquet(str(out_dir))
+
+
+def check_fresh_folder(out_dir: str) -> None:
+    """Raises TTSError where out_dir holds anything: Ray adds its shards beside an earlier run's, which a reader
+    of the folder then takes for one dataset, each row twice (there is no ledger to resume from)."""
+    from pyarrow import fs
+
+    try:
+        filesystem, path = fs.FileSystem.from_uri(out_dir)
+        found = filesystem.get_file_info(fs.FileSelector(path, allow_not_found=True))
+    except OSError as e:   # a file, a folder it may not read
+        raise TTSError(f"cannot use {out_dir} as the output folder: {e}") from e
+    if found:
+        raise TTSError(f"{out_dir} holds {found[0].base_name}{f' and {len(found) - 1} more' if len(found) > 1 else ''}"
+                       ": the Ray path does not resume (no ledger), and its shards beside those would repeat their "
+                       "rows; give a fresh or empty folder")
 
 
 def output_name(row_id: str) -> str:

@@ -391,6 +391,20 @@ def test_the_ray_path_gives_ray_and_its_actors_absolute_paths(tmp_path, monkeypa
 
 
 @needs_bundled_model
+@pytest.mark.parametrize("name", ["actors", "rows_per_batch", "segments_per_call", "segment_chars", "max_text_chars",
+                                  "max_frames"])
+def test_the_ray_path_refuses_counts_below_one_before_it_reads_the_manifest(tmp_path, monkeypatch, name):
+    """tts synth's options of the same names take 1 or more; the actors took a 0 once they had loaded the model:
+    every row failed (segments_per_call, segment_chars), or was made of no audio (max_frames)."""
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    seen = _recording_ray(monkeypatch, pa.table({"id": ["a"], "text": ["One line to speak."]}))
+    with pytest.raises(TTSError, match=f"^{name}: expected 1 or more, got 0$"):
+        synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, **{name: 0})
+    assert "read" not in seen
+
+
+@needs_bundled_model
 def test_the_ray_path_refuses_an_output_folder_that_holds_files(tmp_path, monkeypatch):
     """A second run into the same folder added its shards beside the first's: read as one dataset, every row twice.
     An empty folder is fresh."""

@@ -53,12 +53,19 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
     --x-vector-only); ref_audio relative to the working folder, and a blank one none, as tts synth reads
     them. Local paths (manifest, out_dir, model_dir, ref_audio) start from this process's working folder,
     not the actors'. Voice arguments that its rows cannot take raise TTSError before Ray reads the manifest: tts
-    synth's check of its voice options."""
+    synth's check of its voice options; so do counts below 1 (actors ... max_frames)."""
     import ray.data
 
     from ..checkpoint import CUSTOM_VOICE, open_checkpoint
     from ..voice.checks import check_voice_options
 
+    # tts synth's bounds of the same options, checked before an actor loads: there, a segments_per_call or
+    # segment_chars of 0 failed every row, and a max_frames of 0 made every row's audio empty
+    for name, value in (("actors", actors), ("rows_per_batch", rows_per_batch),
+                        ("segments_per_call", segments_per_call), ("segment_chars", segment_chars),
+                        ("max_text_chars", max_text_chars), ("max_frames", max_frames)):
+        if value is not None and value < 1:
+            raise TTSError(f"{name}: expected 1 or more, got {value!r}")
     cfg = open_checkpoint(model_dir).config
     # Here, not in each row once the actors have loaded the model. The keyword arguments have the
     # manifest columns' names, so the messages name them as they are.

@@ -348,9 +348,10 @@ class _GEMMShapes(TorchFunctionMode):
 
 
 def test_padded_gemms_run_on_rows_added_and_give_the_rows_their_outputs():
-    """What a tail step's GEMMs see (recorded below the padding): torch.mm padded to min_rows rows,
-    F.linear and addmm to scale times theirs; the outputs are the unpadded rows', whatever the
-    padding rows hold (they are not written: here NaN)."""
+    """What a tail step's GEMMs see (recorded below the padding): torch.mm padded to min_rows rows
+    (to scale times its rows where that is fewer: the full step's), F.linear and addmm to scale
+    times theirs; the outputs are the unpadded rows', whatever the padding rows hold (they are not
+    written: here NaN). With `cublas`, the projections take no few-row kernel inside it."""
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(3, 5, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, generator=g)
     flat = x.flatten(0, 1)
@@ -364,20 +365,31 @@ def test_padded_gemms_run_on_rows_added_and_give_the_rows_their_outputs():
     finally:
         torch.use_deterministic_algorithms(False)
         torch.utils.deterministic.fill_uninitialized_memory = fill
-    assert shapes.seen == [("mm", (32, 8)), ("linear", (12, 5, 8)), ("addmm", (60, 8)), ("mm", (32, 8))]
-    assert shapes.nan_rows == [17, 9, 45, 31]
+    assert shapes.seen == [("mm", (32, 8)), ("linear", (12, 5, 8)), ("addmm", (60, 8)), ("mm", (4, 8))]
+    assert shapes.nan_rows == [17, 9, 45, 3]
     expected = [flat @ w.t(), F.linear(x, w, b), b + flat @ w.t(), flat[:1] @ w.t()]
     for out, want in zip(outputs, expected):
         assert out.shape == want.shape and torch.allclose(out, want, atol=1e-5)
     with _GEMMShapes() as shapes, PaddedGEMMs(min_rows=4):
         torch.mm(flat, w.t()), F.linear(x, w, b)
     assert shapes.seen == [("mm", (15, 8)), ("linear", (3, 5, 8))]
+    import tts_kernels.linear as linear
+    assert linear._few_row_kernels
+    tail = PaddedGEMMs(min_rows=4, cublas=True)
+    with tail:
+        with tail:   # entered again inside itself: still no few-row kernels until the outer exit
+            assert not linear._few_row_kernels
+        assert not linear._few_row_kernels
+    with PaddedGEMMs(min_rows=4):
+        assert linear._few_row_kernels
+    assert linear._few_row_kernels
 
 
-def test_tail_steps_by_default_on_cuda_from_256_rows_only():
-    assert tail_rows_for(512, cuda=True) == (256, 128)
-    assert tail_rows_for(256, cuda=True) == (128,)
-    assert tail_rows_for(128, cuda=True) == tail_rows_for(64, cuda=True) == ()
+def test_tail_steps_by_default_on_cuda_from_128_rows_only():
+    assert tail_rows_for(512, cuda=True) == (256, 128, 64)
+    assert tail_rows_for(256, cuda=True) == (128, 64)
+    assert tail_rows_for(128, cuda=True) == (64,)
+    assert tail_rows_for(64, cuda=True) == ()
     assert tail_rows_for(512, cuda=False) == ()
 
 

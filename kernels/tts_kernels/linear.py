@@ -18,6 +18,7 @@ flight: by `gemv`, which reads the weights faster than cuBLAS at that size); the
 SwiGLU kernels read and write parts with `load_parts` / `store_parts`; `linear` is the round trip
 for a lone projection.
 """
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -171,8 +172,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def takes_gemv(x_parts: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `project` runs this input through the GEMV kernel: one fp16 row on the GPU."""
-    return x_parts.device.type != "cpu" and x_parts.shape[0] == 1 and x_parts.dtype == torch.float16 \
+    """Whether `project` runs this input through the GEMV kernel: one fp16 row on the GPU (not
+    inside cublas_projections)."""
+    return _few_row_kernels and x_parts.device.type != "cpu" and x_parts.shape[0] == 1 and x_parts.dtype == torch.float16 \
         and x_parts.is_contiguous() and weight.is_contiguous()
 
 
@@ -243,11 +245,28 @@ def _gemm_rows(x_ptr, w_ptr, out_ptr, M, N: tl.constexpr, K: tl.constexpr, SLICE
 GEMM_ROWS_MIN, GEMM_ROWS_MAX, GEMM_ROWS_BLOCK_K, GEMM_ROWS_PROGRAMS = 2, 64, 128, 128
 
 
+_few_row_kernels = True   # cublas_projections
+
+
+@contextlib.contextmanager
+def cublas_projections():
+    """Inside it, `project` and `project_silu` run cuBLAS at every row count, never the GEMV or
+    gemm_rows: for a tail step of GEMM_ROWS_MAX rows or fewer, whose rows must get the sums of the
+    full step of more rows, which runs cuBLAS (tts_cli.engine.TAIL_MIN_ROWS). Read when a call is
+    traced, so it holds in the CUDA graphs captured inside it."""
+    global _few_row_kernels
+    before, _few_row_kernels = _few_row_kernels, False
+    try:
+        yield
+    finally:
+        _few_row_kernels = before
+
+
 def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `project` runs this projection on gemm_rows: GEMM_ROWS_MIN to GEMM_ROWS_MAX fp16 rows
-    over fp16 weights on CUDA, N a multiple of 16 and K of its chunk."""
+    over fp16 weights on CUDA, N a multiple of 16 and K of its chunk (not inside cublas_projections)."""
     n, k = weight.shape
-    return x.is_cuda and x.dtype == weight.dtype == torch.float16 and GEMM_ROWS_MIN <= x.shape[0] <= GEMM_ROWS_MAX \
+    return _few_row_kernels and x.is_cuda and x.dtype == weight.dtype == torch.float16 and GEMM_ROWS_MIN <= x.shape[0] <= GEMM_ROWS_MAX \
         and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 and x.is_contiguous() and weight.is_contiguous()
 
 
@@ -318,7 +337,7 @@ def project(x_parts: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     elif gemm_rows_fits(x_parts, weight):
         out = gemm_rows(x_parts, weight, partial_sums)
     elif x_parts.dtype == torch.float32:
-        out = x_parts @ weight.t()
+        out = torch.mm(x_parts, weight.t())   # (torch.mm: a tail step's PaddedGEMMs pads it)
     else:
         out = torch.mm(x_parts, weight.t(), out_dtype=torch.float32)
     if bias is not None:

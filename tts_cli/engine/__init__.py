@@ -42,11 +42,15 @@ INVARIANT_GEMM_ROWS = 256
 # first rows / 2 (then rows / 4 ...) slots, and the steps run on graphs of that many rows: the ragged
 # end of a run then steps half-empty graphs at most, not a 512-row graph for a few rows. A row's
 # numbers must stay those of the full step (batch invariance), so: not below TAIL_MIN_ROWS, down to
-# which every kernel of ours picks its variant as at more rows (tts_kernels picks by rows up to 64);
-# the talker's and code predictor's cuBLAS GEMMs (M = rows) padded to INVARIANT_GEMM_ROWS; the codec's
-# (F.linear, addmm) padded to the full step's shapes: without that, a 128-row tail of a 256-row engine
-# gave a seeded row the same codes and other PCM (tests/test_gpu.py on the H200, 2026-12-04).
-TAIL_MIN_ROWS = 128
+# which every kernel of ours picks its variant as at more rows (the attention kernels by rows up to
+# 64); the talker's and code predictor's projections on cuBLAS (at 64 rows they would take
+# gemm_rows) with their GEMMs (M = rows) padded to INVARIANT_GEMM_ROWS, and the code predictor's loop
+# (not the persistent kernel); the codec's GEMMs (F.linear, addmm) padded to the full step's shapes:
+# without that, a 128-row tail of a 256-row engine gave a seeded row the same codes and other PCM
+# (tests/test_gpu.py on the H200, 2026-12-04). Down to 64 rather than 128: priced by
+# tools/slot_occupancy.py --tail-min-rows 64 (CPU, 2026-12-05) at c128 1021 -> 1060, c256 1275 -> 1332,
+# c512 1666 -> 1687 audio-s/s (slots busy 86 -> 91%, 85 -> 90%, 92 -> 93%).
+TAIL_MIN_ROWS = 64
 
 
 def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:

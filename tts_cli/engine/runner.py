@@ -22,7 +22,7 @@ requests wait), the window is decoded at once instead of stepping idle slots to 
 Once the queue is empty, the ragged end of a run (a few long requests still speaking while the
 other slots idle) runs on tail steps: at a window boundary the requests still speaking move into the
 first slots (SlotState.move) of the smallest tail step that holds them, rows / 2, rows / 4 ... (by
-default on CUDA from 256 rows, down to 128: tts_cli.engine.tail_rows_for), a DecodeStep over the first
+default on CUDA from 128 rows, down to 64: tts_cli.engine.tail_rows_for), a DecodeStep over the first
 slots' views (SlotState.head) whose graphs share the full step's memory pool. A request's numbers are
 the same in either step, so its audio is too (tests: test_engine.py, test_gpu.py).
 
@@ -301,9 +301,11 @@ class Engine:
         pin = device.type == "cuda"
         self._levels = [self._new_level(self.step, pin)]
         for n in tail_rows:
-            projections = PaddedGEMMs(min_rows=INVARIANT_GEMM_ROWS)
+            projections = PaddedGEMMs(min_rows=INVARIANT_GEMM_ROWS, scale=rows // n, cublas=kernels)
             padded = {"depth": projections, "talker": projections, "codec": PaddedGEMMs(scale=rows // n)}
-            step = DecodeStep(model, codec, self.state.head(n), use_graphs, top_p, kernels=kernels, depth=depth,
+            # the code predictor's loop, as a full step of more than 64 rows runs it (a tail of 64
+            # rows would take the persistent kernel under `auto`)
+            step = DecodeStep(model, codec, self.state.head(n), use_graphs, top_p, kernels=kernels, depth="loop",
                               pool=self.step.pool, padded_gemms=padded)
             self._levels.append(self._new_level(step, pin))
         self._level = self._levels[0]   # the step launched now

@@ -56,18 +56,35 @@ def auto_prefers_loop(weights: torch.dtype, rows: int) -> str | None:
 class PaddedGEMMs(TorchFunctionMode):
     """Inside it, cuBLAS GEMMs run on inputs padded with rows, the padding's outputs dropped:
     torch.mm of fewer than `min_rows` rows (the talker's and code predictor's projections,
-    tts_kernels.linear) on `min_rows`, and F.linear and torch.addmm (the codec's) on `scale` times
-    their rows. cuBLAS picks its kernel, and so a row's summation order, by shape; a tail step
-    (runner) runs in it so that its rows get the sums the full step gives them (tts_cli.engine)."""
+    tts_kernels.linear: with `cublas` they take cuBLAS at every row count, cublas_projections) on
+    `min_rows`, or on `scale` times their rows where that is fewer (the full step's shape, below
+    INVARIANT_GEMM_ROWS), and F.linear and torch.addmm (the codec's) on `scale` times their rows.
+    cuBLAS picks its kernel, and so a row's summation order, by shape; a tail step (runner) runs in
+    it so that its rows get the sums the full step gives them (tts_cli.engine)."""
 
-    def __init__(self, min_rows: int = 0, scale: int = 1):
+    def __init__(self, min_rows: int = 0, scale: int = 1, cublas: bool = False):
         super().__init__()
-        self.min_rows, self.scale = min_rows, scale
+        self.min_rows, self.scale, self.cublas = min_rows, scale, cublas
+        self._entered: list[contextlib.ExitStack] = []   # one per (nested) entry
+
+    def __enter__(self):
+        stack = contextlib.ExitStack()
+        if self.cublas:
+            from tts_kernels.linear import cublas_projections
+            stack.enter_context(cublas_projections())
+        self._entered.append(stack)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._entered.pop().close()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.mm and args[0].shape[0] < self.min_rows:
-            return self._padded(func, args, 0, self.min_rows, kwargs)
+            return self._padded(func, args, 0, min(self.min_rows, args[0].shape[0] * self.scale), kwargs)
         if func is F.linear and self.scale > 1:
             return self._padded(func, args, 0, args[0].shape[0] * self.scale, kwargs)
         if func is torch.addmm and self.scale > 1:

@@ -506,6 +506,8 @@ def test_a_stop_writes_the_rows_a_gpus_worker_already_sent(tmp_path, worker):
 INTERRUPT_THE_CLI_IMPORT = """
 import os, signal, sys
 
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as Python sets it, unless started with SIGINT ignored
+
 class InterruptTheCliImport:
     def find_spec(self, name, path=None, target=None):
         if name == "tts_cli.cli":

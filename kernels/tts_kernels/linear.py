@@ -174,8 +174,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def takes_gemv(x_parts: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `project` runs this input through the GEMV kernel: one fp16 row on the GPU (not
     inside cublas_projections)."""
-    return _few_row_kernels and x_parts.device.type != "cpu" and x_parts.shape[0] == 1 and x_parts.dtype == torch.float16 \
-        and x_parts.is_contiguous() and weight.is_contiguous()
+    return _few_row_kernels and x_parts.device.type != "cpu" and x_parts.shape[0] == 1 \
+        and x_parts.dtype == torch.float16 and x_parts.is_contiguous() and weight.is_contiguous()
 
 
 @triton.jit
@@ -266,8 +266,9 @@ def gemm_rows_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `project` runs this projection on gemm_rows: GEMM_ROWS_MIN to GEMM_ROWS_MAX fp16 rows
     over fp16 weights on CUDA, N a multiple of 16 and K of its chunk (not inside cublas_projections)."""
     n, k = weight.shape
-    return _few_row_kernels and x.is_cuda and x.dtype == weight.dtype == torch.float16 and GEMM_ROWS_MIN <= x.shape[0] <= GEMM_ROWS_MAX \
-        and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 and x.is_contiguous() and weight.is_contiguous()
+    return _few_row_kernels and x.is_cuda and x.dtype == weight.dtype == torch.float16 \
+        and GEMM_ROWS_MIN <= x.shape[0] <= GEMM_ROWS_MAX and n % 16 == 0 and k % GEMM_ROWS_BLOCK_K == 0 \
+        and x.is_contiguous() and weight.is_contiguous()
 
 
 @dataclass(frozen=True)

@@ -243,9 +243,8 @@ def _synthesize_with_local_ray(manifest: Path, out: Path, **options) -> dict[str
 @needs_bundled_model
 @needs_ray
 def test_ray_data_path_in_local_mode(tmp_path):
-    """Also: a row without an id fails (a batch knows no row numbers: two such rows of two batches
-    were both '000001', with one audio); ids that sanitize alike keep paths apart; a base seed near
-    the top of 64 bits wraps (it overflowed)."""
+    """Also: a row without an id is named by its row number; ids that sanitize alike keep paths apart; a base seed
+    near the top of 64 bits wraps (it overflowed)."""
     manifest = tmp_path / "m.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c", "a", None, "x y", "x_y"],
                              "text": ["Hello there.", "Second row.", "", "Again.", "No id.", "Spaced.", "Joined."],
@@ -259,7 +258,7 @@ def test_ray_data_path_in_local_mode(tmp_path):
     assert rows["c"]["error"] == "empty text" and rows["c"]["audio"] is None
     assert rows["a*"]["error"] == ("duplicate id 'a' (within its Ray batch, whose first row with it keeps it; "
                                    "duplicates in other batches are not found)")
-    assert rows["000005"]["error"] == "no id: the Ray path names rows by their id column only"
+    assert rows["000005"]["error"] is None and rows["000005"]["audio"]["path"] == "000005.flac"
     assert rows["x_y"]["audio"]["path"] == "x_y.flac" and rows["x y"]["audio"]["path"].startswith("x_y-")
 
 
@@ -287,6 +286,27 @@ def test_the_ray_path_clones_voices_as_tts_synth_does(tmp_path):
         synth_audio, _ = sf.read(tmp_path / "synth" / f"{row_id}.flac", dtype="int16")
         assert len(ray_audio) > 0 and (ray_audio == synth_audio).all()
     assert rows["missing"]["audio"] is None and "nowhere.wav" in rows["missing"]["error"]
+
+
+@needs_bundled_model
+@needs_ray
+def test_the_ray_path_names_rows_without_an_id_by_their_row_number_across_batches(tmp_path):
+    """Rows were numbered within their Ray batch: those without an id in two batches were both '000001' (and
+    failed); a manifest without an id column was refused. Now each is named by its row in the manifest, as tts synth
+    names it, whichever batch it lands in."""
+    manifest = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"id": [None, "b", None, " ", "e"], "text": ["One.", "Two.", "Three.", "Four.", "Five."]}),
+                   manifest)
+    rows = _synthesize_with_local_ray(manifest, tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, max_frames=1,
+                                      greedy=True, rows_per_batch=2)
+    assert sorted(rows) == ["000001", "000003", "000004", "b", "e"]
+    assert [rows[row_id]["error"] for row_id in sorted(rows)] == [None] * 5
+    assert rows["000003"]["text"] == "Three." and rows["000003"]["audio"]["path"] == "000003.flac"
+    pq.write_table(pa.table({"text": ["One.", "Two.", "Three."]}), manifest)
+    rows = _synthesize_with_local_ray(manifest, tmp_path / "no-id-column", model_dir=cli.BUNDLED_MODEL_DIR,
+                                      max_frames=1, greedy=True, rows_per_batch=2)
+    assert {row_id: row["text"] for row_id, row in rows.items()} == {"000001": "One.", "000002": "Two.",
+                                                                     "000003": "Three."}
 
 
 @needs_bundled_model
@@ -328,15 +348,15 @@ BASE_MODEL = REPO / "tests" / "fixtures" / "tiny-1.7b-base"
 def test_the_ray_path_refuses_voice_arguments_before_it_reads_the_manifest(tmp_path, monkeypatch, model, arguments,
                                                                            message):
     """The Ray path runs tts synth's check of its voice options (tests/test_voice_job.py), naming its keyword
-    arguments: a value the checkpoint cannot take stops it before Ray reads a row, instead of failing every
-    row once the actors have loaded the model. Ray stands in here by a module that refuses to read."""
+    arguments: a value the checkpoint cannot take stops it before a row is read, instead of failing every
+    row once the actors have loaded the model. Ray stands in here by an empty module, and the manifest's reader
+    refuses to read."""
     from tts_cli.scale.ray_data import synthesize_with_ray
 
-    def read_parquet(*args, **kwargs):
-        raise AssertionError("Ray was asked to read the manifest: the voice arguments were not checked first")
+    def read_table(*args, **kwargs):
+        raise AssertionError("the manifest was read: the voice arguments were not checked first")
 
     ray_data = types.ModuleType("ray.data")
-    ray_data.read_parquet = read_parquet
     ray = types.ModuleType("ray")
     ray.data = ray_data
     monkeypatch.setitem(sys.modules, "ray", ray)
@@ -344,26 +364,26 @@ def test_the_ray_path_refuses_voice_arguments_before_it_reads_the_manifest(tmp_p
     monkeypatch.chdir(tmp_path)
     sf.write(tmp_path / "me.wav", [0.3, -0.3] * 15000, 24000, subtype="PCM_16")
     pq.write_table(pa.table({"id": ["a"], "text": ["One line to speak."]}), tmp_path / "m.parquet")
+    monkeypatch.setattr(pq, "read_table", read_table)
     with pytest.raises(TTSError) as refused:
         synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=model, **arguments)
     assert message in str(refused.value)
 
 
 def _recording_ray(monkeypatch, table: pa.Table) -> dict:
-    """Ray, stood in by a module that reads `table` and records what it is given instead of running: the
-    actors' constructor arguments, and the paths read and written ("read", "write")."""
+    """Ray, stood in by a module that records what it is given instead of running, and the manifest's reader by
+    one that reads `table`: the path read ("read"), the actors' constructor arguments, and the path written
+    ("write")."""
     seen = {}
 
     class Dataset:
-        def schema(self):
-            return types.SimpleNamespace(base_schema=table.schema)
-
         def map_batches(self, actor, fn_constructor_kwargs, **options):
             seen.update(fn_constructor_kwargs)
             return types.SimpleNamespace(write_parquet=lambda path: seen.update(write=path))
 
+    monkeypatch.setattr(pq, "read_table", lambda path: seen.update(read=path) or table)
     ray_data = types.ModuleType("ray.data")
-    ray_data.read_parquet = lambda path: seen.update(read=path) or Dataset()
+    ray_data.from_arrow = lambda batches: Dataset()
     ray_data.ActorPoolStrategy = lambda size: None
     ray = types.ModuleType("ray")
     ray.data = ray_data
@@ -376,7 +396,7 @@ def _recording_ray(monkeypatch, table: pa.Table) -> dict:
 def test_the_ray_path_gives_ray_and_its_actors_absolute_paths(tmp_path, monkeypatch):
     """Ray's tasks and the actors run in a working folder of their own (a runtime_env working_dir, another
     node's): a relative manifest was not found, a relative model_dir failed every actor, and a relative
-    out_dir's shards went to their folder, leaving out_dir empty. URIs are Ray's to read as they are."""
+    out_dir's shards went to their folder, leaving out_dir empty. URIs are pyarrow's and Ray's to read as they are."""
     import os
 
     from tts_cli.scale.ray_data import synthesize_with_ray

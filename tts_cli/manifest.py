@@ -368,20 +368,7 @@ def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path(
     """The rows of a table that passed check_schema; row indexes count from the table's first row;
     relative ref_audio paths start from base_dir (the manifest's folder). A seed that is not an integer
     (1.5 in a float column) raises TTSError, or with bad_seed_fails_row fails its row alone."""
-    import pyarrow as pa
-
-    def column(name: str) -> list:
-        if name not in table.column_names:
-            return [None] * table.num_rows
-        values = table.column(name)
-        if pa.types.is_dictionary(values.type):
-            values = values.cast(values.type.value_type)
-        # Strings travel as bytes so that a cell that is not UTF-8 fails alone, not the whole column.
-        if _is_text(values.type) and not pa.types.is_null(values.type):
-            values = values.cast(pa.large_binary())
-        return values.to_pylist()
-
-    columns = {name: column(name) for name in PARQUET_COLUMNS}
+    columns = {name: _cells(table, name) for name in PARQUET_COLUMNS}
     rows = []
     for index in range(table.num_rows):
         cells = {name: values[index] for name, values in columns.items()}
@@ -404,6 +391,39 @@ def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path(
             ref_text=cells["ref_text"], x_vector_only=cells["x_vector_only"], base_dir=base_dir,
             problem=next((p for p in problems if p), None)))
     return rows
+
+
+def with_row_ids(table):
+    """The table (one that passed check_schema) with an id in every row: a missing or blank one is the row's
+    default_id, as rows_from_table gives it, for readers that split the table into parts (Ray batches), where a row's
+    index in its part is not its row number. The ids become UTF-8 bytes, which rows_from_table reads as it reads
+    a text id column."""
+    import pyarrow as pa
+
+    def row_id(index: int, cell) -> bytes:
+        if isinstance(cell, bytes):   # kept as it is: one that is not UTF-8 fails its row in rows_from_table
+            return cell if _decode(cell, "id")[0].strip() else default_id(index).encode()
+        return default_id(index).encode() if cell is None else str(cell).encode()   # (an integer id)
+
+    ids = pa.array([row_id(index, cell) for index, cell in enumerate(_cells(table, "id"))], pa.large_binary())
+    if "id" in table.column_names:
+        return table.set_column(table.column_names.index("id"), "id", ids)
+    return table.append_column("id", ids)
+
+
+def _cells(table, name: str) -> list:
+    """A column's cells, None for each where the table has no such column."""
+    import pyarrow as pa
+
+    if name not in table.column_names:
+        return [None] * table.num_rows
+    values = table.column(name)
+    if pa.types.is_dictionary(values.type):
+        values = values.cast(values.type.value_type)
+    # Strings travel as bytes so that a cell that is not UTF-8 fails alone, not the whole column.
+    if _is_text(values.type) and not pa.types.is_null(values.type):
+        values = values.cast(pa.large_binary())
+    return values.to_pylist()
 
 
 def _string_or(value, default: str) -> str:

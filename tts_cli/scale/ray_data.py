@@ -1,6 +1,7 @@
 """The Ray Data path, for clusters: `tts synth`'s synthesis as a Ray Data pipeline.
 
-    read_parquet(manifest) -> map_batches(SynthesizerActor, fixed actor pool, a GPU each) -> write_parquet(out)
+    read_table(manifest) -> ids -> from_arrow -> map_batches(SynthesizerActor, fixed actor pool, a GPU each)
+                                         -> write_parquet(out)
 
 Each actor loads the synthesizer once and runs the same code as `tts synth` on its batches (row
 checks, long-text segments, out-of-memory recovery, crossfade joins). The output shards have the
@@ -8,10 +9,11 @@ columns of `tts synth --format parquet` (audio as a `datasets` Audio struct of F
 `frames` and `error` (null audio for a failed row). Ray Data schedules, retries tasks whose
 worker or node failed, and writes; an error of synthesis itself (a bug, a device fault) fails its
 block's rows, with the error, and the others are kept. There is no ledger: rerun into a fresh output
-folder (one that holds anything is refused). The manifest needs an `id` in every row (a row without
-one fails: a Ray batch does not know its row number), and a row without a `seed` draws with
-base_seed + a hash of its id (tts synth uses the row index); duplicate ids are found only within a
-batch. A row's audio path is its sanitized id, with a hash of the id where sanitizing changed it.
+folder (one that holds anything is refused). This process reads the manifest (its text, no audio) to give
+a row without an `id` its row number, as tts synth does, before the rows are split into batches (a batch
+does not know where its rows were); a row without a `seed` draws with base_seed + a hash of its id (tts
+synth uses the row index); duplicate ids are found only within a batch. A row's audio path is its
+sanitized id, with a hash of the id where sanitizing changed it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
 (relative paths start from the manifest's folder); each actor encodes each distinct reference once,
@@ -30,7 +32,7 @@ from pathlib import Path
 
 from ..errors import TTSError
 from ..manifest import (DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_references, check_schema, default_reference_path,
-                        mark_duplicate_ids, rows_from_table)
+                        mark_duplicate_ids, rows_from_table, with_row_ids)
 from ..output.writer import sanitize_id
 from ..recipe import wrapped_seed
 from .shard import stable_id_number
@@ -45,15 +47,15 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
                         segment_chars: int = 300, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
                         ref_audio: str | None = None, ref_text: str | None = None,
                         x_vector_only: bool = False) -> None:
-    """Synthesize a parquet manifest (any path ray.data.read_parquet reads) into parquet shards in
-    out_dir, on the Ray cluster this process is connected to (ray.init first). On GPUs: device="cuda"
-    and gpus_per_actor=1, with one actor per GPU. speaker: of the rows that name none (default: vivian
-    on a CustomVoice checkpoint, none on Base and VoiceDesign ones). ref_audio, ref_text,
-    x_vector_only: the voice of the rows that name none (tts synth's --ref-audio, --ref-text,
-    --x-vector-only); ref_audio relative to the working folder, and a blank one none, as tts synth reads
-    them. Local paths (manifest, out_dir, model_dir, ref_audio) start from this process's working folder,
-    not the actors'. Voice arguments that its rows cannot take raise TTSError before Ray reads the manifest: tts
-    synth's check of its voice options; so do counts below 1 (actors ... max_frames)."""
+    """Synthesize a parquet manifest (a file, a folder or a URI that pyarrow.parquet.read_table reads, in this
+    process) into parquet shards in out_dir, on the Ray cluster this process is connected to (ray.init first). On
+    GPUs: device="cuda" and gpus_per_actor=1, with one actor per GPU. speaker: of the rows that name none (default:
+    vivian on a CustomVoice checkpoint, none on Base and VoiceDesign ones). ref_audio, ref_text, x_vector_only: the
+    voice of the rows that name none (tts synth's --ref-audio, --ref-text, --x-vector-only); ref_audio relative to
+    the working folder, and a blank one none, as tts synth reads them. Local paths (manifest, out_dir, model_dir,
+    ref_audio) start from this process's working folder, not the actors'. Voice arguments that its rows cannot take
+    raise TTSError before the manifest is read: tts synth's check of its voice options; so do counts below 1
+    (actors ... max_frames)."""
     import ray.data
 
     from ..checkpoint import CUSTOM_VOICE, open_checkpoint
@@ -81,11 +83,10 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
 
     check_fresh_folder(out_dir)
 
-    dataset = ray.data.read_parquet(str(manifest))
-    schema = dataset.schema().base_schema
-    check_schema(schema, manifest)
-    if "id" not in schema.names:
-        raise TTSError(f"{manifest}: the Ray path needs an 'id' column (rows are read in parallel, without row numbers)")
+    table = read_manifest_table(str(manifest))
+    # A block per batch: the actors share out blocks, and the manifest as one block would go to one actor.
+    dataset = ray.data.from_arrow([table.slice(start, rows_per_batch)
+                                   for start in range(0, table.num_rows, rows_per_batch)])
     dataset.map_batches(
         SynthesizerActor, batch_size=rows_per_batch, batch_format="pyarrow",
         compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=gpus_per_actor or None,
@@ -96,6 +97,19 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
             greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call,
             references_base=str(Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent)),
     ).write_parquet(str(out_dir))
+
+
+def read_manifest_table(manifest: str):
+    """The manifest's rows, each with an id (with_row_ids); raises TTSError naming the manifest where pyarrow cannot
+    read it, or check_schema refuses it."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(manifest)
+    except Exception as e:  # pyarrow raises several unrelated types for a bad file
+        raise TTSError(f"{manifest}: cannot read as parquet: {e}") from e
+    check_schema(table.schema, manifest)
+    return with_row_ids(table)
 
 
 def check_fresh_folder(out_dir: str) -> None:
@@ -148,18 +162,13 @@ class SynthesizerActor:
         from ..output.formats import shard_schema
         from ..output.writer import encode_audio
 
-        ids = batch.column("id").to_pylist()
-        # a batch's row numbers start at 1 whatever its place in the manifest: its first id says where it is
-        named = next((cell for cell in ids if cell is not None and str(cell).strip()), None)
         # bad_seed_fails_row: raised here, one cell's error would fail the whole run, found only once it reached it
-        rows = rows_from_table(batch, self.defaults, f"the Ray batch with id {named!r}" if named else "a Ray batch",
-                               base_dir=self.references_base, bad_seed_fails_row=True)
+        rows = rows_from_table(batch, self.defaults, "a Ray batch", base_dir=self.references_base,
+                               bad_seed_fails_row=True)
         seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
-        for row, seed, cell in zip(rows, seeds, ids):
+        for row, seed in zip(rows, seeds):
             if seed is None:
                 row.request.seed = wrapped_seed(self.defaults.base_seed + stable_id_number(row.request.id) % 2**31)
-            if cell is None or not str(cell).strip():   # a row number is not known across blocks
-                row.problem = row.problem or "no id: the Ray path names rows by their id column only"
         mark_duplicate_ids(rows, "within its Ray batch, whose first row with it keeps it; duplicates in other "
                                  "batches are not found")
         check_references(rows)

@@ -2,6 +2,7 @@
 import importlib.util
 import io
 import json
+import re
 import signal
 import sys
 import types
@@ -442,6 +443,17 @@ def test_the_ray_path_refuses_an_output_folder_that_holds_files(tmp_path, monkey
     with pytest.raises(TTSError, match="cannot use .*shard-0.parquet as the output folder: .*Not a directory"):
         synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out" / "shard-0.parquet",
                             model_dir=cli.BUNDLED_MODEL_DIR)
+
+
+@needs_bundled_model
+def test_the_ray_path_refuses_a_manifest_without_rows(tmp_path, monkeypatch):
+    """tts synth exits 2 on such a manifest; the Ray path returned as if done, having written nothing."""
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    seen = _recording_ray(monkeypatch, pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}))
+    with pytest.raises(TTSError, match=f"^{re.escape(str(tmp_path / 'm.parquet'))}: no rows$"):
+        synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR)
+    assert "write" not in seen
 
 
 @needs_bundled_model

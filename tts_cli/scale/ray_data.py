@@ -101,7 +101,7 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
 
 def read_manifest_table(manifest: str):
     """The manifest's rows, each with an id (with_row_ids); raises TTSError naming the manifest where pyarrow cannot
-    read it, or check_schema refuses it."""
+    read it, check_schema refuses it, or it has no rows (as tts synth does)."""
     import pyarrow.parquet as pq
 
     try:
@@ -109,6 +109,8 @@ def read_manifest_table(manifest: str):
     except Exception as e:  # pyarrow raises several unrelated types for a bad file
         raise TTSError(f"{manifest}: cannot read as parquet: {e}") from e
     check_schema(table.schema, manifest)
+    if not table.num_rows:   # Ray would write no shard, and the run would look done
+        raise TTSError(f"{manifest}: no rows")
     return with_row_ids(table)
 
 

@@ -457,6 +457,20 @@ def test_the_ray_path_refuses_a_manifest_without_rows(tmp_path, monkeypatch):
 
 
 @needs_bundled_model
+def test_the_ray_path_names_max_text_chars_as_its_caller_set_it(tmp_path, monkeypatch):
+    """A text over the limit failed with "(--max-text-chars)", an option the Python API does not have. The rows are
+    made here as the actors make them, from the arguments Ray would give them."""
+    from tts_cli.manifest import rows_from_table
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    table = pa.table({"id": ["long", "short"], "text": ["Eleven char", "Ten chars."]})
+    actor_arguments = _recording_ray(monkeypatch, table)
+    synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, max_text_chars=10)
+    rows = rows_from_table(table, actor_arguments["defaults"], "a Ray batch")
+    assert [row.problem for row in rows] == ["text is 11 characters, over the limit of 10 (max_text_chars)", None]
+
+
+@needs_bundled_model
 def test_the_ray_path_takes_a_blank_ref_audio_for_none_as_tts_synth_does(tmp_path, monkeypatch):
     """ref_audio="  " passed the voice check as no reference, then was resolved to the working folder, which every
     row without a reference of its own took for its reference, and failed. The rows are made here as the actors

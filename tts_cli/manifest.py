@@ -63,6 +63,8 @@ class RowDefaults:
     ref_audio: str | None = None
     ref_text: str | None = None
     x_vector_only: bool = False
+    # What sets max_text_chars, as its messages name it: the Python API's keyword (the Ray path's) is no CLI option.
+    max_text_chars_name: str = "--max-text-chars"
     # False for a checkpoint that ignores instructions (CustomVoice 0.6B, as the official code does): a
     # row's instruct is then left out of it (the report says so), not a setting a rerun must repeat.
     takes_instruct: bool = True
@@ -235,10 +237,12 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
         ref_text=_string_or(ref_text, "" if own_reference else (defaults.ref_text or "").strip()) or None,
         x_vector_only=x_vector_only,
     )
-    ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars)
+    ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars,
+                                                         defaults.max_text_chars_name)
     instruct_problem = request.instruct and text_problem(request.instruct, MAX_INSTRUCT_CHARS, "instructs")
     ref_audio_problem = reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
-    problem = (problem or id_problem(row_id) or text_problem(text, defaults.max_text_chars) or flag_problem
+    problem = (problem or id_problem(row_id)
+               or text_problem(text, defaults.max_text_chars, defaults.max_text_chars_name) or flag_problem
                or seed_problem(request.seed) or ref_audio_problem or pairing_problem
                or (ref_text_problem and f"ref_text: {ref_text_problem}")
                or (instruct_problem and f"instruct: {instruct_problem}")

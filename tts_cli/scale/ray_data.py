@@ -93,7 +93,7 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
         fn_constructor_kwargs=dict(
             model_dir=str(model_dir), device=device,
             defaults=RowDefaults(speaker, language, base_seed, max_text_chars, ref_audio=ref_audio, ref_text=ref_text,
-                                 x_vector_only=x_vector_only),
+                                 x_vector_only=x_vector_only, max_text_chars_name="max_text_chars"),
             greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call,
             references_base=str(Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent)),
     ).write_parquet(str(out_dir))

@@ -470,6 +470,28 @@ def test_the_ray_path_names_max_text_chars_as_its_caller_set_it(tmp_path, monkey
     assert [row.problem for row in rows] == ["text is 11 characters, over the limit of 10 (max_text_chars)", None]
 
 
+def test_the_ray_path_fails_a_relative_ref_audio_of_a_remote_manifest(tmp_path, monkeypatch):
+    """A relative ref_audio starts from the manifest's folder: for s3://bucket/data/m.parquet that was the local path
+    s3:/bucket/data under the working folder, and for a file:// manifest file:/..., where no reference is. The actors
+    read local reference files only: such a row fails, saying so, while an absolute path still names a local file,
+    and a file:// manifest's folder is local. The rows are made here as the actors make them; nothing is read from
+    the network (the manifest's reader stands in)."""
+    from tts_cli.manifest import rows_from_table
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    table = pa.table({"id": ["relative", "absolute"], "text": ["One.", "Two."],
+                      "ref_audio": ["refs/v.wav", str(tmp_path / "v.wav")], "x_vector_only": [True, True]})
+    actor_arguments = _recording_ray(monkeypatch, table)
+    synthesize_with_ray("s3://bucket/data/m.parquet", tmp_path / "out", model_dir=BASE_MODEL)
+    assert actor_arguments["references_base"] is None
+    relative, absolute = rows_from_table(table, actor_arguments["defaults"], "a Ray batch", base_dir=None)
+    assert relative.problem == ("ref_audio 'refs/v.wav' is relative to a remote manifest (a URI): tts reads reference "
+                                "files from local paths only; give an absolute path that every actor can read")
+    assert absolute.problem is None and absolute.request.ref_audio == str(tmp_path / "v.wav")
+    synthesize_with_ray(f"file://{tmp_path}/data/m.parquet", tmp_path / "out", model_dir=BASE_MODEL)
+    assert actor_arguments["references_base"] == str(tmp_path / "data")
+
+
 @needs_bundled_model
 def test_the_ray_path_takes_a_blank_ref_audio_for_none_as_tts_synth_does(tmp_path, monkeypatch):
     """ref_audio="  " passed the voice check as no reference, then was resolved to the working folder, which every

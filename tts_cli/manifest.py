@@ -27,6 +27,7 @@ included, so a row's seed does not change when other rows are added to or remove
 """
 from __future__ import annotations
 
+import os
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -214,8 +215,8 @@ def _decode(data: bytes, what: str) -> tuple[str, str | None]:
 
 def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, *, speaker=None,
               language=None, instruct=None, seed=None, ref_audio=None, ref_text=None, x_vector_only=None,
-              base_dir: Path = Path("."), problem: str | None = None) -> ManifestRow:
-    """base_dir: the folder a ref_audio cell is relative to (the manifest's)."""
+              base_dir: Path | None = Path("."), problem: str | None = None) -> ManifestRow:
+    """base_dir: the folder a ref_audio cell is relative to (the manifest's); None for a remote manifest's."""
     text = text.strip()
     row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
     # A transcript is of one file: --ref-text goes with --ref-audio, a row's ref_text with its ref_audio.
@@ -240,7 +241,11 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     ref_text_problem = request.ref_text and text_problem(request.ref_text, defaults.max_text_chars,
                                                          defaults.max_text_chars_name)
     instruct_problem = request.instruct and text_problem(request.instruct, MAX_INSTRUCT_CHARS, "instructs")
-    ref_audio_problem = reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
+    ref_audio_problem = (reference_value_problem(_string_or(ref_audio, defaults.ref_audio or ""))
+                         or (base_dir is None and own_reference and not os.path.isabs(request.ref_audio)
+                             and f"ref_audio {request.ref_audio!r} is relative to a remote manifest (a URI): tts "
+                                 "reads reference files from local paths only; give an absolute path that every "
+                                 "actor can read"))
     problem = (problem or id_problem(row_id)
                or text_problem(text, defaults.max_text_chars, defaults.max_text_chars_name) or flag_problem
                or seed_problem(request.seed) or ref_audio_problem or pairing_problem
@@ -257,9 +262,11 @@ def seed_problem(seed: int) -> str | None:
     return None
 
 
-def _reference_path(cell, defaults: RowDefaults, base_dir: Path) -> str | None:
+def _reference_path(cell, defaults: RowDefaults, base_dir: Path | None) -> str | None:
     """The row's reference file: its cell relative to base_dir, else the default relative to the
     working folder, else None (no cloning)."""
+    if _string_or(cell, "") and base_dir is None:   # a remote manifest's: a relative cell fails its row (_make_row)
+        return os.path.normpath(os.path.expanduser(_string_or(cell, "")))
     if _string_or(cell, ""):
         return resolve_reference_path(_string_or(cell, ""), base_dir)
     return default_reference_path(defaults.ref_audio)
@@ -367,11 +374,12 @@ def check_schema(schema, source) -> None:
             raise TTSError(f"{source}: column '{name}' has type {schema.field(name).type}; expected {expected}")
 
 
-def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path = Path("."),
+def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path | None = Path("."),
                     bad_seed_fails_row: bool = False) -> list[ManifestRow]:
     """The rows of a table that passed check_schema; row indexes count from the table's first row;
-    relative ref_audio paths start from base_dir (the manifest's folder). A seed that is not an integer
-    (1.5 in a float column) raises TTSError, or with bad_seed_fails_row fails its row alone."""
+    relative ref_audio paths start from base_dir (the manifest's folder; None for a remote manifest, whose rows
+    with a relative one fail). A seed that is not an integer (1.5 in a float column) raises TTSError, or with
+    bad_seed_fails_row fails its row alone."""
     columns = {name: _cells(table, name) for name in PARQUET_COLUMNS}
     rows = []
     for index in range(table.num_rows):

@@ -16,7 +16,8 @@ synth uses the row index); duplicate ids are found only within a batch. A row's 
 sanitized id, with a hash of the id where sanitizing changed it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
-(relative paths start from the manifest's folder); each actor encodes each distinct reference once,
+(relative paths start from the manifest's folder; a row with one fails where the manifest is remote, a URI
+other than file://); each actor encodes each distinct reference once,
 into a temporary folder of its own, as `tts synth` does into OUT/.references. The voice arguments
 go through tts synth's check of its voice options (tts_cli/voice/checks.py) before Ray reads a row.
 
@@ -28,6 +29,8 @@ import hashlib
 import logging
 import os
 import tempfile
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from ..errors import TTSError
@@ -95,8 +98,20 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
             defaults=RowDefaults(speaker, language, base_seed, max_text_chars, ref_audio=ref_audio, ref_text=ref_text,
                                  x_vector_only=x_vector_only, max_text_chars_name="max_text_chars"),
             greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call,
-            references_base=str(Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent)),
+            references_base=references_folder(str(manifest))),
     ).write_parquet(str(out_dir))
+
+
+def references_folder(manifest: str) -> str | None:
+    """The local folder a manifest's relative ref_audio cells start from: the manifest's own, or the manifest where it
+    is a folder of parquet files; None behind a URI other than file://, whose folder the actors cannot read reference
+    files from (they read local files only), so that such a row fails, saying so."""
+    if "://" in manifest:
+        uri = urllib.parse.urlparse(manifest)
+        if uri.scheme != "file":
+            return None
+        manifest = urllib.request.url2pathname(uri.path)
+    return manifest if os.path.isdir(manifest) else os.path.dirname(manifest)
 
 
 def read_manifest_table(manifest: str):
@@ -143,14 +158,15 @@ class SynthesizerActor:
     """One per actor of the pool: a loaded synthesizer, called on pyarrow batches of manifest rows."""
 
     def __init__(self, model_dir: str, device: str, defaults: RowDefaults, greedy: bool, max_frames: int | None,
-                 segment_chars: int, segments_per_call: int, references_base: str):
+                 segment_chars: int, segments_per_call: int, references_base: str | None):
         from ..job import JobSettings, LocalExecutor
         from ..synthesizer import Synthesizer, allow_tf32
         from ..voice.voices import Voices
 
         if device.startswith("cuda"):
             allow_tf32()
-        self.defaults, self.references_base = defaults, Path(references_base)
+        self.defaults = defaults
+        self.references_base = None if references_base is None else Path(references_base)
         self.settings = JobSettings(output_format="parquet", greedy=greedy, max_frames=max_frames,
                                     segment_chars=segment_chars, batch_size=segments_per_call, model=model_dir)
         self.references = tempfile.TemporaryDirectory(prefix="tts-references-")   # removed with the actor

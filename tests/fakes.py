@@ -1,4 +1,7 @@
 """A fake synthesizer for tests of the pipeline around the model (CLI, job, outputs, ledger)."""
+import shutil
+from pathlib import Path
+
 import numpy as np
 import torch
 
@@ -70,5 +73,12 @@ def use_fake_synthesizer(monkeypatch, tmp_path) -> FakeSynthesizer:
 
     monkeypatch.setattr(cli, "load_synthesizer", load)
     monkeypatch.delenv("TTS_MODEL", raising=False)
-    (tmp_path / "model").mkdir(exist_ok=True)
+    checkpoint_without_weights(tmp_path / "model")
     return synth
+
+
+def checkpoint_without_weights(folder: Path) -> Path:
+    """The bundled model's folder less its weights: what tts synth checks before it loads a model (config.json,
+    tokenizer, codec folder), for tests whose loader is replaced."""
+    shutil.copytree(cli.BUNDLED_MODEL_DIR, folder, ignore=shutil.ignore_patterns("*.safetensors"), dirs_exist_ok=True)
+    return folder

@@ -15,7 +15,7 @@ from tts_cli import __version__, cli, logs
 from tts_cli.errors import CheckpointError, TTSError
 from tts_cli.recipe import RECIPE_KEYS, load_recipe
 
-from fakes import SAMPLES_PER_FRAME, use_fake_synthesizer
+from fakes import SAMPLES_PER_FRAME, checkpoint_without_weights, use_fake_synthesizer
 
 runner = CliRunner()
 
@@ -171,6 +171,7 @@ def test_missing_model_dir_names_the_path(fake, tmp_path):
     manifest.write_text("Hello.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "no-such-model")
     _assert_one_red_line(result, f"model directory not found: {tmp_path / 'no-such-model'} (from --model)")
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_tts_model_dir_names_the_path_and_the_variable(fake, tmp_path):
@@ -178,6 +179,7 @@ def test_missing_tts_model_dir_names_the_path_and_the_variable(fake, tmp_path):
     manifest.write_text("Hello.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", env={"TTS_MODEL": str(tmp_path / "gone")})
     _assert_one_red_line(result, f"model directory not found: {tmp_path / 'gone'} (from $TTS_MODEL)")
+    assert not (tmp_path / "out").exists()
 
 
 def test_on_cuda_calls_carry_sixteen_times_the_engine_rows(fake, tmp_path, monkeypatch):
@@ -272,7 +274,7 @@ def test_bad_manifest_fails_before_the_model_loads(tmp_path, monkeypatch):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(cli, "load_synthesizer", must_not_load)
-    (tmp_path / "model").mkdir()
+    checkpoint_without_weights(tmp_path / "model")
     manifest = tmp_path / "m.parquet"
     pq.write_table(pa.table({"id": ["a"]}), manifest)
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
@@ -292,7 +294,7 @@ def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
         raise CheckpointError(f"{model_dir / 'config.json'}: not valid JSON")
 
     monkeypatch.setattr(cli, "load_synthesizer", broken)
-    (tmp_path / "model").mkdir()
+    checkpoint_without_weights(tmp_path / "model")
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
@@ -302,10 +304,11 @@ def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
                                           f"error: {tmp_path / 'model' / 'config.json'}: not valid JSON"]
 
 
+@pytest.mark.parametrize("given_by", ["--model", "$TTS_MODEL"])
 @pytest.mark.parametrize("existing_out", [False, True])
-@pytest.mark.parametrize("broken", ["not JSON", "missing a field"])
+@pytest.mark.parametrize("broken", ["not JSON", "missing a field", "absent"])
 def test_a_broken_checkpoint_config_stops_the_run_before_the_output_folder_is_touched(tmp_path, monkeypatch, broken,
-                                                                                     existing_out):
+                                                                                     existing_out, given_by):
     """Before the model loads and before --out is made or locked (found at load, it came after .tts-lock and
     ledger.jsonl were written there)."""
     def must_not_load(model_dir, device, engine_rows=None, depth=None, codec_precision=None, talker_precision=None):
@@ -313,25 +316,30 @@ def test_a_broken_checkpoint_config_stops_the_run_before_the_output_folder_is_to
 
     monkeypatch.setattr(cli, "load_synthesizer", must_not_load)
     monkeypatch.delenv("TTS_MODEL", raising=False)
-    config = tmp_path / "model" / "config.json"
-    config.parent.mkdir()
+    config = checkpoint_without_weights(tmp_path / "model") / "config.json"
     if broken == "not JSON":
         config.write_text("{")
-    else:
-        fields = json.loads((cli.BUNDLED_MODEL_DIR / "config.json").read_text())
+    elif broken == "missing a field":
+        fields = json.loads(config.read_text())
         del fields["tts_model_type"]
         config.write_text(json.dumps(fields))
+    else:
+        config.unlink()
     out = tmp_path / "out"
     if existing_out:
         out.mkdir()
         (out / "notes.txt").write_text("not tts's")
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
-    result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model", "--no-wer")
+    if given_by == "--model":
+        result = _invoke("synth", manifest, "--out", out, "--model", tmp_path / "model", "--no-wer")
+    else:
+        result = _invoke("synth", manifest, "--out", out, "--no-wer", env={"TTS_MODEL": str(tmp_path / "model")})
     assert result.exit_code == 2 and "Traceback" not in result.output
     [error] = result.stderr.splitlines()
-    assert error.startswith(f"error: malformed JSON in {config}: " if broken == "not JSON"
-                            else f"error: {config}: missing field 'tts_model_type'")
+    assert error.startswith({"not JSON": f"error: malformed JSON in {config}: ",
+                             "missing a field": f"error: {config}: missing field 'tts_model_type'",
+                             "absent": f"error: missing file: {config}"}[broken])
     if existing_out:
         assert [path.name for path in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "not tts's"
     else:
@@ -467,6 +475,14 @@ def test_bench_ref_seconds_within_the_references_limits_and_said_to_be_ignored_w
                      "--ref-seconds", "3", "--json", tmp_path / "b.json")
     assert result.exit_code == 0, result.output
     assert "warning: --ref-seconds 3 is ignored: the customvoice workload clones no voice" in result.output
+
+
+def test_bench_refuses_a_folder_without_config_json_before_it_makes_the_results_folder(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    result = _invoke("bench", "--device", "cpu", "--model", model, "--json", tmp_path / "results" / "bench.json")
+    _assert_one_red_line(result, f"missing file: {model / 'config.json'}")
+    assert not (tmp_path / "results").exists()
 
 
 def test_bench_rejects_bad_options():
@@ -694,7 +710,7 @@ def test_gpus_replace_the_device_and_are_said(tmp_path, cuda_seen, monkeypatch):
     monkeypatch.setattr(workers, "WorkerPool", no_workers)
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello there.\n")
-    (tmp_path / "model").mkdir()
+    checkpoint_without_weights(tmp_path / "model")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--gpus", "cpu,cpu")
     assert result.stderr.splitlines()[0] == "device: cpu,cpu (--gpus: one worker per device)"
     assert "rows: auto" not in result.stderr   # CPU workers run lockstep batches, no engine slots

@@ -128,13 +128,11 @@ def resolve_model(option: Optional[Path], given_by: str = "--model") -> ModelCho
 
 def checkpoint_config(model_dir: Path):
     """The checkpoint's config.json (its kind, speakers and languages: the row defaults, the voice options'
-    checks and the reference encoders depend on them), read before the model loads; None when the folder
-    has no config.json, which loading it reports. A folder with one is opened here and its error raised, so
-    that a broken checkpoint stops the run before the output folder is made or locked."""
+    checks and the reference encoders depend on them), read before the model loads. The folder is opened
+    whole here and its error raised (config.json missing or broken, tokenizer or codec files missing), so
+    that a folder that is no checkpoint stops the run before the output folder is made or locked."""
     from .checkpoint import open_checkpoint
 
-    if not (model_dir / "config.json").exists():
-        return None
     return open_checkpoint(model_dir).config
 
 
@@ -454,7 +452,7 @@ class SynthOptions:
 class SynthPlan:
     """What the checks of a synth run resolved, before its output folder is made and its model loads."""
     model: ModelChoice
-    kind: Optional[str]            # the checkpoint's model_type; None without config.json (loading says so)
+    kind: str                      # the checkpoint's model_type
     takes_instruct: bool           # whether the checkpoint reads a row's instruct (tts_cli.manifest.RowDefaults)
     manifest_notes: list[str]      # what reading the manifest changed or ignored, for the report
     rows: list[ManifestRow]        # this shard's rows
@@ -536,12 +534,11 @@ def check_synth(manifest_path: Path, options: SynthOptions) -> SynthPlan:
     gpus = parse_devices(options.gpus) if options.gpus is not None else None
     model = resolve_model(options.model, options.named("model"))
     cfg = checkpoint_config(model.dir)
-    kind = cfg and cfg.model_type
-    if cfg is not None:
-        check_voice_options(cfg, options.speaker, options.language, options.instruct, options.ref_audio,
-                            options.ref_text, options.x_vector_only, options.named, options.max_text_chars)
+    kind = cfg.model_type
+    check_voice_options(cfg, options.speaker, options.language, options.instruct, options.ref_audio,
+                        options.ref_text, options.x_vector_only, options.named, options.max_text_chars)
     speaker = options.speaker
-    if speaker is None and kind in (None, CUSTOM_VOICE):
+    if speaker is None and kind == CUSTOM_VOICE:
         speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(options.asr_model, required=options.wer_required) if options.wer else None
     takes_instruct = kind != CUSTOM_VOICE or cfg.supports_instruct   # (Base refuses one; VoiceDesign needs it)
@@ -978,9 +975,8 @@ def check_bench_model(spec: str, workload: str, default: bool) -> None:
     needed = model_kind(workload)
     if spec.startswith("random:"):
         return
-    cfg = checkpoint_config(Path(spec))
-    kind = cfg and cfg.model_type
-    if kind is not None and kind != needed:
+    kind = checkpoint_config(Path(spec)).model_type
+    if kind != needed:
         raise TTSError(f"--workload {workload} needs a {MODEL_KINDS[needed]} checkpoint, and {spec} is "
                        f"{MODEL_KINDS.get(kind, kind)}" + (" (the bundled tiny model, the default on cpu): give "
                                                           "--model random:0.6b or a Base checkpoint folder"

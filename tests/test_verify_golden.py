@@ -110,6 +110,16 @@ def test_refusals_name_the_reason(tmp_path):
     assert result.exit_code == 2 and f"--out {a_file}: a file, not a folder for the records" in result.output
 
 
+def test_a_folder_without_config_json_is_refused_before_the_records_folder_is_made(tmp_path):
+    """Found by the official implementation, it was a traceback after --out had been made."""
+    model = tmp_path / "model"
+    model.mkdir()
+    out = tmp_path / "records"
+    result = _invoke("--record", "--model", model, "--out", out)
+    assert result.exit_code == 2 and result.stderr.splitlines() == [f"error: missing file: {model / 'config.json'}"]
+    assert not out.exists()
+
+
 def test_records_of_another_kind_or_size_are_refused_before_any_check(tmp_path):
     fixtures = ROOT / "tests" / "fixtures"
     bundled_records = ROOT / "tts_cli" / "assets" / "golden" / "tiny-1.7b-customvoice"

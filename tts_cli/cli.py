@@ -1258,8 +1258,7 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
 
     check_dtype(dtype)
     model_dir = BUNDLED_MODEL_DIR if model is None else model
-    if not model_dir.is_dir():
-        raise TTSError(f"model directory not found: {model_dir}")
+    checkpoint_config(model_dir)   # a folder that is no checkpoint stops here, before --out is made
     if record:
         if model is None or out is None:
             raise TTSError("--record needs --model DIR (the checkpoint) and --out DIR (where the records go)")

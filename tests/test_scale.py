@@ -316,12 +316,12 @@ def test_a_seed_that_is_not_an_integer_fails_its_ray_row_not_the_run(tmp_path):
     raised, which failed the whole run, with nothing written, once Ray reached that batch. The actor is called
     here as Ray calls it, on a pyarrow batch."""
     from tts_cli.manifest import RowDefaults
-    from tts_cli.scale.ray_data import SynthesizerActor
+    from tts_cli.scale.ray_data import ROW_INDEX, SynthesizerActor
 
     actor = SynthesizerActor(str(cli.BUNDLED_MODEL_DIR), "cpu", RowDefaults("vivian", "auto", 0), greedy=True,
                              max_frames=3, segment_chars=300, segments_per_call=8, references_base=str(tmp_path))
     rows = actor(pa.table({"id": ["a", "b", "c"], "text": ["One.", "Two.", "Three."],
-                           "seed": [1.0, 1.5, None]})).to_pylist()
+                           "seed": [1.0, 1.5, None], ROW_INDEX: [0, 1, 2]})).to_pylist()
     assert [row["error"] for row in rows] == [None, "column 'seed': expected an integer, got 1.5", None]
     assert rows[0]["frames"] == rows[2]["frames"] == 3 and rows[1]["audio"] is None
 
@@ -373,18 +373,18 @@ def test_the_ray_path_refuses_voice_arguments_before_it_reads_the_manifest(tmp_p
 
 def _recording_ray(monkeypatch, table: pa.Table) -> dict:
     """Ray, stood in by a module that records what it is given instead of running, and the manifest's reader by
-    one that reads `table`: the path read ("read"), the actors' constructor arguments, and the path written
-    ("write")."""
+    one that reads `table`: the path read ("read"), the blocks ("blocks"), the actors' constructor arguments (and
+    "make_actor", which makes one with them), and the path written ("write")."""
     seen = {}
 
     class Dataset:
         def map_batches(self, actor, fn_constructor_kwargs, **options):
-            seen.update(fn_constructor_kwargs)
+            seen.update(fn_constructor_kwargs, make_actor=lambda: actor(**fn_constructor_kwargs))
             return types.SimpleNamespace(write_parquet=lambda path: seen.update(write=path))
 
     monkeypatch.setattr(pq, "read_table", lambda path: seen.update(read=path) or table)
     ray_data = types.ModuleType("ray.data")
-    ray_data.from_arrow = lambda batches: Dataset()
+    ray_data.from_arrow = lambda blocks: seen.update(blocks=blocks) or Dataset()
     ray_data.ActorPoolStrategy = lambda size: None
     ray = types.ModuleType("ray")
     ray.data = ray_data
@@ -511,3 +511,38 @@ def test_the_ray_path_takes_a_blank_ref_audio_for_none_as_tts_synth_does(tmp_pat
     [local_row] = read_manifest(tmp_path / "m.parquet", RowDefaults("vivian", "auto", 0, ref_audio="  ")).rows
     assert row.problem is local_row.problem is None
     assert row.request.ref_audio is local_row.request.ref_audio is None
+
+
+def _ray_actor_on_blocks(monkeypatch, tmp_path, table: pa.Table, **options) -> tuple[list[dict], list]:
+    """synthesize_with_ray with Ray stood in (_recording_ray): an actor made as Ray makes it, on a fake synthesizer,
+    called on each block as Ray calls it. Its output rows, and the plans it synthesized (their rows)."""
+    from tts_cli import job, synthesizer
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    from fakes import FakeSynthesizer
+
+    seen = _recording_ray(monkeypatch, table)
+    synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, **options)
+    monkeypatch.setattr(synthesizer.Synthesizer, "from_pretrained", staticmethod(lambda *a, **k: FakeSynthesizer()))
+    plans, synthesize_plans = [], job.synthesize_plans
+    monkeypatch.setattr(job, "synthesize_plans", lambda batch_plans, *args: plans.extend(batch_plans)
+                        or synthesize_plans(batch_plans, *args))
+    actor = seen["make_actor"]()
+    return [row for block in seen["blocks"] for row in actor(block).to_pylist()], plans
+
+
+@needs_bundled_model
+def test_the_ray_path_seeds_rows_by_their_row_in_the_manifest_as_tts_synth_does(tmp_path, monkeypatch):
+    """A row without a seed drew with base_seed + a hash of its id, not base_seed + its row index as in tts synth:
+    the same manifest made other audio through Ray. Each row now takes tts synth's seed, whichever batch it is in."""
+    from tts_cli.manifest import RowDefaults, read_manifest
+
+    table = pa.table({"id": ["a", None, "c", "d", "e"], "text": ["One.", "Two.", "Three.", "Four.", "Five."],
+                      "seed": [None, None, 7, None, None]})
+    pq.write_table(table, tmp_path / "m.parquet")
+    rows, plans = _ray_actor_on_blocks(monkeypatch, tmp_path, table, rows_per_batch=2, base_seed=100)
+    assert [row["error"] for row in rows] == [None] * 5
+    local = read_manifest(tmp_path / "m.parquet", RowDefaults("vivian", "auto", 100)).rows
+    assert [(plan.row.number, plan.row.request.id, plan.row.request.seed) for plan in plans] == [
+        (row.number, row.request.id, row.request.seed) for row in local] == [
+        (1, "a", 100), (2, "000002", 101), (3, "c", 7), (4, "d", 103), (5, "e", 104)]

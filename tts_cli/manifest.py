@@ -375,15 +375,16 @@ def check_schema(schema, source) -> None:
 
 
 def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path | None = Path("."),
-                    bad_seed_fails_row: bool = False) -> list[ManifestRow]:
-    """The rows of a table that passed check_schema; row indexes count from the table's first row;
-    relative ref_audio paths start from base_dir (the manifest's folder; None for a remote manifest, whose rows
-    with a relative one fail). A seed that is not an integer (1.5 in a float column) raises TTSError, or with
-    bad_seed_fails_row fails its row alone."""
+                    bad_seed_fails_row: bool = False, indexes: list[int] | None = None) -> list[ManifestRow]:
+    """The rows of a table that passed check_schema; row indexes count from the table's first row, or are
+    `indexes`, the rows' in the manifest where the table is a part of it (a Ray batch); relative ref_audio paths
+    start from base_dir (the manifest's folder; None for a remote manifest, whose rows with a relative one fail). A
+    seed that is not an integer (1.5 in a float column) raises TTSError, or with bad_seed_fails_row fails its row
+    alone."""
     columns = {name: _cells(table, name) for name in PARQUET_COLUMNS}
     rows = []
-    for index in range(table.num_rows):
-        cells = {name: values[index] for name, values in columns.items()}
+    for position, index in enumerate(range(table.num_rows) if indexes is None else indexes):
+        cells = {name: values[position] for name, values in columns.items()}
         problems = []
         for name in ("id", "text", "speaker", "language", "instruct", "ref_audio", "ref_text"):
             if isinstance(cells[name], bytes):
@@ -403,24 +404,6 @@ def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path | None 
             ref_text=cells["ref_text"], x_vector_only=cells["x_vector_only"], base_dir=base_dir,
             problem=next((p for p in problems if p), None)))
     return rows
-
-
-def with_row_ids(table):
-    """The table (one that passed check_schema) with an id in every row: a missing or blank one is the row's
-    default_id, as rows_from_table gives it, for readers that split the table into parts (Ray batches), where a row's
-    index in its part is not its row number. The ids become UTF-8 bytes, which rows_from_table reads as it reads
-    a text id column."""
-    import pyarrow as pa
-
-    def row_id(index: int, cell) -> bytes:
-        if isinstance(cell, bytes):   # kept as it is: one that is not UTF-8 fails its row in rows_from_table
-            return cell if _decode(cell, "id")[0].strip() else default_id(index).encode()
-        return default_id(index).encode() if cell is None else str(cell).encode()   # (an integer id)
-
-    ids = pa.array([row_id(index, cell) for index, cell in enumerate(_cells(table, "id"))], pa.large_binary())
-    if "id" in table.column_names:
-        return table.set_column(table.column_names.index("id"), "id", ids)
-    return table.append_column("id", ids)
 
 
 def _cells(table, name: str) -> list:

@@ -1,7 +1,7 @@
 """The Ray Data path, for clusters: `tts synth`'s synthesis as a Ray Data pipeline.
 
-    read_table(manifest) -> ids -> from_arrow -> map_batches(SynthesizerActor, fixed actor pool, a GPU each)
-                                         -> write_parquet(out)
+    read_table(manifest) -> row indexes -> from_arrow -> map_batches(SynthesizerActor, fixed actor pool, a GPU each)
+                                                 -> write_parquet(out)
 
 Each actor loads the synthesizer once and runs the same code as `tts synth` on its batches (row
 checks, long-text segments, out-of-memory recovery, crossfade joins). The output shards have the
@@ -9,11 +9,11 @@ columns of `tts synth --format parquet` (audio as a `datasets` Audio struct of F
 `frames` and `error` (null audio for a failed row). Ray Data schedules, retries tasks whose
 worker or node failed, and writes; an error of synthesis itself (a bug, a device fault) fails its
 block's rows, with the error, and the others are kept. There is no ledger: rerun into a fresh output
-folder (one that holds anything is refused). This process reads the manifest (its text, no audio) to give
-a row without an `id` its row number, as tts synth does, before the rows are split into batches (a batch
-does not know where its rows were); a row without a `seed` draws with base_seed + a hash of its id (tts
-synth uses the row index); duplicate ids are found only within a batch. A row's audio path is its
-sanitized id, with a hash of the id where sanitizing changed it.
+folder (one that holds anything is refused). This process reads the manifest (its text, no audio) and gives
+each row its index in it before the rows are split into batches, so that the actors name a row without an `id` by
+its row number and seed a row without a `seed` with base_seed + its index, as tts synth does; duplicate ids are
+found only within a batch. A row's audio path is its sanitized id, with a hash of the id where sanitizing changed
+it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
 (relative paths start from the manifest's folder; a row with one fails where the manifest is remote, a URI
@@ -34,13 +34,15 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import TTSError
-from ..manifest import (DEFAULT_MAX_TEXT_CHARS, RowDefaults, check_references, check_schema, default_reference_path,
-                        mark_duplicate_ids, rows_from_table, with_row_ids)
+from ..manifest import (DEFAULT_MAX_TEXT_CHARS, PARQUET_COLUMNS, RowDefaults, check_references, check_schema,
+                        default_reference_path, mark_duplicate_ids, rows_from_table)
 from ..output.writer import sanitize_id
-from ..recipe import wrapped_seed
-from .shard import stable_id_number
 
 log = logging.getLogger(__name__)
+
+# A row's index in the manifest, for the actors: a batch does not know where its rows were. No manifest column has
+# this name, and the columns tts does not read are left out of the blocks (read_manifest_table).
+ROW_INDEX = "row_index"
 
 
 def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir: str | Path, actors: int = 1,
@@ -115,8 +117,10 @@ def references_folder(manifest: str) -> str | None:
 
 
 def read_manifest_table(manifest: str):
-    """The manifest's rows, each with an id (with_row_ids); raises TTSError naming the manifest where pyarrow cannot
-    read it, check_schema refuses it, or it has no rows (as tts synth does)."""
+    """The manifest's columns that tts reads (PARQUET_COLUMNS), and each row's index in it (ROW_INDEX); raises
+    TTSError naming the manifest where pyarrow cannot read it, check_schema refuses it, or it has no rows (as tts
+    synth does)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
@@ -126,7 +130,8 @@ def read_manifest_table(manifest: str):
     check_schema(table.schema, manifest)
     if not table.num_rows:   # Ray would write no shard, and the run would look done
         raise TTSError(f"{manifest}: no rows")
-    return with_row_ids(table)
+    table = table.select([name for name in table.column_names if name in PARQUET_COLUMNS])
+    return table.append_column(ROW_INDEX, pa.array(range(table.num_rows), pa.int64()))
 
 
 def check_fresh_folder(out_dir: str) -> None:
@@ -182,11 +187,7 @@ class SynthesizerActor:
 
         # bad_seed_fails_row: raised here, one cell's error would fail the whole run, found only once it reached it
         rows = rows_from_table(batch, self.defaults, "a Ray batch", base_dir=self.references_base,
-                               bad_seed_fails_row=True)
-        seeds = batch.column("seed").to_pylist() if "seed" in batch.column_names else [None] * len(rows)
-        for row, seed in zip(rows, seeds):
-            if seed is None:
-                row.request.seed = wrapped_seed(self.defaults.base_seed + stable_id_number(row.request.id) % 2**31)
+                               bad_seed_fails_row=True, indexes=batch.column(ROW_INDEX).to_pylist())
         mark_duplicate_ids(rows, "within its Ray batch, whose first row with it keeps it; duplicates in other "
                                  "batches are not found")
         check_references(rows)

@@ -244,21 +244,20 @@ def _synthesize_with_local_ray(manifest: Path, out: Path, **options) -> dict[str
 @needs_bundled_model
 @needs_ray
 def test_ray_data_path_in_local_mode(tmp_path):
-    """Also: a row without an id is named by its row number; ids that sanitize alike keep paths apart; a base seed
-    near the top of 64 bits wraps (it overflowed)."""
+    """Also: a row without an id is named by its row number; a duplicate id in another batch fails its row; ids that
+    sanitize alike keep paths apart; a base seed near the top of 64 bits wraps (it overflowed)."""
     manifest = tmp_path / "m.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c", "a", None, "x y", "x_y"],
                              "text": ["Hello there.", "Second row.", "", "Again.", "No id.", "Spaced.", "Joined."],
                              "seed": [1, None, None, None, None, None, None]}), manifest)
     rows = _synthesize_with_local_ray(manifest, tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, max_frames=3,
-                                      greedy=True, base_seed=2**63 - 10)
+                                      greedy=True, base_seed=2**63 - 10, rows_per_batch=2)
     assert sorted(rows) == ["000005", "a", "a*", "b", "c", "x y", "x_y"]
     for row_id in ("a", "b"):
         audio, rate = sf.read(io.BytesIO(rows[row_id]["audio"]["bytes"]))
         assert rate == 24000 and len(audio) == rows[row_id]["frames"] * 1920 > 0 and rows[row_id]["error"] is None
     assert rows["c"]["error"] == "empty text" and rows["c"]["audio"] is None
-    assert rows["a*"]["error"] == ("duplicate id 'a' (within its Ray batch, whose first row with it keeps it; "
-                                   "duplicates in other batches are not found)")
+    assert rows["a*"]["error"] == "duplicate id 'a' (first used by row 1)"   # in another batch
     assert rows["000005"]["error"] is None and rows["000005"]["audio"]["path"] == "000005.flac"
     assert rows["x_y"]["audio"]["path"] == "x_y.flac" and rows["x y"]["audio"]["path"].startswith("x_y-")
 
@@ -319,7 +318,8 @@ def test_a_seed_that_is_not_an_integer_fails_its_ray_row_not_the_run(tmp_path):
     from tts_cli.scale.ray_data import ROW_INDEX, SynthesizerActor
 
     actor = SynthesizerActor(str(cli.BUNDLED_MODEL_DIR), "cpu", RowDefaults("vivian", "auto", 0), greedy=True,
-                             max_frames=3, segment_chars=300, segments_per_call=8, references_base=str(tmp_path))
+                             max_frames=3, segment_chars=300, segments_per_call=8, references_base=str(tmp_path),
+                             repeated_ids={})
     rows = actor(pa.table({"id": ["a", "b", "c"], "text": ["One.", "Two.", "Three."],
                            "seed": [1.0, 1.5, None], ROW_INDEX: [0, 1, 2]})).to_pylist()
     assert [row["error"] for row in rows] == [None, "column 'seed': expected an integer, got 1.5", None]
@@ -546,3 +546,19 @@ def test_the_ray_path_seeds_rows_by_their_row_in_the_manifest_as_tts_synth_does(
     assert [(plan.row.number, plan.row.request.id, plan.row.request.seed) for plan in plans] == [
         (row.number, row.request.id, row.request.seed) for row in local] == [
         (1, "a", 100), (2, "000002", 101), (3, "c", 7), (4, "d", 103), (5, "e", 104)]
+
+
+@needs_bundled_model
+def test_the_ray_path_finds_duplicate_ids_across_batches_as_tts_synth_does(tmp_path, monkeypatch):
+    """Duplicate ids were found only within a Ray batch: one in another batch made a second row of that id (and output
+    name). The first row with an id keeps it, and later ones fail naming it, whichever batch each is in."""
+    from tts_cli.manifest import RowDefaults, read_manifest
+
+    table = pa.table({"id": ["a", None, "b", "a", "000002"], "text": ["One.", "Two.", "Three.", "Four.", "Five."]})
+    pq.write_table(table, tmp_path / "m.parquet")
+    rows, _ = _ray_actor_on_blocks(monkeypatch, tmp_path, table, rows_per_batch=2)
+    local = read_manifest(tmp_path / "m.parquet", RowDefaults("vivian", "auto", 0)).rows
+    assert [row["error"] for row in rows] == [row.problem for row in local] == [
+        None, None, None, "duplicate id 'a' (first used by row 1)",
+        "duplicate id '000002' (first used by row 2; a row without an id of its own is named by its number)"]
+    assert [row["audio"] is None for row in rows] == [False, False, False, True, True]

@@ -163,16 +163,16 @@ def id_problem(row_id: str) -> str | None:
     return None
 
 
-def mark_duplicate_ids(rows: list[ManifestRow], rows_unnumbered: str | None = None) -> None:
-    """The first row with an id keeps it; later rows with the same id fail, naming the first, or
-    saying rows_unnumbered where the rows' numbers mean nothing to the user (a Ray batch's)."""
-    first_number: dict[str, int] = {}
+def mark_duplicate_ids(rows: list[ManifestRow], first_numbers: dict[str, int] | None = None) -> None:
+    """The first row with an id keeps it; later rows with the same id fail, naming the first. first_numbers: where
+    the rows are a part of the manifest (a Ray batch), the manifest's repeated_ids, for ids first used in another."""
+    first_number = dict(first_numbers or {})
     for row in rows:
         number = first_number.setdefault(row.request.id, row.number)
         if number != row.number and row.problem is None:
             # a row without an id is named by its number: say so where that is what clashed
-            named = rows_unnumbered is None and row.request.id in (default_id(number - 1), default_id(row.index))
-            row.problem = (f"duplicate id {row.request.id!r} ({rows_unnumbered or f'first used by row {number}'}"
+            named = row.request.id in (default_id(number - 1), default_id(row.index))
+            row.problem = (f"duplicate id {row.request.id!r} (first used by row {number}"
                            + ("; a row without an id of its own is named by its number" if named else "") + ")")
 
 
@@ -404,6 +404,21 @@ def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path | None 
             ref_text=cells["ref_text"], x_vector_only=cells["x_vector_only"], base_dir=base_dir,
             problem=next((p for p in problems if p), None)))
     return rows
+
+
+def repeated_ids(table) -> dict[str, int]:
+    """Each id that more than one row of the table (one that passed check_schema) has, with the number of its first
+    row: for mark_duplicate_ids on parts of the table, which see only their own rows. Ids as rows_from_table gives
+    them (a blank one is its row's default_id)."""
+    first_number: dict[str, int] = {}
+    repeated = {}
+    for index, cell in enumerate(_cells(table, "id")):
+        text = _decode(cell, "id")[0] if isinstance(cell, bytes) else "" if cell is None else str(cell)
+        row_id = text.strip() or default_id(index)
+        number = first_number.setdefault(row_id, index + 1)
+        if number != index + 1:
+            repeated[row_id] = number
+    return repeated
 
 
 def _cells(table, name: str) -> list:

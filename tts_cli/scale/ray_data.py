@@ -9,11 +9,11 @@ columns of `tts synth --format parquet` (audio as a `datasets` Audio struct of F
 `frames` and `error` (null audio for a failed row). Ray Data schedules, retries tasks whose
 worker or node failed, and writes; an error of synthesis itself (a bug, a device fault) fails its
 block's rows, with the error, and the others are kept. There is no ledger: rerun into a fresh output
-folder (one that holds anything is refused). This process reads the manifest (its text, no audio) and gives
-each row its index in it before the rows are split into batches, so that the actors name a row without an `id` by
-its row number and seed a row without a `seed` with base_seed + its index, as tts synth does; duplicate ids are
-found only within a batch. A row's audio path is its sanitized id, with a hash of the id where sanitizing changed
-it.
+folder (one that holds anything is refused). This process reads the manifest (its text, no audio), gives each
+row its index in it and finds the ids that rows repeat, before the rows are split into batches: the actors then name
+a row without an `id` by its row number, seed a row without a `seed` with base_seed + its index, and fail a
+duplicate id naming the first row with it, as tts synth does, whichever batch a row is in. A row's audio path is its
+sanitized id, with a hash of the id where sanitizing changed it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
 (relative paths start from the manifest's folder; a row with one fails where the manifest is remote, a URI
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..errors import TTSError
 from ..manifest import (DEFAULT_MAX_TEXT_CHARS, PARQUET_COLUMNS, RowDefaults, check_references, check_schema,
-                        default_reference_path, mark_duplicate_ids, rows_from_table)
+                        default_reference_path, mark_duplicate_ids, repeated_ids, rows_from_table)
 from ..output.writer import sanitize_id
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def synthesize_with_ray(manifest: str | Path, out_dir: str | Path, *, model_dir:
             defaults=RowDefaults(speaker, language, base_seed, max_text_chars, ref_audio=ref_audio, ref_text=ref_text,
                                  x_vector_only=x_vector_only, max_text_chars_name="max_text_chars"),
             greedy=greedy, max_frames=max_frames, segment_chars=segment_chars, segments_per_call=segments_per_call,
-            references_base=references_folder(str(manifest))),
+            references_base=references_folder(str(manifest)), repeated_ids=repeated_ids(table)),
     ).write_parquet(str(out_dir))
 
 
@@ -163,14 +163,15 @@ class SynthesizerActor:
     """One per actor of the pool: a loaded synthesizer, called on pyarrow batches of manifest rows."""
 
     def __init__(self, model_dir: str, device: str, defaults: RowDefaults, greedy: bool, max_frames: int | None,
-                 segment_chars: int, segments_per_call: int, references_base: str | None):
+                 segment_chars: int, segments_per_call: int, references_base: str | None,
+                 repeated_ids: dict[str, int]):
         from ..job import JobSettings, LocalExecutor
         from ..synthesizer import Synthesizer, allow_tf32
         from ..voice.voices import Voices
 
         if device.startswith("cuda"):
             allow_tf32()
-        self.defaults = defaults
+        self.defaults, self.repeated_ids = defaults, repeated_ids
         self.references_base = None if references_base is None else Path(references_base)
         self.settings = JobSettings(output_format="parquet", greedy=greedy, max_frames=max_frames,
                                     segment_chars=segment_chars, batch_size=segments_per_call, model=model_dir)
@@ -188,8 +189,7 @@ class SynthesizerActor:
         # bad_seed_fails_row: raised here, one cell's error would fail the whole run, found only once it reached it
         rows = rows_from_table(batch, self.defaults, "a Ray batch", base_dir=self.references_base,
                                bad_seed_fails_row=True, indexes=batch.column(ROW_INDEX).to_pylist())
-        mark_duplicate_ids(rows, "within its Ray batch, whose first row with it keeps it; duplicates in other "
-                                 "batches are not found")
+        mark_duplicate_ids(rows, self.repeated_ids)
         check_references(rows)
         plans = [plan_row(row, output_name(row.request.id), self.settings) for row in rows if not row.problem]
         try:

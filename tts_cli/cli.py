@@ -542,9 +542,10 @@ def check_synth(manifest_path: Path, options: SynthOptions) -> SynthPlan:
         speaker = DEFAULT_SPEAKER
     asr = resolve_synth_asr(options.asr_model, required=options.wer_required) if options.wer else None
     takes_instruct = kind != CUSTOM_VOICE or cfg.supports_instruct   # (Base refuses one; VoiceDesign needs it)
-    manifest = read_manifest(manifest_path, RowDefaults(speaker, options.language, options.seed, options.max_text_chars,
-                                                        options.instruct, options.ref_audio, options.ref_text,
-                                                        options.x_vector_only, takes_instruct))
+    manifest = read_manifest(manifest_path, RowDefaults(
+        speaker, options.language, options.seed, options.max_text_chars, instruct=options.instruct,
+        ref_audio=options.ref_audio, ref_text=options.ref_text, x_vector_only=options.x_vector_only,
+        takes_instruct=takes_instruct))
     if not manifest.rows:
         raise TTSError(f"{manifest_path}: no non-empty rows ({manifest.skipped_empty} empty rows skipped)")
     if kind == BASE and not any(row.request.clones_voice for row in manifest.rows):

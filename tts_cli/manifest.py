@@ -64,11 +64,11 @@ class RowDefaults:
     ref_audio: str | None = None
     ref_text: str | None = None
     x_vector_only: bool = False
-    # What sets max_text_chars, as its messages name it: the Python API's keyword (the Ray path's) is no CLI option.
-    max_text_chars_name: str = "--max-text-chars"
     # False for a checkpoint that ignores instructions (CustomVoice 0.6B, as the official code does): a
     # row's instruct is then left out of it (the report says so), not a setting a rerun must repeat.
     takes_instruct: bool = True
+    # What sets max_text_chars, as its messages name it: the Python API's keyword (the Ray path's) is no CLI option.
+    max_text_chars_name: str = "--max-text-chars"
 
 
 @dataclass

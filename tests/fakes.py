@@ -73,12 +73,14 @@ def use_fake_synthesizer(monkeypatch, tmp_path) -> FakeSynthesizer:
 
     monkeypatch.setattr(cli, "load_synthesizer", load)
     monkeypatch.delenv("TTS_MODEL", raising=False)
-    checkpoint_without_weights(tmp_path / "model")
+    checkpoint_with_empty_weights(tmp_path / "model")
     return synth
 
 
-def checkpoint_without_weights(folder: Path) -> Path:
-    """The bundled model's folder less its weights: what tts synth checks before it loads a model (config.json,
-    tokenizer, codec folder), for tests whose loader is replaced."""
+def checkpoint_with_empty_weights(folder: Path) -> Path:
+    """The bundled model's folder with empty files for its weights: all that tts synth checks before it loads a
+    model (configs, tokenizer, weights files present), for tests whose loader is replaced; a real load fails."""
     shutil.copytree(cli.BUNDLED_MODEL_DIR, folder, ignore=shutil.ignore_patterns("*.safetensors"), dirs_exist_ok=True)
+    for weights in cli.BUNDLED_MODEL_DIR.rglob("*.safetensors"):
+        (folder / weights.relative_to(cli.BUNDLED_MODEL_DIR)).touch()
     return folder

@@ -58,6 +58,14 @@ def test_missing_speech_tokenizer(ckpt):
         open_checkpoint(ckpt)
 
 
+@pytest.mark.parametrize("name", ["model.safetensors", "speech_tokenizer/model.safetensors",
+                                  "speech_tokenizer/config.json"])
+def test_a_missing_weights_or_codec_file_is_named_before_any_tensor_loads(ckpt, name):
+    (ckpt / name).unlink()
+    with pytest.raises(CheckpointError, match=f"missing file: .*{name}"):
+        open_checkpoint(ckpt)
+
+
 def test_malformed_json_is_named(ckpt):
     (ckpt / "generation_config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="malformed JSON in .*generation_config.json"):

@@ -15,7 +15,7 @@ from tts_cli import __version__, cli, logs
 from tts_cli.errors import CheckpointError, TTSError
 from tts_cli.recipe import RECIPE_KEYS, load_recipe
 
-from fakes import SAMPLES_PER_FRAME, checkpoint_without_weights, use_fake_synthesizer
+from fakes import SAMPLES_PER_FRAME, checkpoint_with_empty_weights, use_fake_synthesizer
 
 runner = CliRunner()
 
@@ -274,7 +274,7 @@ def test_bad_manifest_fails_before_the_model_loads(tmp_path, monkeypatch):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(cli, "load_synthesizer", must_not_load)
-    checkpoint_without_weights(tmp_path / "model")
+    checkpoint_with_empty_weights(tmp_path / "model")
     manifest = tmp_path / "m.parquet"
     pq.write_table(pa.table({"id": ["a"]}), manifest)
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
@@ -294,7 +294,7 @@ def test_checkpoint_error_is_one_red_line(tmp_path, monkeypatch):
         raise CheckpointError(f"{model_dir / 'config.json'}: not valid JSON")
 
     monkeypatch.setattr(cli, "load_synthesizer", broken)
-    checkpoint_without_weights(tmp_path / "model")
+    checkpoint_with_empty_weights(tmp_path / "model")
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello.\n")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model")
@@ -316,7 +316,7 @@ def test_a_broken_checkpoint_config_stops_the_run_before_the_output_folder_is_to
 
     monkeypatch.setattr(cli, "load_synthesizer", must_not_load)
     monkeypatch.delenv("TTS_MODEL", raising=False)
-    config = checkpoint_without_weights(tmp_path / "model") / "config.json"
+    config = checkpoint_with_empty_weights(tmp_path / "model") / "config.json"
     if broken == "not JSON":
         config.write_text("{")
     elif broken == "missing a field":
@@ -344,6 +344,35 @@ def test_a_broken_checkpoint_config_stops_the_run_before_the_output_folder_is_to
         assert [path.name for path in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "not tts's"
     else:
         assert not out.exists()
+
+
+@pytest.mark.parametrize("missing", ["model.safetensors", "a shard", "speech_tokenizer/model.safetensors",
+                                     "speech_tokenizer/config.json"])
+def test_a_checkpoint_missing_a_weights_file_stops_the_run_before_the_output_folder_is_made(tmp_path, monkeypatch,
+                                                                                           missing):
+    """An incomplete download: found at load, it came after .tts-lock and ledger.jsonl were written into --out."""
+    def must_not_load(model_dir, device, engine_rows=None, depth=None, codec_precision=None, talker_precision=None):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(cli, "load_synthesizer", must_not_load)
+    model = checkpoint_with_empty_weights(tmp_path / "model")
+    if missing == "a shard":
+        (model / "model.safetensors").unlink()
+        index = model / "model.safetensors.index.json"
+        shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        index.write_text(json.dumps({"weight_map": {"talker.a": shards[0], "talker.b": shards[1]}}))
+        (model / shards[0]).touch()
+        message = f"missing file: {model / shards[1]} (listed in {index})"
+    else:
+        (model / missing).unlink()
+        message = f"missing file: {model / missing}"
+        if missing == "model.safetensors":
+            message += f" (or sharded {model / 'model.safetensors.index.json'})"
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", model, "--no-wer")
+    _assert_one_red_line(result, message)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_rerun_with_nothing_to_do_prints_no_empty_line(fake, tmp_path):
@@ -482,6 +511,14 @@ def test_bench_refuses_a_folder_without_config_json_before_it_makes_the_results_
     model.mkdir()
     result = _invoke("bench", "--device", "cpu", "--model", model, "--json", tmp_path / "results" / "bench.json")
     _assert_one_red_line(result, f"missing file: {model / 'config.json'}")
+    assert not (tmp_path / "results").exists()
+
+
+def test_bench_refuses_a_folder_without_its_codec_weights_before_it_makes_the_results_folder(tmp_path):
+    model = checkpoint_with_empty_weights(tmp_path / "model")
+    (model / "speech_tokenizer" / "model.safetensors").unlink()
+    result = _invoke("bench", "--device", "cpu", "--model", model, "--json", tmp_path / "results" / "bench.json")
+    _assert_one_red_line(result, f"missing file: {model / 'speech_tokenizer' / 'model.safetensors'}")
     assert not (tmp_path / "results").exists()
 
 
@@ -710,7 +747,7 @@ def test_gpus_replace_the_device_and_are_said(tmp_path, cuda_seen, monkeypatch):
     monkeypatch.setattr(workers, "WorkerPool", no_workers)
     manifest = tmp_path / "m.txt"
     manifest.write_text("Hello there.\n")
-    checkpoint_without_weights(tmp_path / "model")
+    checkpoint_with_empty_weights(tmp_path / "model")
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--gpus", "cpu,cpu")
     assert result.stderr.splitlines()[0] == "device: cpu,cpu (--gpus: one worker per device)"
     assert "rows: auto" not in result.stderr   # CPU workers run lockstep batches, no engine slots

@@ -120,6 +120,17 @@ def test_a_folder_without_config_json_is_refused_before_the_records_folder_is_ma
     assert not out.exists()
 
 
+def test_a_folder_without_its_weights_is_refused_before_the_records_folder_is_made(tmp_path):
+    """An incomplete download: the official implementation found it, a traceback after --out had been made."""
+    model = Path(shutil.copytree(TINY_06B, tmp_path / "model"))
+    (model / "model.safetensors").unlink()
+    out = tmp_path / "records"
+    result = _invoke("--record", "--model", model, "--out", out)
+    assert result.exit_code == 2 and result.stderr.splitlines() == [
+        f"error: missing file: {model / 'model.safetensors'} (or sharded {model / 'model.safetensors.index.json'})"]
+    assert not out.exists()
+
+
 def test_records_of_another_kind_or_size_are_refused_before_any_check(tmp_path):
     fixtures = ROOT / "tests" / "fixtures"
     bundled_records = ROOT / "tts_cli" / "assets" / "golden" / "tiny-1.7b-customvoice"

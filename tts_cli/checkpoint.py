@@ -252,24 +252,30 @@ def check_tensors(model: torch.nn.Module, state: dict[str, torch.Tensor], what: 
                                   f"expected {list(expected.shape)}")
 
 
+def weight_files(model_dir: Path, name: str = "model.safetensors") -> list[Path]:
+    """The single weights file, or the shards that `<name>.index.json` lists; CheckpointError names the first
+    one missing. Only the index is read, not the weights."""
+    single, index = model_dir / name, model_dir / f"{name}.index.json"
+    if single.is_file():
+        return [single]
+    if not index.is_file():
+        raise CheckpointError(f"missing file: {single} (or sharded {index})")
+    weight_map = ConfigFields(read_json(index), str(index)).get("weight_map", dict)
+    files = [model_dir / shard for shard in sorted(set(weight_map.values()))]
+    for path in files:
+        if not path.is_file():
+            raise CheckpointError(f"missing file: {path} (listed in {index})")
+    return files
+
+
 def load_safetensors(model_dir: Path, name: str = "model.safetensors", prefix: str = "") -> dict[str, torch.Tensor]:
     """Tensors of a single file or of shards listed in `<name>.index.json`; with a prefix, only those
     whose names start with it (read alone: the speaker encoder's few MB, not the talker's GBs)."""
     from safetensors import SafetensorError
     from safetensors.torch import safe_open
 
-    single, index = model_dir / name, model_dir / f"{name}.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        weight_map = ConfigFields(read_json(index), str(index)).get("weight_map", dict)
-        files = [model_dir / shard for shard in sorted(set(weight_map.values()))]
-    else:
-        raise CheckpointError(f"missing file: {single} (or sharded {index})")
     tensors: dict[str, torch.Tensor] = {}
-    for path in files:
-        if not path.is_file():
-            raise CheckpointError(f"missing file: {path} (listed in {index})")
+    for path in weight_files(model_dir, name):
         try:
             with safe_open(str(path), framework="pt") as file:
                 tensors.update({key: file.get_tensor(key) for key in file.keys() if key.startswith(prefix)})
@@ -306,6 +312,7 @@ class Checkpoint:
 
 
 TOKENIZER_FILES = ("tokenizer_config.json",)
+CODEC_FILES = ("config.json", "model.safetensors")   # in speech_tokenizer/: what load_codec reads
 FINGERPRINT_SAMPLE = 1 << 20   # bytes read from each weights file's middle
 
 
@@ -327,7 +334,8 @@ def fingerprint(model_dir: str | Path) -> str:
 
 
 def open_checkpoint(model_dir: str | Path) -> Checkpoint:
-    """Validates the layout and parses the configs; tensors are loaded later, on demand."""
+    """Validates the layout (every file there, the weights too) and parses the configs; tensors are loaded
+    later, on demand."""
     root = Path(model_dir)
     if not root.is_dir():
         raise CheckpointError(f"model directory not found: {root}")
@@ -343,7 +351,12 @@ def open_checkpoint(model_dir: str | Path) -> Checkpoint:
     if not (root / "tokenizer.json").is_file() and not (
             (root / "vocab.json").is_file() and (root / "merges.txt").is_file()):
         raise CheckpointError(f"missing tokenizer files in {root}: need tokenizer.json or vocab.json + merges.txt")
+    # Present, not read (GBs): an incomplete download stops here, before a run makes its output folder.
+    weight_files(root)
     speech = root / "speech_tokenizer"
     if not speech.is_dir():
         raise CheckpointError(f"missing directory: {speech} (the 12 Hz codec)")
+    for name in CODEC_FILES:
+        if not (speech / name).is_file():
+            raise CheckpointError(f"missing file: {speech / name}")
     return Checkpoint(root=root, config=config, sampling=sampling)

@@ -129,8 +129,9 @@ def resolve_model(option: Optional[Path], given_by: str = "--model") -> ModelCho
 def checkpoint_config(model_dir: Path):
     """The checkpoint's config.json (its kind, speakers and languages: the row defaults, the voice options'
     checks and the reference encoders depend on them), read before the model loads. The folder is opened
-    whole here and its error raised (config.json missing or broken, tokenizer or codec files missing), so
-    that a folder that is no checkpoint stops the run before the output folder is made or locked."""
+    whole here and its error raised (config.json missing or broken, tokenizer, weights or codec files
+    missing), so that a folder that is no checkpoint stops the run before the output folder is made or
+    locked."""
     from .checkpoint import open_checkpoint
 
     return open_checkpoint(model_dir).config

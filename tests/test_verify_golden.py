@@ -131,6 +131,22 @@ def test_a_folder_without_its_weights_is_refused_before_the_records_folder_is_ma
     assert not out.exists()
 
 
+def test_record_without_the_reference_extra_is_refused_before_the_records_folder_is_made(tmp_path, monkeypatch):
+    from tts_cli.quality import reference
+
+    def not_installed():
+        raise ModuleNotFoundError("No module named 'qwen_tts'", name="qwen_tts")
+
+    monkeypatch.setattr(reference, "import_official", not_installed)
+    out = tmp_path / "records"
+    result = _invoke("--record", "--model", TINY_06B, "--out", out)
+    assert result.exit_code == 2 and result.stderr.splitlines() == [
+        "error: the official implementation is not importable (No module named 'qwen_tts'): install the extra "
+        "[reference] (pip install -e '.[reference]' in the tts checkout: qwen-tts-hf; the Makefile names versions "
+        "that work)"]
+    assert not out.exists()
+
+
 def test_records_of_another_kind_or_size_are_refused_before_any_check(tmp_path):
     fixtures = ROOT / "tests" / "fixtures"
     bundled_records = ROOT / "tts_cli" / "assets" / "golden" / "tiny-1.7b-customvoice"

@@ -1255,8 +1255,8 @@ def verify_device(option: str, dtype: str) -> DeviceChoice:
 
 def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: bool, out: Optional[Path],
                       device: str, dtype: str, frames: Optional[int] = None, prompts: Optional[int] = None) -> int:
-    from .quality.verify_golden import (BUNDLED_GOLDEN_DIR, check_dtype, checks_table, numerics_title,
-                                        record_golden, verify)
+    from .quality.verify_golden import (BUNDLED_GOLDEN_DIR, check_dtype, checks_table, import_reference,
+                                        numerics_title, record_golden, verify)
 
     check_dtype(dtype)
     model_dir = BUNDLED_MODEL_DIR if model is None else model
@@ -1268,6 +1268,7 @@ def run_verify_golden(model: Optional[Path], golden: Optional[Path], record: boo
             raise TTSError("--record runs the official implementation in float32 only (golden records are fp32)")
         if out.exists() and not out.is_dir():
             raise TTSError(f"--out {out}: a file, not a folder for the records")
+        import_reference()   # before check_writable makes --out
         check_writable(out / "records.json", "the records")   # before the official model runs, not after
         device_choice = resolve_device(device)
         say(device_choice.line(), "bold")

@@ -90,12 +90,9 @@ def check_records_fit(meta: dict, model_dir: Path, golden_dir: Path) -> None:
                        f"{config.name}: give --golden records of this checkpoint (tts verify-golden --record)")
 
 
-def record_golden(model_dir: Path, out_dir: Path, device: str = "cpu", frames: int | None = None,
-                  prompts: int | None = None) -> dict:
-    """Run the official implementation on model_dir (fp32; on `device`, TF32 off) and write its
-    records into out_dir. frames: forced frames per prompt (default reference.FORCED_FRAMES, for
-    Base and VoiceDesign FORCED_FRAMES_VOICES; the unforced run then stops at the same length);
-    prompts: the first N prompts only."""
+def import_reference() -> None:
+    """Imports the official implementation that record_golden runs (extra [reference]); TTSError says how to
+    install it. Called before --record makes its folder, so a missing extra leaves none behind."""
     from . import reference
     try:
         reference.import_official()
@@ -103,6 +100,15 @@ def record_golden(model_dir: Path, out_dir: Path, device: str = "cpu", frames: i
         raise TTSError(f"the official implementation is not importable ({e}): install the extra "
                        f"[reference] ({install_hint('reference')}: qwen-tts-hf; the Makefile names versions that "
                        "work)") from e
+
+
+def record_golden(model_dir: Path, out_dir: Path, device: str = "cpu", frames: int | None = None,
+                  prompts: int | None = None) -> dict:
+    """Run the official implementation on model_dir (fp32; on `device`, TF32 off) and write its
+    records into out_dir. frames: forced frames per prompt (default reference.FORCED_FRAMES, for
+    Base and VoiceDesign FORCED_FRAMES_VOICES; the unforced run then stops at the same length);
+    prompts: the first N prompts only. import_reference() comes first."""
+    from . import reference
     options = {}
     if frames is not None:
         options.update(frames=frames, natural_max_new_tokens=frames + 1)

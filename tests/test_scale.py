@@ -309,23 +309,6 @@ def test_the_ray_path_names_rows_without_an_id_by_their_row_number_across_batche
                                                                      "000003": "Three."}
 
 
-@needs_bundled_model
-def test_a_seed_that_is_not_an_integer_fails_its_ray_row_not_the_run(tmp_path):
-    """tts synth refuses such a manifest before it starts (tests/test_bad_rows.py); in a Ray batch the error was
-    raised, which failed the whole run, with nothing written, once Ray reached that batch. The actor is called
-    here as Ray calls it, on a pyarrow batch."""
-    from tts_cli.manifest import RowDefaults
-    from tts_cli.scale.ray_data import ROW_INDEX, SynthesizerActor
-
-    actor = SynthesizerActor(str(cli.BUNDLED_MODEL_DIR), "cpu", RowDefaults("vivian", "auto", 0), greedy=True,
-                             max_frames=3, segment_chars=300, segments_per_call=8, references_base=str(tmp_path),
-                             repeated_ids={})
-    rows = actor(pa.table({"id": ["a", "b", "c"], "text": ["One.", "Two.", "Three."],
-                           "seed": [1.0, 1.5, None], ROW_INDEX: [0, 1, 2]})).to_pylist()
-    assert [row["error"] for row in rows] == [None, "column 'seed': expected an integer, got 1.5", None]
-    assert rows[0]["frames"] == rows[2]["frames"] == 3 and rows[1]["audio"] is None
-
-
 BASE_MODEL = REPO / "tests" / "fixtures" / "tiny-1.7b-base"
 
 
@@ -454,6 +437,26 @@ def test_the_ray_path_refuses_a_manifest_without_rows(tmp_path, monkeypatch):
     with pytest.raises(TTSError, match=f"^{re.escape(str(tmp_path / 'm.parquet'))}: no rows$"):
         synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR)
     assert "write" not in seen
+
+
+@needs_bundled_model
+def test_the_ray_path_refuses_a_seed_that_is_not_an_integer_naming_its_row_as_tts_synth_does(tmp_path, monkeypatch):
+    """A seed of 1.5 failed its row in its Ray batch, with "column 'seed': expected an integer, got 1.5", not naming the
+    row, while tts synth refuses the manifest naming it. The Ray path now refuses it with tts synth's message before
+    Ray reads a row."""
+    from tts_cli.manifest import RowDefaults, read_manifest
+    from tts_cli.scale.ray_data import synthesize_with_ray
+
+    table = pa.table({"id": ["a", "b", "c"], "text": ["One.", "Two.", "Three."], "seed": [1.0, None, 1.5]})
+    pq.write_table(table, tmp_path / "m.parquet")
+    seen = _recording_ray(monkeypatch, table)
+    with pytest.raises(TTSError) as refused:
+        synthesize_with_ray(tmp_path / "m.parquet", tmp_path / "out", model_dir=cli.BUNDLED_MODEL_DIR, rows_per_batch=2)
+    with pytest.raises(TTSError) as refused_by_synth:
+        read_manifest(tmp_path / "m.parquet", RowDefaults("vivian", "auto", 0))
+    assert str(refused.value) == str(refused_by_synth.value) == (
+        f"{tmp_path / 'm.parquet'}: column 'seed', row 3: expected an integer, got 1.5")
+    assert "blocks" not in seen and "write" not in seen
 
 
 @needs_bundled_model

@@ -375,12 +375,11 @@ def check_schema(schema, source) -> None:
 
 
 def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path | None = Path("."),
-                    bad_seed_fails_row: bool = False, indexes: list[int] | None = None) -> list[ManifestRow]:
+                    indexes: list[int] | None = None) -> list[ManifestRow]:
     """The rows of a table that passed check_schema; row indexes count from the table's first row, or are
     `indexes`, the rows' in the manifest where the table is a part of it (a Ray batch); relative ref_audio paths
     start from base_dir (the manifest's folder; None for a remote manifest, whose rows with a relative one fail). A
-    seed that is not an integer (1.5 in a float column) raises TTSError, or with bad_seed_fails_row fails its row
-    alone."""
+    seed that is not an integer (1.5 in a float column) raises TTSError, as check_seeds does."""
     columns = {name: _cells(table, name) for name in PARQUET_COLUMNS}
     rows = []
     for position, index in enumerate(range(table.num_rows) if indexes is None else indexes):
@@ -391,19 +390,21 @@ def rows_from_table(table, defaults: RowDefaults, source, base_dir: Path | None 
                 cells[name], problem = _decode(cells[name], name)
                 problems.append(problem)
         row_id = None if cells["id"] is None else str(cells["id"])
-        try:
-            seed = _seed(source, index, cells["seed"])
-        except TTSError:
-            if not bad_seed_fails_row:
-                raise
-            seed = None
-            problems.append(f"column 'seed': expected an integer, got {cells['seed']!r}")
+        seed = _seed(source, index, cells["seed"])
         rows.append(_make_row(
             index, row_id, cells["text"] or "", defaults, speaker=cells["speaker"], language=cells["language"],
             instruct=cells["instruct"], seed=seed, ref_audio=cells["ref_audio"],
             ref_text=cells["ref_text"], x_vector_only=cells["x_vector_only"], base_dir=base_dir,
             problem=next((p for p in problems if p), None)))
     return rows
+
+
+def check_seeds(table, source) -> None:
+    """Raises TTSError naming `source` and the row, as rows_from_table does, at the first seed of the table (one that
+    passed check_schema) that is not an integer: for a manifest whose rows are made in parts (Ray batches), before
+    any part is."""
+    for index, cell in enumerate(_cells(table, "seed")):
+        _seed(source, index, cell)
 
 
 def repeated_ids(table) -> dict[str, int]:

@@ -9,11 +9,12 @@ columns of `tts synth --format parquet` (audio as a `datasets` Audio struct of F
 `frames` and `error` (null audio for a failed row). Ray Data schedules, retries tasks whose
 worker or node failed, and writes; an error of synthesis itself (a bug, a device fault) fails its
 block's rows, with the error, and the others are kept. There is no ledger: rerun into a fresh output
-folder (one that holds anything is refused). This process reads the manifest (its text, no audio), gives each
-row its index in it and finds the ids that rows repeat, before the rows are split into batches: the actors then name
-a row without an `id` by its row number, seed a row without a `seed` with base_seed + its index, and fail a
-duplicate id naming the first row with it, as tts synth does, whichever batch a row is in. A row's audio path is its
-sanitized id, with a hash of the id where sanitizing changed it.
+folder (one that holds anything is refused). This process reads the manifest (its text, no audio), refuses it where a
+seed is not an integer (naming the row, as tts synth does), gives each row its index in it and finds the ids that rows
+repeat, before the rows are split into batches: the actors then name a row without an `id` by its row number, seed a
+row without a `seed` with base_seed + its index, and fail a duplicate id naming the first row with it, as tts synth
+does, whichever batch a row is in. A row's audio path is its sanitized id, with a hash of the id where sanitizing
+changed it.
 
 Voice cloning (a Base checkpoint, `ref_audio` rows): every actor must read the reference files
 (relative paths start from the manifest's folder; a row with one fails where the manifest is remote, a URI
@@ -35,7 +36,7 @@ from pathlib import Path
 
 from ..errors import TTSError
 from ..manifest import (DEFAULT_MAX_TEXT_CHARS, PARQUET_COLUMNS, RowDefaults, check_references, check_schema,
-                        default_reference_path, mark_duplicate_ids, repeated_ids, rows_from_table)
+                        check_seeds, default_reference_path, mark_duplicate_ids, repeated_ids, rows_from_table)
 from ..output.writer import sanitize_id
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,8 @@ def references_folder(manifest: str) -> str | None:
 
 def read_manifest_table(manifest: str):
     """The manifest's columns that tts reads (PARQUET_COLUMNS), and each row's index in it (ROW_INDEX); raises
-    TTSError naming the manifest where pyarrow cannot read it, check_schema refuses it, or it has no rows (as tts
-    synth does)."""
+    TTSError naming the manifest where pyarrow cannot read it, check_schema refuses it, it has no rows, or a seed that
+    is not an integer (naming its row), as tts synth does."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -128,6 +129,8 @@ def read_manifest_table(manifest: str):
     except Exception as e:  # pyarrow raises several unrelated types for a bad file
         raise TTSError(f"{manifest}: cannot read as parquet: {e}") from e
     check_schema(table.schema, manifest)
+    # Here, with the whole table: an actor, seeing a batch, could only fail the row or the run once Ray reached it
+    check_seeds(table, manifest)
     if not table.num_rows:   # Ray would write no shard, and the run would look done
         raise TTSError(f"{manifest}: no rows")
     table = table.select([name for name in table.column_names if name in PARQUET_COLUMNS])
@@ -186,9 +189,8 @@ class SynthesizerActor:
         from ..output.formats import shard_schema
         from ..output.writer import encode_audio
 
-        # bad_seed_fails_row: raised here, one cell's error would fail the whole run, found only once it reached it
         rows = rows_from_table(batch, self.defaults, "a Ray batch", base_dir=self.references_base,
-                               bad_seed_fails_row=True, indexes=batch.column(ROW_INDEX).to_pylist())
+                               indexes=batch.column(ROW_INDEX).to_pylist())
         mark_duplicate_ids(rows, self.repeated_ids)
         check_references(rows)
         plans = [plan_row(row, output_name(row.request.id), self.settings) for row in rows if not row.problem]

@@ -562,6 +562,15 @@ def test_version_and_help():
     assert "1 some rows failed" in help_text and "--max-frames" in help_text
 
 
+def test_verify_golden_record_help_says_where_it_records():
+    """--record runs the official implementation on --device, whose default auto is cuda where torch sees a GPU
+    (run_verify_golden: resolve_device): its help must not say it records on cpu unless --device cuda is given."""
+    help_text = " ".join(_invoke("verify-golden", "--help").output.split())
+    record = help_text[help_text.index("--record Write"):help_text.index("--out DIR")]
+    assert "on cpu, or with --device cuda" not in record
+    assert "--device" in record and "auto" in record
+
+
 @needs_real_model
 def test_bundled_model_end_to_end(tmp_path, monkeypatch):
     monkeypatch.delenv("TTS_MODEL", raising=False)

@@ -1199,8 +1199,8 @@ def verify_golden(
     record: bool = typer.Option(
         False, "--record",
         help="Write golden records for --model into --out by running the official implementation "
-             "(extra [reference]: qwen-tts-hf) in float32, instead of checking: on cpu, or with --device "
-             "cuda[:N] on the GPU with TF32 off (for checkpoints at real sizes)."),
+             "(extra [reference]: qwen-tts-hf) in float32, instead of checking, on --device (auto: cuda where "
+             "torch sees a GPU, else cpu); on cuda[:N] with TF32 off (for checkpoints at real sizes)."),
     out: Optional[Path] = typer.Option(
         None, "--out", metavar="DIR", show_default=False, help="With --record: the folder for the records."),
     frames: Optional[int] = typer.Option(

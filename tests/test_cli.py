@@ -562,6 +562,15 @@ def test_version_and_help():
     assert "1 some rows failed" in help_text and "--max-frames" in help_text
 
 
+def test_plot_short_help_names_every_format_it_writes():
+    """tts --help's line for plot names each format --out takes (bench_plot.PLOT_FORMATS), not PNG alone."""
+    from tts_cli.bench_plot import PLOT_FORMATS
+
+    help_text = " ".join(_invoke("--help").output.split())
+    line = help_text[help_text.index("plot Draw"):help_text.index("score Score")]
+    assert all(suffix[1:].upper() in line for suffix in PLOT_FORMATS), line
+
+
 def test_verify_golden_record_help_says_where_it_records():
     """--record runs the official implementation on --device, whose default auto is cuda where torch sees a GPU
     (run_verify_golden: resolve_device): its help must not say it records on cpu unless --device cuda is given."""

@@ -985,7 +985,7 @@ def check_bench_model(spec: str, workload: str, default: bool) -> None:
                                                           if default else ""))
 
 
-@app.command("plot", short_help="Draw bench results (several runs on one chart) as a PNG.")
+@app.command("plot", short_help="Draw bench results (several runs on one chart) as a PNG, SVG or PDF.")
 def plot_command(
     results: list[Path] = typer.Argument(
         ..., metavar="RESULTS...", show_default=False,

@@ -276,7 +276,7 @@ def synth(
         "rows", metavar="auto|N",
         help=f"On cuda: the engine's slots, the rows every decode step runs whatever a call holds. auto: "
              f"{AUTO_ROWS_RULE}, per call (more rows, more throughput for long corpora: tts bench, H200, "
-             f"random 1.7B weights, 512 rows about 1.76x the audio-s/s of 64; docs/bench.md); the choice is "
+             f"random 1.7B weights, 512 rows about 2.2x the audio-s/s of 64, 2026-12-05; docs/bench.md); the choice is "
              f"a note of the report. N fixes it, so that a seeded row's audio does not depend on its batch "
              f"mates (for one --rows setting); fewer only when CUDA out-of-memory halvings bring the segments "
              f"per call below it."),
@@ -368,9 +368,9 @@ def synth(
 
     Exit status: 0 every row succeeded; 1 some rows failed (see the report; also the rows a --gpus
     worker held when it died); 2 the run could not start or go on (bad manifest, model, option, a row
-    changed since an earlier run into DIR, every worker died, an output could not be written: disk
-    full, I/O error, read-only folder), with one red line saying why; 130 Ctrl-C, 143 SIGTERM (the
-    finished rows are recorded and reported; rerun to resume).
+    changed since an earlier run into DIR, every worker died, an error in synthesis that is no row's
+    fault, an output could not be written: disk full, I/O error, read-only folder), with one red line
+    saying why; 130 Ctrl-C, 143 SIGTERM (the finished rows are recorded and reported; rerun to resume).
     """
     options = dict(model=model, speaker=speaker, language=language, seed=seed, greedy=greedy,
                    max_frames=max_frames, batch_size=batch_size, rows=rows, depth=depth,
@@ -1231,7 +1231,8 @@ def verify_golden(
     (check, value, threshold, result).
 
     Exit status: 0 every available check passed (or --record wrote the records); 1 some check
-    failed; 2 the check could not run (missing folder or records, unsupported dtype or device).
+    failed; 2 the check could not run (missing folder or records, unsupported dtype or device; for
+    --record also a model folder that is no checkpoint or the [reference] extra not installed).
     """
     try:
         exit_code = run_verify_golden(model, golden, record, out, device, dtype, frames, prompts)

@@ -317,6 +317,26 @@ def test_score_takes_each_rows_file_from_the_ledger_of_the_synth_run_there(tmp_p
                               tmp_path)[1].error == f"audio file not found: {tmp_path / 'b_2.wav'}"
 
 
+def test_score_in_a_synth_runs_folder_does_not_hear_a_rows_audio_against_a_text_it_was_not_made_from(tmp_path):
+    """The manifest was edited after the run (tts synth refuses to resume it without --redo-changed): the
+    row's file says the old text, and its WER against the new one would blame the audio."""
+    from tts_cli.manifest import RowDefaults, read_manifest
+    from tts_cli.quality.scoring import rows_from_manifest
+
+    for name in ("a.wav", "b.wav"):
+        (tmp_path / name).write_bytes(b"audio")
+    entries = [{"id": "a", "key": "k", "status": "ok", "file": "a.wav", "params": {"text": "Hello there."}},
+               {"id": "b", "key": "k", "status": "ok", "file": "b.wav", "params": {"text": "Good bye."}}]
+    ledger = tmp_path / "ledger.jsonl"
+    ledger.write_text("".join(json.dumps(e) + "\n" for e in entries))
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\nb\tSee you soon.\n", encoding="utf-8")
+    rows = rows_from_manifest(read_manifest(manifest, RowDefaults("", "auto", 0), references=False), tmp_path)
+    assert [(row.file, row.error) for row in rows] == [
+        ("a.wav", None),
+        (None, f"no audio of this text: {ledger} records this row as made from another text: 'Good bye.'")]
+
+
 def test_score_refuses_a_folder_that_is_no_asr_model(tmp_path):
     manifest = tmp_path / "m.txt"
     manifest.write_text("a\tHello there.\n", encoding="utf-8")

@@ -1081,7 +1081,8 @@ def score(
         ..., metavar="AUDIO_DIR", show_default=False,
         help="Folder of audio files (.wav or .flac), one per manifest row, named by the row id sanitized "
              "as tts synth names its files; in a tts synth run's folder, the file its ledger names for the row "
-             "(a row it records as failed, or not at all, has no audio)."),
+             "(a row it records as failed, or not at all, or made from another text than the manifest's, has no "
+             "audio)."),
     manifest: Path = typer.Option(
         ..., "--manifest", metavar="MANIFEST", show_default=False,
         help="The rows' texts: .txt or .parquet, as for tts synth."),

@@ -114,7 +114,7 @@ def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
             names = [stem + ext for ext in AUDIO_EXTENSIONS]
             missing = f"audio file not found: {audio_dir / stem}{{{','.join(AUDIO_EXTENSIONS)}}}"
         else:
-            names, missing = _ledger_file(entries.get(request.id), ledger)
+            names, missing = _ledger_file(entries.get(request.id), ledger, request.text)
             missing = missing or f"audio file not found: {audio_dir / names[0]}"
         found = [name for name in names if (audio_dir / name).is_file()]
         if found:
@@ -132,12 +132,16 @@ def run_ledger(audio_dir: Path) -> Path | None:
     return ledger if ledger.is_file() else None
 
 
-def _ledger_file(entry: dict | None, ledger: Path) -> tuple[list[str], str | None]:
-    """The row's file as its latest ledger entry names it, or why the row has none to score."""
+def _ledger_file(entry: dict | None, ledger: Path, text: str) -> tuple[list[str], str | None]:
+    """The row's file as its latest ledger entry names it, or why the row has none to score: also when it was
+    made from another text than the manifest's (an edited manifest: its WER would be of other words)."""
     if entry is None:
         return [], f"no audio: {ledger} has no entry for this row (it was not synthesized there)"
     if entry["status"] != "ok":
         return [], f"no audio: {ledger} records this row as failed: {entry.get('error')}"
+    made_from = entry.get("params", {}).get("text", text)
+    if made_from != text:
+        return [], f"no audio of this text: {ledger} records this row as made from another text: {made_from!r}"
     if Path(entry.get("file") or "").suffix not in AUDIO_EXTENSIONS:
         return [], (f"no audio file: {ledger} records this row in {entry.get('file')} (tts score reads "
                     f"{' and '.join(AUDIO_EXTENSIONS)} files)")

@@ -400,6 +400,57 @@ def test_score_refuses_to_write_over_a_synth_runs_reports(tmp_path):
     assert (tmp_path / "report.json").read_text() == "synth's"
 
 
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A read-only tmpfs (the test runs as root where it can mount one, and root may write into any folder
+    that is only chmod'ed read-only); unmounted after."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    yield folder
+    subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def test_score_into_a_folder_it_cannot_write_stops_before_the_asr_hears_any_row(tmp_path, read_only_folder,
+                                                                               monkeypatch):
+    """An --out that exists but cannot be written: exit 2 at once, not after hearing every row (hours on a
+    large run), whose transcripts were then lost."""
+    from tts_cli.quality import scoring
+
+    heard = []
+
+    class Pool:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def submit(self, key, *args):
+            heard.append(key)
+
+        def results(self):
+            return {key: Transcript(1.0, 0.1, "hello there", "en") for key in heard}
+
+    monkeypatch.setattr(scoring, "AsrPool", Pool)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.bin").write_bytes(b"")
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\n", encoding="utf-8")
+    sf.write(tmp_path / "a.wav", np.zeros(8000, dtype=np.float32), 16000)
+    result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest), "--out",
+                                          str(read_only_folder), "--asr-model", str(tmp_path / "model")])
+    assert result.exit_code == 2 and heard == [], result.output
+    message = " ".join(result.output.split())
+    assert f"error: cannot write the report {read_only_folder / 'report.json'}" in message
+    assert "Read-only file system" in message
+
+
 @needs_asr_model
 def test_score_with_no_audio_for_any_row_is_one_red_line(tmp_path):
     """Nothing to score (an empty folder, or tts synth's parquet output, whose audio is inside its

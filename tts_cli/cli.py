@@ -1161,7 +1161,7 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
                else "one .wav or .flac per row, named by its id as tts synth names them; its --format parquet keeps "
                     "the audio inside the shards")
         raise TTSError(f"{audio_dir}: no audio file for any of the manifest's {len(rows)} rows ({why})")
-    make_output_folder(out)
+    check_writable(out / "report.json", "the report")   # before the ASR hears every row, not after it
 
     unheard = score_audio_dir(audio_dir, rows, asr.path, workers)
     report = build_report(rows, {"title": "tts score report", "settings": {

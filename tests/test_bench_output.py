@@ -167,6 +167,18 @@ def test_plot_reads_results_nested_deeper_and_refuses_values_it_cannot_draw(tmp_
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
 
 
+def test_dollar_signs_in_the_title_and_run_names_are_drawn_as_text(tmp_path):
+    """A pair of $ is matplotlib's math mode: a title with prices, or a run name, that is no valid TeX
+    between them ended the plot with a traceback."""
+    peers = tmp_path / "peers.jsonl"
+    peers.write_text("".join(json.dumps(dict(line, system=f"{line['system']} $\\frac{{1}}{{$")) + "\n"
+                             for line in PEER_LINES))
+    result = runner.invoke(cli.app, ["plot", str(peers), "--out", str(tmp_path / "x.png"),
+                                     "--title", "H200 at $2.50/h {vs $\\frac{1}{"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "x.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
 @pytest.mark.parametrize("name", ["p.txt", "pdir"])
 def test_a_plot_name_without_a_picture_format_is_refused_before_anything_runs(tmp_path, name):
     ours = tmp_path / "bench.json"

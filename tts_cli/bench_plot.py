@@ -155,6 +155,12 @@ def _unique_labels(runs: list[Run]) -> list[Run]:
     return unique
 
 
+def _literal(text: str) -> str:
+    """text as matplotlib shows it as given: a pair of $ would start math mode (a title "$2.50/h vs $1.80/h" lost
+    its spaces, and one that is no valid TeX failed the plot)."""
+    return text.replace("$", r"\$")
+
+
 def plot_runs(runs: list[Run], path: Path, title: str = "tts bench"):
     """Draws the runs into a PNG at path; returns the matplotlib Figure (axes[0]: one line per run,
     axes[1]: one bar container per timed run and stage)."""
@@ -165,12 +171,13 @@ def plot_runs(runs: list[Run], path: Path, title: str = "tts bench"):
     runs = _unique_labels(runs)
     figure = Figure(figsize=(13, 5.5), layout="constrained")
     rate, split = figure.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.2]})
-    figure.suptitle(title)
+    figure.suptitle(_literal(title))
 
     levels = sorted({p.concurrency for run in runs for p in run.points})
     for run in runs:
         points = sorted(run.points, key=lambda p: p.concurrency)
-        rate.plot([p.concurrency for p in points], [p.audio_s_per_s for p in points], marker="o", label=run.label)
+        rate.plot([p.concurrency for p in points], [p.audio_s_per_s for p in points], marker="o",
+                  label=_literal(run.label))
     rate.set_xscale("log", base=2)
     rate.set_xticks(levels, [str(c) for c in levels])
     rates = [p.audio_s_per_s for run in runs for p in run.points if p.audio_s_per_s > 0]
@@ -215,7 +222,7 @@ def plot_runs(runs: list[Run], path: Path, title: str = "tts bench"):
         if len(staged) > 1:   # which bar is which run: left to right, told apart by hatching
             split.add_artist(stages)
             split.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch=RUN_HATCHES[i % len(RUN_HATCHES)],
-                                        label=f"bar {i + 1}: {run.label}") for i, run in enumerate(staged)],
+                                        label=_literal(f"bar {i + 1}: {run.label}")) for i, run in enumerate(staged)],
                          loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize="small")
     try:
         figure.savefig(path, dpi=120)

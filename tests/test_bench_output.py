@@ -167,6 +167,14 @@ def test_plot_reads_results_nested_deeper_and_refuses_values_it_cannot_draw(tmp_
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
 
 
+def test_plot_makes_its_missing_folder_as_bench_plot_does(tmp_path):
+    ours = tmp_path / "bench.json"
+    ours.write_text(json.dumps(gpu_result()))
+    result = runner.invoke(cli.app, ["plot", str(ours), "--out", str(tmp_path / "plots" / "x.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "plots" / "x.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
 def test_dollar_signs_in_the_title_and_run_names_are_drawn_as_text(tmp_path):
     """A pair of $ is matplotlib's math mode: a title with prices, or a run name, that is no valid TeX
     between them ended the plot with a traceback."""

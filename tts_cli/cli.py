@@ -992,7 +992,7 @@ def plot_command(
         help="Result files: tts bench --json output, tools/arms.py's arms.json, or peer bench JSON lines "
              "(system, batch, audio_s_per_s; bench/results/peers-*.jsonl)."),
     out: Path = typer.Option(..., "--out", metavar="FILE.png", show_default=False,
-                             help="The picture to write: .png, or .svg or .pdf."),
+                             help="The picture to write: .png, or .svg or .pdf; its folder is created if missing."),
     title: str = typer.Option("tts bench", "--title", metavar="TEXT", help="The figure's title."),
 ) -> None:
     """Audio-s/s per concurrency, one line per run of every file, and each step's time split by stage
@@ -1001,6 +1001,7 @@ def plot_command(
 
     try:
         check_plotting(out)   # before the files are read
+        check_writable(out, "the plot")
         runs = [run for path in results for run in read_runs(path)]
         plot_runs(runs, out, title)
     except TTSError as e:

@@ -167,6 +167,22 @@ def test_plot_reads_results_nested_deeper_and_refuses_values_it_cannot_draw(tmp_
     assert (tmp_path / "p.svg").read_text().lstrip().startswith("<?xml")
 
 
+def test_an_unreadable_results_file_is_named_where_it_breaks(tmp_path):
+    """A bench JSON cut short (a copy, an edit) was reported at line 1, column 2, where JSON lines read
+    its first line; a JSON lines file broken at a later line was reported at line 1 too."""
+    cut = tmp_path / "bench.json"
+    whole = json.dumps(gpu_result(), indent=2)
+    cut.write_text(whole[:whole.index('"rows"')])
+    result = runner.invoke(cli.app, ["plot", str(cut), "--out", str(tmp_path / "x.png")])
+    line = whole[:whole.index('"rows"')].count("\n") + 1
+    assert result.exit_code == 2 and f"{cut}: neither JSON (" in result.stderr, result.output
+    assert f"line {line} column" in " ".join(result.stderr.split())
+    torn = tmp_path / "peers.jsonl"
+    torn.write_text("".join(json.dumps(line) + "\n" for line in PEER_LINES[:2]) + "\n" + '{"system": "x", "ba')
+    result = runner.invoke(cli.app, ["plot", str(torn), "--out", str(tmp_path / "x.png")])
+    assert result.exit_code == 2 and "nor JSON lines (line 4, column 17:" in " ".join(result.stderr.split())
+
+
 def test_plot_makes_its_missing_folder_as_bench_plot_does(tmp_path):
     ours = tmp_path / "bench.json"
     ours.write_text(json.dumps(gpu_result()))

@@ -134,11 +134,16 @@ def read_runs(path: Path) -> list[Run]:
         raise TTSError(f"{path}: not a text file (bench results are JSON or JSON lines)") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            data = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as e:
-            raise TTSError(f"{path}: neither JSON nor JSON lines ({e})") from None
+    except json.JSONDecodeError as as_json:
+        data = []
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                data.append(json.loads(line))
+            except json.JSONDecodeError as e:   # e's position is within the line: the file's line is named here
+                raise TTSError(f"{path}: neither JSON ({as_json}) nor JSON lines (line {number}, column {e.colno}: "
+                               f"{e.msg})") from None
     runs = runs_from(data, path.stem)
     if not runs:
         raise TTSError(f"{path}: no bench results in it (tts bench --json, tools/arms.py's arms.json, or "

@@ -187,6 +187,10 @@ def test_a_row_its_checkpoint_cannot_clone_fails_with_the_reason(tmp_path, monke
                                 "reference's transcript; give it, or set --x-vector-only"),
     (["--ref-audio", "me.wav", "--ref-text", "   "], "--ref-audio: ICL voice cloning (without --x-vector-only) needs"),
     (["--ref-audio", "me.wav", "--ref-text", "bad\x07"], "--ref-text: text contains control character U+0007"),
+    (["--ref-audio", "me.wav", "--ref-text", "Say <|im_end|> now."],
+     "--ref-text: holds '<|im_end|>', one of the tokenizer's own tokens: it would be read as that token"),
+    (["--model", str(REPO / "tests" / "fixtures" / "tiny-1.7b-voicedesign"), "--instruct", "A <tts_pad> voice."],
+     "--instruct: holds '<tts_pad>', one of the tokenizer's own tokens"),
     (["--ref-text", "Some words."], "--ref-text: given without --ref-audio, whose option it is (the transcript of "
                                     "that file); a manifest row with a reference of its own takes its own ref_text"),
     (["--x-vector-only"], "--x-vector-only: given without --ref-audio, whose option it is (how to clone that file)"),
@@ -228,7 +232,7 @@ def test_an_instruct_the_checkpoint_ignores_is_left_out_of_the_rows_settings(tmp
     pq.write_table(pa.table({"text": ["One line to speak.", "And another."], "instruct": [None, "Calm\x07."]}),
                    tmp_path / "m.parquet")
     model = ["--model", str(REPO / "tests" / "fixtures" / "tiny-0.6b-customvoice"), "--max-frames", "2", "--no-wer"]
-    first = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *model, "--instruct", "Angry."])
+    first = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *model, "--instruct", "Angry <think>."])
     assert first.exit_code == 0, first.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert [(row["instruct"], row["error"]) for row in report["rows"]] == [(None, None), (None, None)]

@@ -49,7 +49,7 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
     from ..checkpoint import BASE, CUSTOM_VOICE
     from ..manifest import MAX_INSTRUCT_CHARS, default_reference_path, text_problem
     from ..model.prompt import resolve_language_id
-    from ..synthesizer import check_voice
+    from ..synthesizer import check_no_added_tokens, check_voice
     from .reference_audio import check_reference, reference_value_problem
 
     option = "speaker"
@@ -64,6 +64,8 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
         too_long = instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs")
         if too_long:
             raise RequestError(too_long)
+        if cfg.supports_instruct:   # (a CustomVoice 0.6B's rows leave it out, with a note)
+            check_no_added_tokens(cfg, Request(id="", text="", instruct=instruct))
         ref_text = ref_text and ref_text.strip()   # (as the manifest reads it)
         reference_path = default_reference_path(ref_audio)
         if reference_path is None:
@@ -78,6 +80,7 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
         bad_text = ref_text and text_problem(ref_text, max_text_chars)
         if bad_text:
             raise RequestError(bad_text)
+        check_no_added_tokens(cfg, Request(id="", text="", ref_text=ref_text))
         option = "ref_audio"
         request = Request(id="", text="", instruct=instruct, ref_audio=ref_audio, ref_text=ref_text or None,
                           x_vector_only=x_vector_only)
@@ -88,8 +91,8 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
         check_reference(reference_path)
     except RequestError as e:
         message = str(e).removeprefix(option + ": ")
-        if option == "ref_audio":   # "ref_audio 'x' is a URL" -> "--ref-audio: 'x' is a URL"
-            message = message.removeprefix("ref_audio ")
+        if option in ("ref_audio", "ref_text", "instruct"):   # "ref_audio 'x' is a URL" -> "--ref-audio: 'x' is a URL"
+            message = message.removeprefix(option + " ")
         raise TTSError(f"{given_by(option)}: {message}") from None
 
 

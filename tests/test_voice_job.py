@@ -414,3 +414,31 @@ def test_a_synthesizer_note_is_printed_once(tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stderr.count("VoiceDesign rows without an instruct") == 1, run.stderr
     assert "note: VoiceDesign rows without an instruct" in run.stderr
+
+
+def test_ctrl_c_while_the_manifests_references_are_read_stops_at_once_and_writes_nothing(tmp_path, monkeypatch):
+    """Every distinct reference file is read before the model loads (minutes for a corpus whose rows each
+    have their own): a Ctrl-C there stops the run at once, before --out is made, not after the last file."""
+    import signal
+
+    from tts_cli import manifest as manifest_module
+
+    monkeypatch.chdir(tmp_path)
+    for k in range(3):
+        sf.write(tmp_path / f"ref-{k}.wav", np.sin(np.arange(30000) / (5 + k)) * 0.3, 24000, subtype="PCM_16")
+    pq.write_table(pa.table({"text": ["First.", "Second.", "Third."],
+                             "ref_audio": [f"ref-{k}.wav" for k in range(3)], "x_vector_only": [True] * 3}),
+                   tmp_path / "m.parquet")
+    check, read = manifest_module.check_reference, []
+
+    def ctrl_c_on_the_first(path):
+        read.append(path)
+        signal.raise_signal(signal.SIGINT)   # (its handler runs before this returns)
+        return check(path)
+
+    monkeypatch.setattr(manifest_module, "check_reference", ctrl_c_on_the_first)
+    result = runner.invoke(cli.app, ["synth", "m.parquet", "--out", "out", *OPTIONS])
+    assert result.exit_code == 130, result.output
+    assert read == [str(tmp_path / "ref-0.wav")]
+    assert not (tmp_path / "out").exists()
+    assert result.stderr == "stopped by SIGINT before any row was recorded in out; rerun the same command to start it\n"

@@ -392,8 +392,11 @@ def synth(
         say(f"error: {e}", "red")
         raise typer.Exit(2)
     except RunStopped as e:
-        say(f"{e}: the rows finished so far are in {out / 'ledger.jsonl'} and the report; rerun the same command "
-            "to resume", "red")
+        if (out / "ledger.jsonl").exists():
+            say(f"{e}: the rows finished so far are in {out / 'ledger.jsonl'} and the report; rerun the same "
+                "command to resume", "red")
+        else:   # stopped while the manifest was checked or the run was starting: no row was recorded
+            say(f"{e} before any row was recorded in {out}; rerun the same command to start it", "red")
         raise typer.Exit(e.exit_status)
     except KeyboardInterrupt:
         say(f"interrupted: the rows finished so far are in {out / 'ledger.jsonl'}; rerun the same command to resume",
@@ -481,7 +484,8 @@ def run_synth(manifest_path: Path, out: Path, options: SynthOptions) -> int:
     from .output.ledger import FolderLock
     from .output.report import build_report
 
-    plan = check_synth(manifest_path, options)
+    with stops_here():   # every reference file of the manifest is read here, and nothing is written yet
+        plan = check_synth(manifest_path, options)
     make_output_folder(out)
     report_row_error = row_error_printer()
     say_run_start(plan, options, report_row_error)

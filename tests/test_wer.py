@@ -401,16 +401,8 @@ def test_score_refuses_to_write_over_a_synth_runs_reports(tmp_path):
 
 
 @pytest.fixture
-def read_only_folder(tmp_path):
-    """A read-only tmpfs (the test runs as root where it can mount one, and root may write into any folder
-    that is only chmod'ed read-only); unmounted after."""
-    folder = tmp_path / "read-only"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    yield folder
-    subprocess.run(["umount", "-l", str(folder)], check=True)
+def read_only_folder(mount_tmpfs):
+    return mount_tmpfs("read-only", "size=64k,ro")
 
 
 def test_score_into_a_folder_it_cannot_write_stops_before_the_asr_hears_any_row(tmp_path, read_only_folder,

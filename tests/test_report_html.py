@@ -246,6 +246,27 @@ def test_score_page_links_the_files_in_the_audio_folder(with_fake_asr, tmp_path)
             assert (out / unquote(row["audio"]["src"])).resolve() == (audio_dir / f"{row_id}.flac").resolve()
 
 
+def test_score_numbers_each_row_by_its_manifest_line_as_synth_does(with_fake_asr, tmp_path):
+    """A blank line of a .txt manifest is skipped but counted (tts synth names an id-less row by its line):
+    tts score gives each row the line number tts synth's reports give it, not its place among the rows read."""
+    manifest, out, scores = tmp_path / "m.txt", tmp_path / "out", tmp_path / "scores"
+    manifest.write_text(f"{ROWS[0][1]}\n\n{ROWS[1][1]}\n", encoding="utf-8")
+    result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(out), "--model", str(tmp_path / "model"),
+                                     "--asr-workers", "1"])
+    assert result.exit_code == 0, result.output
+    lines = {r["id"]: r["row"] for r in json.loads((out / "report.json").read_text())["rows"]}
+    assert lines == {"000001": 1, "000003": 3}
+    result = runner.invoke(cli.app, ["score", str(out), "--manifest", str(manifest), "--out", str(scores),
+                                     "--asr-workers", "1"])
+    assert result.exit_code == 0, result.output
+    for folder in (out, scores):
+        page = PageParser((folder / "report.html").read_text(encoding="utf-8"))
+        assert {r["attrs"]["data-id"]: int(r["cells"]["row"]) for r in page.rows} == lines, folder
+    assert {r["id"]: r["row"] for r in json.loads((scores / "report.json").read_text())["rows"]} == lines
+    for folder in (out, scores):
+        assert {r["id"]: r["row"] for r in pq.read_table(folder / "rows.parquet").to_pylist()} == lines
+
+
 def test_a_row_heard_but_not_scored_shows_why_beside_its_hypothesis():
     """A row the ASR heard whose text has nothing to score (report.md gives the reason): the page shows
     the hypothesis and the reason, not a hypothesis beside a blank WER."""

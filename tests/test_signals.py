@@ -544,7 +544,7 @@ def test_a_stop_keeps_what_the_asr_heard_before_it():
     assert results == {"a": "a transcript", "b": "not heard: the run was stopped by SIGINT"}
     # a row not heard for the stop is not scored, not failed: nothing is wrong with its audio
     from tts_cli.quality.scoring import ScoredRow, apply_transcripts
-    row = ScoredRow("b", "Some words.", "english", file="b.wav")
+    row = ScoredRow(2, "b", "Some words.", "english", file="b.wav")
     apply_transcripts([row], results, key=lambda r: r.id)
     assert (row.error, row.not_scored) == (None, "not heard: the run was stopped by SIGINT")
 

@@ -119,7 +119,7 @@ def test_a_chinese_or_korean_character_counts_as_three_letters_for_slow():
 
 
 def _row(row_id, text="one two three four", **kw):
-    return ScoredRow(row_id, text, "english", file=f"{row_id}.wav", **kw)
+    return ScoredRow(1, row_id, text, "english", file=f"{row_id}.wav", **kw)
 
 
 def test_flags_not_scored_and_report_files_agree(tmp_path):

@@ -42,7 +42,7 @@ FAILED_MEANING = "no audio, or its audio could not be heard: see the row's error
 @dataclass
 class PageRow:
     """One manifest row as the page shows it."""
-    row: int                       # 1-based: the manifest line or row (tts score: the place among the rows)
+    row: int                       # 1-based: the manifest line or row
     id: str
     text: str
     audio: str | None = None       # relative link to the row's audio; None: no player
@@ -80,12 +80,12 @@ def write_score_html(out_dir: Path, report: dict, audio_dir: Path) -> Path:
     """report: `tts score`'s report.json dict (tts_cli/quality/scoring.py); audio_dir: where its rows' files are."""
     out_dir = Path(out_dir)
     folder = Path(os.path.relpath(Path(audio_dir).resolve(), out_dir.resolve()))
-    rows = [PageRow(row=number, id=r["id"], text=r["text"],
+    rows = [PageRow(row=r["row"], id=r["id"], text=r["text"],
                     audio=None if r["error"] or not r["file"] else (folder / r["file"]).as_posix(),
                     hypothesis=r["hypothesis"], not_scored=r["not_scored"], wer=r["wer"], frames=r["frames"],
                     audio_seconds=r["seconds"], flags=r["flags"] + (["failed"] if r["error"] else []),
                     error=r["error"])
-            for number, r in enumerate(report["rows"], start=1)]
+            for r in report["rows"]]
     summary = (_definition_list(report["settings"].items())
                + _wer_summary(report["summary"], report["protocol"]))
     return _write_page(out_dir, report["title"], summary, rows, report["flag_meanings"])

@@ -25,6 +25,7 @@ WORST_ROWS = 10
 
 @dataclass
 class ScoredRow:
+    row: int                                  # 1-based manifest line or row, as tts synth's report numbers it
     id: str
     text: str
     language: str
@@ -108,7 +109,7 @@ def rows_from_manifest(manifest: Manifest, audio_dir: Path) -> list[ScoredRow]:
     rows = []
     for row, wav_name in zip(manifest.rows, wav_names([row.request.id for row in manifest.rows])):
         request = row.request
-        scored = ScoredRow(request.id, request.text, request.language, error=row.problem)
+        scored = ScoredRow(row.number, request.id, request.text, request.language, error=row.problem)
         if entries is None:
             stem = wav_name.removesuffix(".wav")
             names = [stem + ext for ext in AUDIO_EXTENSIONS]
@@ -184,11 +185,11 @@ def write_rows_parquet(path: Path, rows: list[dict]) -> None:
 def row_schema():
     """rows.parquet columns: a fixed schema, so that a column of nulls keeps its type."""
     import pyarrow as pa
-    types = {"id": pa.string(), "text": pa.string(), "language": pa.string(), "file": pa.string(),
-             "hypothesis": pa.string(), "wer": pa.float64(), "errors": pa.int64(), "reference_words": pa.int64(),
-             "frames": pa.int64(), "seconds": pa.float64(), "first_audio_seconds": pa.float64(),
-             "rms": pa.float64(), "hit_cap": pa.bool_(), "flags": pa.list_(pa.string()),
-             "not_scored": pa.string(), "error": pa.string()}
+    types = {"row": pa.int64(), "id": pa.string(), "text": pa.string(), "language": pa.string(),
+             "file": pa.string(), "hypothesis": pa.string(), "wer": pa.float64(), "errors": pa.int64(),
+             "reference_words": pa.int64(), "frames": pa.int64(), "seconds": pa.float64(),
+             "first_audio_seconds": pa.float64(), "rms": pa.float64(), "hit_cap": pa.bool_(),
+             "flags": pa.list_(pa.string()), "not_scored": pa.string(), "error": pa.string()}
     return pa.schema(list(types.items()))
 
 

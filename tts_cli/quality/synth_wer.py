@@ -58,8 +58,9 @@ class SynthWer:
         self.heard = len(heard) - len(unheard)
         wait_seconds = perf_counter() - start
         # a row a stopped run left for the rerun is not scored, not failed
-        rows = [ScoredRow(r.request.id, r.request.text, r.request.language, file=r.file, frames=r.frames,
-                          seconds=r.audio_seconds, hit_cap=r.hit_cap, error=None if r.not_synthesized else r.error,
+        rows = [ScoredRow(r.row_number, r.request.id, r.request.text, r.request.language, file=r.file,
+                          frames=r.frames, seconds=r.audio_seconds, hit_cap=r.hit_cap,
+                          error=None if r.not_synthesized else r.error,
                           not_scored=r.error if r.not_synthesized else None) for r in records]
         apply_transcripts(rows, heard, key=lambda row: row.id)   # ids of rows that ran are unique
         report = build_report(rows, {"settings": {

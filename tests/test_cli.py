@@ -1,4 +1,5 @@
 """`tts` end to end: with a fake synthesizer for the CLI's own logic, and with the bundled tiny model."""
+import errno
 import importlib.util
 import json
 import sys
@@ -876,3 +877,32 @@ def test_bench_keeps_the_finished_levels_when_a_later_one_fails(monkeypatch, tmp
     result = _invoke("bench", "--device", "cpu", "--concurrency", "1,2", "--json", out)
     assert result.exit_code == 2 and "no room for 2 rows" in result.stderr
     assert [(r["concurrency"], r["requests"]) for r in json.loads(out.read_text())["rows"]] == [(1, 2)]
+
+
+def test_bench_results_cut_short_by_a_failed_write_keep_the_levels_before_it(monkeypatch, tmp_path):
+    """The results are rewritten after each concurrency: a write that fails (or is killed) halfway leaves the
+    previous file whole."""
+    from tts_cli import bench
+    monkeypatch.setattr(bench, "load_synthesizer", lambda spec, device, dtype, kind: None)
+    monkeypatch.setattr(bench, "make_requests", lambda synth, sentences, count, frames, speaker, reference: [None] * count)
+    monkeypatch.setattr(bench, "bench_one", lambda synth, concurrency, requests, *args: bench.BenchRow(
+        concurrency, len(requests), 8, 0.64, 0.1, 6.4, 6.4, 0.16, 0.01, 0.01, dict.fromkeys(cli.STEP_STAGES, 0.0),
+        9, 0.9, None, "loop", 16, False, None))
+    out = tmp_path / "bench.json"
+    writes = []
+    write_text = Path.write_text
+
+    def half_then_disk_full(path, text, *args, **kwargs):
+        if out.name not in path.name:
+            return write_text(path, text, *args, **kwargs)
+        writes.append(path)
+        if len(writes) == 1:
+            return write_text(path, text, *args, **kwargs)
+        write_text(path, text[:len(text) // 2], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_disk_full)
+    result = _invoke("bench", "--device", "cpu", "--concurrency", "1,2", "--json", out)
+    assert result.exit_code == 2 and f"cannot write the results {out}" in " ".join(result.stderr.split())
+    assert [r["concurrency"] for r in json.loads(out.read_text())["rows"]] == [1]
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]   # no temporary file left

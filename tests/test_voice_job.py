@@ -221,6 +221,25 @@ def test_voice_options_the_checkpoint_cannot_take_stop_the_run_before_it_loads(t
     assert not (tmp_path / "out").exists()
 
 
+def test_a_file_where_the_reference_cache_goes_stops_a_clone_run_before_it_loads(tmp_path, monkeypatch):
+    """OUT/.references is the folder of the encoded references: a file of that name is one red line and exit 2
+    before the model loads, not a run that stops at its first clone row with the model loaded."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "load_synthesizer", lambda *a: pytest.fail("the model was loaded"))
+    sf.write(tmp_path / "me.wav", np.sin(np.arange(30000) / 7) * 0.3, 24000, subtype="PCM_16")
+    (tmp_path / "corpus.txt").write_text("One line to speak.\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / CACHE_DIR_NAME).write_text("")
+    result = runner.invoke(cli.app, ["synth", "corpus.txt", "--out", "out", *OPTIONS, "--ref-audio", "me.wav",
+                                     "--x-vector-only"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("error:") == 1 and (
+        f"error: --out out: {Path('out') / CACHE_DIR_NAME} is a file, not the folder the encoded references are "
+        "kept in: move it away or use another --out") in " ".join(result.stderr.split()), result.stderr
+    assert "synthesis failed" not in result.stderr
+    assert [p.name for p in (tmp_path / "out").iterdir()] == [CACHE_DIR_NAME]   # no ledger: no run started
+
+
 def test_an_instruct_the_checkpoint_ignores_is_left_out_of_the_rows_settings(tmp_path, monkeypatch):
     """A CustomVoice 0.6B takes no instruction (the official code drops it): the rows' instruct is left out
     of them with a note (even one that would fail its row), so the report does not show a voice that was

@@ -636,7 +636,13 @@ def reference_voices(plan: SynthPlan, out: Path) -> Optional[Voices]:
     from .checkpoint import BASE
 
     if plan.kind == BASE and any(row.request.clones_voice for row in plan.rows if row.problem is None):
+        from .voice.cache import CACHE_DIR_NAME
         from .voice.voices import Voices
+
+        cache = out / CACHE_DIR_NAME
+        if cache.exists() and not cache.is_dir():   # else the first clone row would stop the run, the model loaded
+            raise TTSError(f"--out {out}: {cache} is a file, not the folder the encoded references are kept in: "
+                           "move it away or use another --out")
         return Voices(plan.model.dir, out, "cpu" if plan.gpus else plan.device_choice.device)
     return None
 

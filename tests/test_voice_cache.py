@@ -1,9 +1,14 @@
 """The reference cache: each distinct reference encoded once per output folder, kept across runs."""
+import os
+import stat
+from pathlib import Path
+
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 
+from tts_cli.output.writer import write_wav
 from tts_cli.voice.cache import CACHE_DIR_NAME, ReferenceCache
 from tts_cli.voice.reference_audio import ReferenceAudioError, check_reference
 
@@ -100,13 +105,12 @@ def test_a_killed_write_leaves_no_cache_file(tmp_path, references, monkeypatch):
     out = tmp_path / "out"
     path, sha = references["a.wav"]
 
-    def killed(tensors, filename, metadata=None):
-        with open(filename, "wb") as f:
-            f.write(b"half a file")
+    def killed(tmp, data):
+        with open(tmp, "wb") as f:
+            f.write(data[:len(data) // 2])
         raise KeyboardInterrupt   # stands for the process dying mid-write
 
-    import safetensors.torch
-    monkeypatch.setattr(safetensors.torch, "save_file", killed)
+    monkeypatch.setattr(Path, "write_bytes", killed)
     with pytest.raises(KeyboardInterrupt):
         ReferenceCache(out, CountingEncoder(), encoder="m").get(path, sha)
     assert list((out / CACHE_DIR_NAME).iterdir()) == []
@@ -116,6 +120,19 @@ def test_a_killed_write_leaves_no_cache_file(tmp_path, references, monkeypatch):
     assert list((out / CACHE_DIR_NAME).iterdir()) == []   # its leftovers are removed
     cache.get(path, sha)
     assert cache.encoded == 1 and (out / CACHE_DIR_NAME / f"{sha}.safetensors").is_file()
+
+
+def test_cache_files_take_the_permissions_of_the_runs_other_outputs(tmp_path, references):
+    """Made under the umask, as the audio is: another user resuming a shared folder reads them back."""
+    path, sha = references["a.wav"]
+    old_umask = os.umask(0o027)
+    try:
+        ReferenceCache(tmp_path / "out", CountingEncoder(), encoder="m").get(path, sha)
+        write_wav(tmp_path / "out" / "row.wav", np.zeros(10, np.float32), 24000)
+    finally:
+        os.umask(old_umask)
+    mode = stat.S_IMODE((tmp_path / "out" / CACHE_DIR_NAME / f"{sha}.safetensors").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "out" / "row.wav").stat().st_mode) == 0o640
 
 
 def test_a_reference_changed_since_the_manifest_was_read_fails_its_rows(tmp_path, references):

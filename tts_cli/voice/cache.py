@@ -93,8 +93,11 @@ class ReferenceCache:
         return cached
 
     def _write(self, reference: EncodedReference) -> None:
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         tensors = {"speaker_embedding": reference.speaker_embedding, "codes": reference.codes}
         meta = {"sha256": reference.sha256, "encoder": self.encoder, "seconds": repr(reference.seconds)}
-        write_atomically(self.path_for(reference.sha256), lambda tmp: save_file(tensors, str(tmp), metadata=meta))
+        # Written by Python, as the audio is: safetensors' own save_file makes its files 0600, whatever the umask,
+        # and another user resuming the folder could not read them.
+        data = save(tensors, metadata=meta)
+        write_atomically(self.path_for(reference.sha256), lambda tmp: tmp.write_bytes(data))

@@ -206,6 +206,30 @@ def test_txt_corpus_takes_one_voice_from_the_options(tmp_path, monkeypatch):
                               "embedding alone, which reads no transcript"]
 
 
+def test_a_blank_instruct_or_ref_text_option_is_none_as_a_blank_cell_is(tmp_path, monkeypatch):
+    """Whitespace alone in --instruct or --ref-text, as in an instruct or ref_text cell, gives none: the same
+    rows, ledger keys included, as the option left empty."""
+    monkeypatch.chdir(tmp_path)
+    sf.write(tmp_path / "me.wav", tone(24000, 1.5), 24000, subtype="PCM_16")
+    (tmp_path / "corpus.txt").write_text("One line to speak.\n")
+    pq.write_table(pa.table({"text": ["One line to speak."], "instruct": [" \t "]}), tmp_path / "cells.parquet")
+    voice_design = ["--model", str(BASE_MODEL.parent / "tiny-1.7b-voicedesign")]
+    clone = ["--model", str(BASE_MODEL), "--ref-audio", "me.wav", "--x-vector-only"]
+    runs = {"designed": ("corpus.txt", [*voice_design, "--instruct", ""]),
+            "designed blank": ("corpus.txt", [*voice_design, "--instruct", " \t "]),
+            "designed blank cell": ("cells.parquet", voice_design),
+            "cloned": ("corpus.txt", [*clone, "--ref-text", ""]),
+            "cloned blank": ("corpus.txt", [*clone, "--ref-text", " \t "])}
+    params = {}
+    for out, (manifest, options) in runs.items():
+        result = runner.invoke(cli.app, ["synth", manifest, "--out", out, "--no-wer", "--max-frames", "2", *options])
+        assert result.exit_code == 0, (out, result.output)
+        [entry] = [json.loads(line) for line in (tmp_path / out / "ledger.jsonl").read_text().splitlines()]
+        params[out] = (entry["key"], entry["params"].get("instruct"), entry["params"].get("ref_text"))
+    assert params["designed"] == params["designed blank"] == params["designed blank cell"]
+    assert params["cloned"] == params["cloned blank"] and params["designed"][1:] == (None, None)
+
+
 def test_a_transcript_goes_with_the_reference_of_its_own_row(tmp_path, monkeypatch):
     """--ref-text is --ref-audio's transcript: a row with a reference of its own does not take it (a
     transcript of another file would clone its voice from the wrong words), and a row's own ref_text

@@ -223,7 +223,7 @@ def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, 
     # --x-vector-only says how to clone --ref-audio's file: a row with a reference of its own takes only
     # its own x_vector_only (one without may set the mode for --ref-audio's).
     own_reference, own_transcript = bool(_string_or(ref_audio, "")), bool(_string_or(ref_text, ""))
-    given_instruct = _string_or(instruct, defaults.instruct or "") or None
+    given_instruct = _string_or(instruct, (defaults.instruct or "").strip()) or None
     x_vector_only, flag_problem = _flag(x_vector_only, defaults.x_vector_only and not own_reference)
     pairing_problem = (own_transcript and not own_reference and defaults.ref_audio and
                        "ref_text without ref_audio in its row: a row's transcript is of its own reference, and "

@@ -59,9 +59,10 @@ def check_voice_options(cfg, speaker: str | None, language: str, instruct: str |
         option = "language"
         resolve_language_id(cfg, speaker if cfg.model_type == CUSTOM_VOICE else None, language)
         option = "instruct"
+        instruct = instruct and instruct.strip()   # (as the manifest reads it: whitespace alone is none)
         if instruct and cfg.model_type == BASE:
             check_voice(cfg, None, instruct, False)
-        too_long = instruct and text_problem(instruct.strip(), MAX_INSTRUCT_CHARS, "instructs")
+        too_long = instruct and text_problem(instruct, MAX_INSTRUCT_CHARS, "instructs")
         if too_long:
             raise RequestError(too_long)
         if cfg.supports_instruct:   # (a CustomVoice 0.6B's rows leave it out, with a note)

@@ -770,7 +770,7 @@ def _read_decoder_tensors(path: Path, model: CodecDecoder, device: torch.device)
     """Every parameter of `model` from the tensor "decoder." + its name, and the folded codebook
     tables [Q, codebook_size, codebook_dim] (computed in fp32)."""
     if not path.is_file():
-        raise CheckpointError(f"{path}: file is missing")
+        raise CheckpointError(f"missing file: {path}")
     try:
         handle = safe_open(str(path), framework="pt", device=str(device))
     except Exception as e:  # safetensors raises its own error types for a corrupt header

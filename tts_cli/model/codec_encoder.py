@@ -445,7 +445,7 @@ def load_codec_encoder(speech_tokenizer_dir: str | Path, device="cpu",
     config = CodecEncoderConfig.parse(read_json(config_path), config_path)
     path = directory / "model.safetensors"
     if not path.is_file():
-        raise CheckpointError(f"{path}: file is missing")
+        raise CheckpointError(f"missing file: {path}")
     with torch.device("meta"):
         wanted = set(CodecEncoder(config).state_dict())
     try:

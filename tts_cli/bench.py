@@ -41,7 +41,7 @@ from tts_cli.engine.random_model import TINY, build_random, parse_spec, random_c
 from tts_cli.engine import (CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                             DEFAULT_TALKER_PRECISION)
 from tts_cli.engine.runner import Engine, EngineRequest
-from tts_cli.errors import OutputError, TTSError
+from tts_cli.errors import TTSError, without_resume_advice
 from tts_cli.output.writer import write_atomically
 from tts_cli.request import Request, VoiceReference
 from tts_cli.synthesizer import (Synthesizer, allow_tf32, code_predictor_settings, icl_codes, load_tokenizer,
@@ -284,8 +284,7 @@ def write_json(result: dict, path: Path) -> None:
     """Atomically: rewritten after each concurrency, the file a kill interrupts keeps the levels already done."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))
     except OSError as e:
         raise TTSError(f"cannot write the results {path}: {e}") from None
-    except OutputError as e:   # its message tells how to resume a synth run, which a bench cannot
-        raise TTSError(f"cannot write the results {path}: {e.__cause__}") from None
+    with without_resume_advice("the results"):
+        write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))

@@ -20,7 +20,7 @@ from .engine import (AUTO_ROWS, AUTO_ROWS_RULE, CODEC_PRECISIONS, CODEC_STREAM_R
 from .bench_plot import STEP_STAGES
 from .bench_clone import DEFAULT_REF_SECONDS, DEFAULT_WORKLOAD, ORDERS, WORKLOADS
 from .voice.limits import MAX_SECONDS, MIN_SECONDS
-from .errors import TTSError
+from .errors import TTSError, without_resume_advice
 from .logs import log_to_stderr
 from .processes import RunCannotGoOn, RunStopped, stop_on_signals, stops_here
 from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_CHOICES, SETTING_RANGES, load_recipe, parse_rows
@@ -1180,7 +1180,8 @@ def run_score(audio_dir: Path, manifest_path: Path, out: Path, language: str, as
         "audio folder": str(audio_dir), "manifest": str(manifest_path), "ASR model": str(asr.path),
         "ASR model source": asr.source, "ASR settings": dict(TRANSCRIBE_OPTIONS, compute_type=COMPUTE_TYPE),
         "tts version": __version__}}, manifest.skipped_empty)
-    paths = write_score_files(out, report, audio_dir)
+    with without_resume_advice("the report"):
+        paths = write_score_files(out, report, audio_dir)
     print_output(score_summary_line(report["summary"]) + f"; report: {paths['report.md']}")
     if unheard:   # not heard for a stop: raised here (the caller says so, exit 130, 143); else the ASR failed
         with stops_here():   # raises RunStopped on entering it if a stop came

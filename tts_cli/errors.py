@@ -1,4 +1,5 @@
 """Errors a user can act on. Each message names the file, field or row at fault."""
+from contextlib import contextmanager
 
 
 class TTSError(Exception):
@@ -32,9 +33,19 @@ class OutputError(TTSError):
     later row would fail too, so the run stops. The message names the path and the OS's reason."""
 
     def __init__(self, path, error: OSError):
-        super().__init__(f"cannot write {path}: {error.strerror or error}; the run stopped (rows already "
+        self.path, self.reason, self.errno = path, error.strerror or error, error.errno
+        super().__init__(f"cannot write {path}: {self.reason}; the run stopped (rows already "
                          "recorded are kept): free space or fix the folder, then rerun the same command to resume")
-        self.errno = error.errno
+
+
+@contextmanager
+def without_resume_advice(what: str):
+    """An OutputError raised inside becomes "cannot write WHAT PATH: REASON", for a command that keeps no ledger
+    (tts bench, tts score): a rerun of it redoes everything, resuming nothing."""
+    try:
+        yield
+    except OutputError as e:
+        raise TTSError(f"cannot write {what} {e.path}: {e.reason}") from None
 
 
 class SynthesisCancelled(Exception):

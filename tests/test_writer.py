@@ -73,6 +73,22 @@ def test_failed_write_keeps_the_old_file_and_removes_the_temp_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
 
 
+def test_interrupted_write_keeps_the_old_file_removes_the_temp_file_and_passes_the_interrupt_on(tmp_path):
+    """Ctrl-C mid-write (tts bench rewrites its --json after each level): not an OutputError, and no
+    .NAME.PID.tmp left beside the file. Only a SIGKILL, which runs no cleanup, leaves one."""
+    target = tmp_path / "r.json"
+    target.write_text("old")
+
+    def interrupted(tmp):
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(target, interrupted)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
 def test_write_wav_into_missing_folder_raises_output_error(tmp_path):
     with pytest.raises(OutputError, match="No such file or directory"):
         write_wav(tmp_path / "missing" / "x.wav", np.zeros(10, np.float32), 24000)

@@ -213,12 +213,17 @@ def _decode(data: bytes, what: str) -> tuple[str, str | None]:
         return data.decode("utf-8", errors="replace"), f"invalid UTF-8 in the {what} at byte {e.start}"
 
 
+def _row_id(index: int, given: str | None) -> str:
+    """A row's id: the given one stripped, or where there is none (or it is blank) its row number."""
+    return default_id(index) if given is None or not given.strip() else given.strip()
+
+
 def _make_row(index: int, row_id: str | None, text: str, defaults: RowDefaults, *, speaker=None,
               language=None, instruct=None, seed=None, ref_audio=None, ref_text=None, x_vector_only=None,
               base_dir: Path | None = Path("."), problem: str | None = None) -> ManifestRow:
     """base_dir: the folder a ref_audio cell is relative to (the manifest's); None for a remote manifest's."""
     text = text.strip()
-    row_id = default_id(index) if row_id is None or not row_id.strip() else row_id.strip()
+    row_id = _row_id(index, row_id)
     # A transcript is of one file: --ref-text goes with --ref-audio, a row's ref_text with its ref_audio.
     # --x-vector-only says how to clone --ref-audio's file: a row with a reference of its own takes only
     # its own x_vector_only (one without may set the mode for --ref-audio's).
@@ -414,8 +419,8 @@ def repeated_ids(table) -> dict[str, int]:
     first_number: dict[str, int] = {}
     repeated = {}
     for index, cell in enumerate(_cells(table, "id")):
-        text = _decode(cell, "id")[0] if isinstance(cell, bytes) else "" if cell is None else str(cell)
-        row_id = text.strip() or default_id(index)
+        given = _decode(cell, "id")[0] if isinstance(cell, bytes) else None if cell is None else str(cell)
+        row_id = _row_id(index, given)
         number = first_number.setdefault(row_id, index + 1)
         if number != index + 1:
             repeated[row_id] = number

@@ -2,6 +2,7 @@
 greedy and for seeded sampling, whatever the slot and the batch mates; streamed PCM equals the
 full decode of those codes, and decoding every K steps over K frames gives what K = 1 gives."""
 import copy
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from tts_cli.engine import codec_stream_for, prefill_tiles_for, tail_rows_for
+from tts_cli.engine import codec_gemm_scale, codec_stream_for, prefill_tiles_for, tail_rows_for
 from tts_cli.engine.prefill import split_tiles
 from tts_cli.engine.step import PaddedGEMMs
 from tts_cli.engine.runner import Engine, EngineRequest, PromptSource
@@ -385,6 +386,27 @@ def test_padded_gemms_run_on_rows_added_and_give_the_rows_their_outputs():
     assert linear._few_row_kernels
 
 
+def test_codec_gemms_of_an_engine_above_codec_gemm_rows_run_in_equal_blocks_of_them():
+    """A full step of 1024 rows runs the codec's F.linear and addmm in two blocks of 512 rows (what
+    cuBLAS is held to in every position: tts_cli.engine.CODEC_GEMM_ROWS), a tail of 256 rows of it
+    pads to 512, and 512 rows or fewer run as they are; the outputs are the whole product's."""
+    assert codec_gemm_scale(1024, 1024) == Fraction(1, 2) and codec_gemm_scale(2048, 2048) == Fraction(1, 4)
+    assert codec_gemm_scale(1024, 512) == 1 and codec_gemm_scale(1024, 256) == 2
+    assert codec_gemm_scale(512, 512) == 1 and codec_gemm_scale(512, 128) == 4 and codec_gemm_scale(64, 64) == 1
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(8, 5, 8, generator=g), torch.randn(6, 8, generator=g), torch.randn(6, generator=g)
+    flat = x.flatten(0, 1)
+    with _GEMMShapes() as shapes, PaddedGEMMs(scale=Fraction(1, 2)):
+        outputs = [F.linear(x, w, b), torch.addmm(b, flat, w.t()), torch.mm(flat, w.t())]
+    assert shapes.seen == [("linear", (4, 5, 8)), ("linear", (4, 5, 8)), ("addmm", (20, 8)), ("addmm", (20, 8)),
+                           ("mm", (40, 8))]
+    for out, want in zip(outputs, [F.linear(x, w, b), b + flat @ w.t(), flat @ w.t()]):
+        assert out.shape == want.shape and torch.allclose(out, want, atol=1e-5)
+    with pytest.raises(ValueError, match="5 GEMM rows cannot run as equal blocks of 5/2"):
+        with PaddedGEMMs(scale=Fraction(1, 2)):
+            F.linear(x[:5], w, b)
+
+
 def test_tail_steps_by_default_on_cuda_from_128_rows_only():
     assert tail_rows_for(512, cuda=True) == (256, 128, 64)
     assert tail_rows_for(256, cuda=True) == (128, 64)
@@ -743,7 +765,10 @@ def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):
     assert cloned.voice_prefix() is None
 
 
-def test_prefill_tiles_on_cuda_are_the_multiples_of_8_prompts_up_to_rows_over_8():
+def test_prefill_tiles_on_cuda_are_the_multiples_of_8_prompts_up_to_rows_over_8_and_2048_gemm_rows():
+    assert prefill_tiles_for(1024, cuda=True) == (64, 56, 48, 40, 32, 24, 16, 8)
+    assert prefill_tiles_for(1024, cuda=True, columns=16) == (128, 112, 96, 80, 64, 48, 32, 16)
+    assert prefill_tiles_for(2048, cuda=False) == (64,)
     assert prefill_tiles_for(512, cuda=True, columns=16) == (64, 48, 32, 16)
     assert prefill_tiles_for(512, cuda=True) == (64, 56, 48, 40, 32, 24, 16, 8)
     assert prefill_tiles_for(128, cuda=True) == (16, 8)

@@ -15,9 +15,11 @@ import torch
 import torch.nn.functional as F
 
 from clone_cases import TINY_BASE, TINY_VOICE_DESIGN, clone_requests, design_requests, random_reference
-from tts_cli.engine import AUTO_ROWS, DEFAULT_ENGINE_ROWS
+from tts_cli.engine import (AUTO_ROWS, CODEC_GEMM_ROWS, DEFAULT_ENGINE_ROWS, MAX_PREFILL_GEMM_ROWS,
+                            codec_gemm_scale)
 from tts_cli.engine.random_model import build_random
 from tts_cli.engine.runner import Engine, EngineRequest, PromptSource, use_fused_kernels
+from tts_cli.engine.step import PaddedGEMMs
 from tts_cli.model.codec import CodecState
 from tts_cli.model.generate import RowInput, generate
 from tts_cli.model.prompt import (assistant_text, build_prompt, prompt_embeddings, reference_text,
@@ -29,6 +31,9 @@ from tts_cli.synthesizer import (Synthesizer, code_predictor_settings, engine_au
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 TINY = Path(__file__).resolve().parents[1] / "tts_cli" / "assets" / "tiny-1.7b-customvoice"
+# The engine's slot counts whose numbers the GPU tests hold: --rows auto's choices, and 1024, the first above
+# CODEC_GEMM_ROWS and MAX_PREFILL_GEMM_ROWS / 4 (a user's --rows 1024).
+ROWS_CHECKED = sorted({*AUTO_ROWS, 1024})
 TEXTS = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
          "It's easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",
          "Rice is often served in round bowls.", "The juice of lemons makes fine punch."]
@@ -701,16 +706,18 @@ def test_a_prompt_prefills_to_the_same_numbers_in_every_tile_size_at_512_rows(vo
                 assert torch.equal(a, b), f"{n} prompts, the probe's place {probe_at}"
 
 
-@pytest.mark.parametrize("rows", [512, 128])
+@pytest.mark.parametrize("rows", [1024, 512, 128])
 def test_tail_steps_give_every_request_the_codes_and_audio_of_the_full_step(rows):
-    """At the real 1.7B shapes (random fp16 weights), 512 and 128 slots: 900 (250) requests of 6-45
-    frames with the engine's tail steps (256, 128 then 64 rows; 64), their projections on cuBLAS
-    padded to 256 GEMM rows (128: the full step's) and the code predictor's loop, and without: the
-    same codes and PCM for every request, bit for bit."""
+    """At the real 1.7B shapes (random fp16 weights), 1024, 512 and 128 slots: 1800, 900 and 250
+    requests of 6-45 frames with the engine's tail steps (512 at 1024 slots, 256, 128 then 64 rows; 64),
+    their projections on cuBLAS padded to 256 GEMM rows (128: the full step's) and the code
+    predictor's loop, and without: the same codes and PCM for every request, bit for bit. At 1024
+    slots the full step runs the codec's GEMMs in two blocks of 512 rows and a tail of 512 as they
+    are (tts_cli.engine.CODEC_GEMM_ROWS)."""
     model, codec, sampling, embeds = _random_1_7b_and_prompts()
     requests = [EngineRequest(key=key, prompt_embeds=embeds[key % len(embeds)], seed=11 + key,
                               max_frames=6 + (7 * key) % 40, min_new_tokens=47)
-                for key in range(900 if rows == 512 else 250)]
+                for key in range({1024: 1800, 512: 900, 128: 250}[rows])]
 
     def run(tail_rows):
         engine = Engine(model, codec, rows=rows, context=128, talker_defaults=talker_settings(sampling),
@@ -721,7 +728,7 @@ def test_tail_steps_give_every_request_the_codes_and_audio_of_the_full_step(rows
         return results, steps
     full, full_steps = run(())
     tails, tail_steps = run(None)
-    assert set(full_steps) == {rows} and set(tail_steps) == ({512, 256, 128, 64} if rows == 512 else {128, 64})
+    assert set(full_steps) == {rows} and set(tail_steps) == {n for n in (1024, 512, 256, 128, 64) if n <= rows}
     assert sum(tail_steps.values()) == full_steps[rows]
     for a, b in zip(tails, full):
         assert len(a.codes) == 6 + (7 * a.key) % 40
@@ -788,12 +795,13 @@ def test_reference_encoders_through_cudnn_give_the_cpu_encoding():
     assert cosine > 0.99999 and same >= 0.99
 
 
-@pytest.mark.parametrize("rows", sorted(AUTO_ROWS))
+@pytest.mark.parametrize("rows", ROWS_CHECKED)
 def test_codec_row_is_bit_identical_in_any_slot(rows):
-    """The engine's codec (fused, fp16 vocoder, TF32 as tts synth sets it) at the real shapes and
-    the slot counts --rows auto chooses from: row 0's codes copied into two other slots of a batch of
-    random codes give the same PCM there, bit for bit, over three streamed windows. With cuDNN's
-    pre-convolution this failed at 256 rows (2026-12-03)."""
+    """The engine's codec (fused, fp16 vocoder, TF32 as tts synth sets it, its GEMMs in blocks of at
+    most CODEC_GEMM_ROWS rows as the engine runs them) at the real shapes and the slot counts --rows
+    auto chooses from, and 1024: row 0's codes copied into two other slots of a batch of random codes
+    give the same PCM there, bit for bit, over three streamed windows. With cuDNN's pre-convolution
+    this failed at 256 rows (2026-12-03); at 1024 rows without the blocks, one GEMM (2026-12-04)."""
     model, codec = build_random("1.7b", "cuda", torch.float16)
     saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -805,7 +813,8 @@ def test_codec_row_is_bit_identical_in_any_slot(rows):
         for _ in range(3):
             codes = torch.randint(0, codec.config.codebook_size, (rows, 4, 16), device="cuda", generator=g)
             codes[copies] = codes[0].clone()
-            pcm = codec.decode_step(codes, state)
+            with PaddedGEMMs(scale=codec_gemm_scale(rows, rows)):
+                pcm = codec.decode_step(codes, state)
             for slot in copies:
                 assert torch.equal(pcm[slot], pcm[0]), f"slot {slot} of {rows}"
     finally:
@@ -826,14 +835,15 @@ def _projection_weights(root: torch.nn.Module) -> list[torch.Tensor]:
     return list(found.values())
 
 
-@pytest.mark.parametrize("rows", sorted(AUTO_ROWS))
+@pytest.mark.parametrize("rows", ROWS_CHECKED)
 def test_projections_give_a_row_the_same_numbers_in_any_position(rows):
     """What batch-mate independence rests on beside fixed shapes (docs/design.md): at every --rows auto
-    choice, each projection of the talker and code predictor (fp16 weights, through
+    choice and 1024, each projection of the talker and code predictor (fp16 weights, through
     tts_kernels.linear as the engine calls them) at a decode step's rows and a prefill tile's
-    (rows / 8 prompts x 32 positions), and each of the codec's (fp32, TF32) at 4, 8 and 16 frames
-    per row, gives an input row copied to other positions the same output there, bit for bit.
-    (cuDNN's pre-convolution did not, at 256 rows: test_codec_row_is_bit_identical_in_any_slot.)"""
+    (rows / 8 prompts x 32 positions, at most MAX_PREFILL_GEMM_ROWS), and each of the codec's (fp32,
+    TF32) at 4, 8 and 16 frames per row of at most CODEC_GEMM_ROWS rows, gives an input row copied to
+    other positions the same output there, bit for bit. (cuDNN's pre-convolution did not, at 256
+    rows: test_codec_row_is_bit_identical_in_any_slot.)"""
     from tts_kernels.linear import project, split
     model, codec = build_random("1.7b", "cuda", torch.float16)
     use_fused_kernels(model, codec, torch.device("cuda"), True)
@@ -841,10 +851,12 @@ def test_projections_give_a_row_the_same_numbers_in_any_position(rows):
     torch.backends.cuda.matmul.allow_tf32 = True
     g = torch.Generator(device="cuda").manual_seed(rows)
     cases = [(w, m, lambda x, w=w: project(split(x, w.dtype), w)) for w in _projection_weights(model)
-             for m in (rows, 4 * rows)]
+             for m in (rows, min(4 * rows, MAX_PREFILL_GEMM_ROWS))]
     # the vocoder's convolutions are tts_kernels.conv's, not cuBLAS's
     codec_weights = _projection_weights(codec.pre_transformer) + _projection_weights(codec.upsample)
-    cases += [(w, m, lambda x, w=w: x @ w.t()) for w in codec_weights for m in (4 * rows, 8 * rows, 16 * rows)]
+    codec_rows = min(rows, CODEC_GEMM_ROWS)
+    cases += [(w, m, lambda x, w=w: x @ w.t()) for w in codec_weights
+              for m in (4 * codec_rows, 8 * codec_rows, 16 * codec_rows)]
     try:
         for weight, m, multiply in cases:
             x = torch.randn(m, weight.shape[1], device="cuda", generator=g)

@@ -1,5 +1,6 @@
 """The slot engine (runner, step, slots, prefill). This module imports no torch: the CLI reads its
 defaults here without loading the engine."""
+from fractions import Fraction
 
 # The codec runs every K decode steps over the last K frames (the engine's codec window). Measured on
 # the H200 (random 1.7B, docs/bench.md at 0bca9b7): bf16, 2026-11-29, K = 4 gave c64 362.8 audio-s/s
@@ -37,6 +38,22 @@ def codec_stream_for(rows: int, cuda: bool) -> bool:
 # sums for a row whatever the product's rows (probed on the H200 from 2048 down to 256, 2026-12-04;
 # at 128 the two down projections differed): the least rows of a GEMM whose shape may vary.
 INVARIANT_GEMM_ROWS = 256
+# ... and up to this many: a prefill tile holds at most these GEMM rows (64 prompts x 32 positions), so
+# that an engine of more than 512 slots prefills in the tile sizes probed.
+MAX_PREFILL_GEMM_ROWS = 2048
+# The codec's cuBLAS GEMMs (F.linear, addmm: its transformer and upsampling blocks, 4 to 16 GEMM rows
+# per engine row) run on at most this many engine rows at once: at 1024 the [4096, 1024] one at
+# M = 16384 gave a row other sums by its position (H200, 2026-12-04, docs/bench.md), while up to 512
+# every one of them gives a row the same sums anywhere (tests/test_gpu.py). A step of more rows runs
+# each in equal blocks of these rows, a tail step pads to them (step.PaddedGEMMs, codec_gemm_scale).
+CODEC_GEMM_ROWS = 512
+
+
+def codec_gemm_scale(engine_rows: int, step_rows: int) -> Fraction:
+    """The codec's GEMM rows in a step of `step_rows` of an engine of `engine_rows` slots, as a
+    multiple of the step's own (PaddedGEMMs' `scale`): 1 where they are the same."""
+    return Fraction(min(engine_rows, CODEC_GEMM_ROWS), step_rows)
+
 
 # Once a run's queue is empty, the requests still speaking are moved at a window boundary into the
 # first rows / 2 (then rows / 4 ...) slots, and the steps run on graphs of that many rows: the ragged
@@ -64,14 +81,14 @@ def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
 
 
 # The prefill's tiles (prefill.py) hold rows / 8 prompts x their chunks' columns (32, or 16 with voice
-# prefixes). On CUDA an admission's last tile may also hold any multiple of INVARIANT_GEMM_ROWS / columns
-# prompts below that, so that a few prompts run a tile of a few (at 512 slots on the bench's Harvard
-# work a third fewer prompt rows than whole tiles: tools/slot_occupancy.py --prefill). Such a tile's
-# GEMMs still have INVARIANT_GEMM_ROWS rows or more.
+# prefixes), at most MAX_PREFILL_GEMM_ROWS of them. On CUDA an admission's last tile may also hold any
+# multiple of INVARIANT_GEMM_ROWS / columns prompts below that, so that a few prompts run a tile of a few
+# (at 512 slots on the bench's Harvard work a third fewer prompt rows than whole tiles:
+# tools/slot_occupancy.py --prefill). Such a tile's GEMMs still have INVARIANT_GEMM_ROWS rows or more.
 def prefill_tiles_for(rows: int, cuda: bool, columns: int = 32) -> tuple[int, ...]:
     """The prefill's tile sizes in prompts (largest first) for an engine of `rows` slots whose
     tiles' chunks have `columns` positions (prefill.COLUMNS, or VOICE_COLUMNS)."""
-    tile, step = max(1, rows // 8), INVARIANT_GEMM_ROWS // columns
+    tile, step = max(1, min(rows // 8, MAX_PREFILL_GEMM_ROWS // columns)), INVARIANT_GEMM_ROWS // columns
     if not cuda or tile <= step or tile % step:
         return (tile,)
     return tuple(range(tile, 0, -step))

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from tts_cli.engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
-                            INVARIANT_GEMM_ROWS, TAIL_MIN_ROWS, codec_stream_for, codec_window_for,
+                            INVARIANT_GEMM_ROWS, TAIL_MIN_ROWS, codec_gemm_scale, codec_stream_for, codec_window_for,
                             prefill_tiles_for, tail_rows_for, voice_prefixes_for)
 from tts_cli.engine.prefill import COLUMNS, VOICE_COLUMNS, Prefill
 from tts_cli.engine.slots import SlotState
@@ -286,8 +286,10 @@ class Engine:
         # the steps on a high-priority stream: where both have blocks waiting for an SM, theirs go first
         self.step_stream = torch.cuda.Stream(device, priority=-1) if codec_stream else None
         self.codec_stream = torch.cuda.Stream(device) if codec_stream else None
+        codec_scale = codec_gemm_scale(rows, rows)
         self.step = DecodeStep(model, codec, self.state, use_graphs, top_p, kernels=kernels, depth=depth,
-                               codec_stream=self.codec_stream)
+                               codec_stream=self.codec_stream,
+                               padded_gemms={"codec": PaddedGEMMs(scale=codec_scale)} if codec_scale != 1 else None)
         if tail_rows is None:
             tail_rows = () if codec_stream else tail_rows_for(rows, device.type == "cuda")
         if tail_rows and codec_stream:
@@ -302,7 +304,8 @@ class Engine:
         self._levels = [self._new_level(self.step, pin)]
         for n in tail_rows:
             projections = PaddedGEMMs(min_rows=INVARIANT_GEMM_ROWS, scale=rows // n, cublas=kernels)
-            padded = {"depth": projections, "talker": projections, "codec": PaddedGEMMs(scale=rows // n)}
+            padded = {"depth": projections, "talker": projections,
+                      "codec": PaddedGEMMs(scale=codec_gemm_scale(rows, n))}
             # the code predictor's loop, as a full step of more than 64 rows runs it (a tail of 64
             # rows would take the persistent kernel under `auto`)
             step = DecodeStep(model, codec, self.state.head(n), use_graphs, top_p, kernels=kernels, depth="loop",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from fractions import Fraction
 
 import torch
 import torch.nn.functional as F
@@ -58,13 +59,16 @@ class PaddedGEMMs(TorchFunctionMode):
     torch.mm of fewer than `min_rows` rows (the talker's and code predictor's projections,
     tts_kernels.linear: with `cublas` they take cuBLAS at every row count, cublas_projections) on
     `min_rows`, or on `scale` times their rows where that is fewer (the full step's shape, below
-    INVARIANT_GEMM_ROWS), and F.linear and torch.addmm (the codec's) on `scale` times their rows.
-    cuBLAS picks its kernel, and so a row's summation order, by shape; a tail step (runner) runs in
-    it so that its rows get the sums the full step gives them (tts_cli.engine)."""
+    INVARIANT_GEMM_ROWS), and F.linear and torch.addmm (the codec's) on `scale` times their rows:
+    padded where scale > 1, in 1 / scale equal blocks where it is below 1 (tts_cli.engine.
+    codec_gemm_scale). cuBLAS picks its kernel, and so a row's summation order, by shape; a tail
+    step (runner) runs in it so that its rows get the sums the full step gives them, and a full step
+    of more than CODEC_GEMM_ROWS rows so that its codec's GEMMs keep shapes that sum a row alike in
+    every position (tts_cli.engine)."""
 
-    def __init__(self, min_rows: int = 0, scale: int = 1, cublas: bool = False):
+    def __init__(self, min_rows: int = 0, scale: int | Fraction = 1, cublas: bool = False):
         super().__init__()
-        self.min_rows, self.scale, self.cublas = min_rows, scale, cublas
+        self.min_rows, self.scale, self.cublas = min_rows, Fraction(scale), cublas
         self._entered: list[contextlib.ExitStack] = []   # one per (nested) entry
 
     def __enter__(self):
@@ -84,12 +88,21 @@ class PaddedGEMMs(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.mm and args[0].shape[0] < self.min_rows:
-            return self._padded(func, args, 0, min(self.min_rows, args[0].shape[0] * self.scale), kwargs)
-        if func is F.linear and self.scale > 1:
-            return self._padded(func, args, 0, args[0].shape[0] * self.scale, kwargs)
-        if func is torch.addmm and self.scale > 1:
-            return self._padded(func, args, 1, args[1].shape[0] * self.scale, kwargs)
+            return self._padded(func, args, 0, min(self.min_rows, int(args[0].shape[0] * self.scale)), kwargs)
+        if func is F.linear and self.scale != 1:
+            return self._scaled(func, args, 0, kwargs)
+        if func is torch.addmm and self.scale != 1:
+            return self._scaled(func, args, 1, kwargs)
         return func(*args, **kwargs)
+
+    def _scaled(self, func, args, which: int, kwargs):
+        x = args[which]
+        rows = x.shape[0] * self.scale
+        if rows.denominator != 1 or (self.scale < 1 and x.shape[0] % rows):
+            raise ValueError(f"{x.shape[0]} GEMM rows cannot run as equal blocks of {rows}")
+        if self.scale > 1:
+            return self._padded(func, args, which, int(rows), kwargs)
+        return torch.cat([func(*args[:which], block, *args[which + 1:], **kwargs) for block in x.split(int(rows))])
 
     @staticmethod
     def _padded(func, args, which: int, rows: int, kwargs):

@@ -123,6 +123,27 @@ def test_an_over_long_file_is_refused_from_its_header_without_decoding(tmp_path,
         check_reference(str(path))
 
 
+def _without_length(flac: bytes) -> bytes:
+    """The FLAC with its STREAMINFO's total samples 0 ("unknown"), as an encoder writing to a pipe leaves it."""
+    data = bytearray(flac)
+    assert data[:4] == b"fLaC" and data[4] & 0x7F == 0   # the first metadata block: STREAMINFO, from byte 8
+    data[8 + 13] &= 0xF0
+    data[8 + 14:8 + 18] = bytes(4)
+    return bytes(data)
+
+
+def test_a_flac_whose_header_gives_no_length_is_refused_with_that_reason(tmp_path):
+    good = _write(tmp_path / "good.flac", signal(16000, 1, 2.0)[:, 0], 16000)
+    streamed = tmp_path / "streamed.flac"
+    streamed.write_bytes(_without_length(good.read_bytes()))
+    with sf.SoundFile(streamed) as audio:
+        assert audio.frames == 2 ** 63 - 1   # libsndfile's "unknown"
+    with pytest.raises(ReferenceAudioError, match=r"streamed.flac gives no length in its header \(a FLAC written "
+                                                  r"to a pipe\?\): write it again as a file, e.g. as WAV"):
+        check_reference(str(streamed))
+    assert load_reference(str(good)).waveform.shape == (48000,)
+
+
 def test_a_length_just_past_a_limit_never_reads_as_within_it():
     from tts_cli.voice.reference_audio import check_length
     for seconds, said in ((0.99996, "is 0.99 s long, shorter than 1 s"), (60.001, "is 60.01 s long, longer than 60 s")):

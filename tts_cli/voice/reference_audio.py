@@ -35,6 +35,7 @@ from ..errors import RequestError
 from .limits import MAX_SECONDS, MIN_SECONDS, MIN_SOURCE_RATE, SAMPLE_RATE, SILENCE_DBFS
 
 RESAMPLE_QUALITY = "HQ"       # librosa.resample's default res_type, "soxr_hq"
+UNKNOWN_FRAMES = 2 ** 63 - 1  # libsndfile's SF_COUNT_MAX: the frames of a file whose header gives none
 
 
 class ReferenceAudioError(RequestError):
@@ -96,6 +97,10 @@ def decode_reference(data: bytes, path: str) -> tuple[np.ndarray, int, int]:
     try:
         with sf.SoundFile(io.BytesIO(data)) as audio:
             sample_rate = audio.samplerate
+            if audio.frames == UNKNOWN_FRAMES:
+                # libsndfile decodes such a stream but cannot seek in it, which soundfile's reads do
+                raise ReferenceAudioError(f"reference {path} gives no length in its header (a FLAC written to a "
+                                          "pipe?): write it again as a file, e.g. as WAV")
             if audio.frames > MAX_SECONDS * sample_rate:   # refused by its header, not decoded first
                 check_length(audio.frames / sample_rate, path)
             samples = audio.read(dtype="float32", always_2d=True)

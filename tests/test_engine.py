@@ -388,8 +388,9 @@ def test_padded_gemms_run_on_rows_added_and_give_the_rows_their_outputs():
 
 def test_codec_gemms_of_an_engine_above_codec_gemm_rows_run_in_equal_blocks_of_them():
     """A full step of 1024 rows runs the codec's F.linear and addmm in two blocks of 512 rows (what
-    cuBLAS is held to in every position: tts_cli.engine.CODEC_GEMM_ROWS), a tail of 256 rows of it
-    pads to 512, and 512 rows or fewer run as they are; the outputs are the whole product's."""
+    cuBLAS is held to in every position: tts_cli.engine.CODEC_GEMM_ROWS), one of 1000 rows in two
+    with the second padded, a tail of 256 rows of 1024 pads to 512, and 512 rows or fewer run as they
+    are; the outputs are the whole product's."""
     assert codec_gemm_scale(1024, 1024) == Fraction(1, 2) and codec_gemm_scale(2048, 2048) == Fraction(1, 4)
     assert codec_gemm_scale(1024, 512) == 1 and codec_gemm_scale(1024, 256) == 2
     assert codec_gemm_scale(512, 512) == 1 and codec_gemm_scale(512, 128) == 4 and codec_gemm_scale(64, 64) == 1
@@ -402,7 +403,12 @@ def test_codec_gemms_of_an_engine_above_codec_gemm_rows_run_in_equal_blocks_of_t
                            ("mm", (40, 8))]
     for out, want in zip(outputs, [F.linear(x, w, b), b + flat @ w.t(), flat @ w.t()]):
         assert out.shape == want.shape and torch.allclose(out, want, atol=1e-5)
-    with pytest.raises(ValueError, match="5 GEMM rows cannot run as equal blocks of 5/2"):
+    # 1000 rows: blocks of 512, the second padded (here 10 rows in blocks of 4)
+    x = torch.randn(10, 5, 8, generator=g)
+    with _GEMMShapes() as shapes, PaddedGEMMs(scale=codec_gemm_scale(4, 10)):
+        out = F.linear(x, w, b)
+    assert shapes.seen == [("linear", (4, 5, 8))] * 3 and torch.allclose(out, F.linear(x, w, b), atol=1e-5)
+    with pytest.raises(ValueError, match="5 GEMM rows cannot run in blocks of 5/2"):
         with PaddedGEMMs(scale=Fraction(1, 2)):
             F.linear(x[:5], w, b)
 

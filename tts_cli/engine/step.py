@@ -60,8 +60,8 @@ class PaddedGEMMs(TorchFunctionMode):
     tts_kernels.linear: with `cublas` they take cuBLAS at every row count, cublas_projections) on
     `min_rows`, or on `scale` times their rows where that is fewer (the full step's shape, below
     INVARIANT_GEMM_ROWS), and F.linear and torch.addmm (the codec's) on `scale` times their rows:
-    padded where scale > 1, in 1 / scale equal blocks where it is below 1 (tts_cli.engine.
-    codec_gemm_scale). cuBLAS picks its kernel, and so a row's summation order, by shape; a tail
+    padded where scale > 1, in blocks of scale times their rows where it is below 1, the last one
+    padded where they do not divide them (tts_cli.engine.codec_gemm_scale). cuBLAS picks its kernel, and so a row's summation order, by shape; a tail
     step (runner) runs in it so that its rows get the sums the full step gives them, and a full step
     of more than CODEC_GEMM_ROWS rows so that its codec's GEMMs keep shapes that sum a row alike in
     every position (tts_cli.engine)."""
@@ -97,21 +97,29 @@ class PaddedGEMMs(TorchFunctionMode):
 
     def _scaled(self, func, args, which: int, kwargs):
         x = args[which]
-        rows = x.shape[0] * self.scale
-        if rows.denominator != 1 or (self.scale < 1 and x.shape[0] % rows):
-            raise ValueError(f"{x.shape[0]} GEMM rows cannot run as equal blocks of {rows}")
-        if self.scale > 1:
-            return self._padded(func, args, which, int(rows), kwargs)
-        return torch.cat([func(*args[:which], block, *args[which + 1:], **kwargs) for block in x.split(int(rows))])
+        rows = x.shape[0] * self.scale   # of each GEMM
+        if rows.denominator != 1:
+            raise ValueError(f"{x.shape[0]} GEMM rows cannot run in blocks of {rows}")
+        rows = int(rows)
+        if rows > x.shape[0]:
+            return self._padded(func, args, which, rows, kwargs)
+        blocks = -(-x.shape[0] // rows)   # the last padded where they do not divide the rows
+        whole = x if blocks * rows == x.shape[0] else self._padding(x, blocks * rows)
+        out = torch.cat([func(*args[:which], block, *args[which + 1:], **kwargs) for block in whole.split(rows)])
+        return out[:x.shape[0]]
+
+    @classmethod
+    def _padded(cls, func, args, which: int, rows: int, kwargs):
+        x = args[which]
+        return func(*args[:which], cls._padding(x, rows), *args[which + 1:], **kwargs)[:x.shape[0]]
 
     @staticmethod
-    def _padded(func, args, which: int, rows: int, kwargs):
-        x = args[which]
+    def _padding(x: torch.Tensor, rows: int) -> torch.Tensor:
         # the padding rows are left unwritten (no fill kernel): an output row depends only on its own
         # input row, and the padding's outputs are dropped
         padded = x.new_empty(rows, *x.shape[1:])
         padded[:x.shape[0]] = x
-        return func(*args[:which], padded, *args[which + 1:], **kwargs)[:x.shape[0]]
+        return padded
 
 
 def emits_next(st: SlotState, eos: int) -> torch.Tensor:

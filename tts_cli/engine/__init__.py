@@ -45,7 +45,8 @@ MAX_PREFILL_GEMM_ROWS = 2048
 # per engine row) run on at most this many engine rows at once: at 1024 the [4096, 1024] one at
 # M = 16384 gave a row other sums by its position (H200, 2026-12-04, docs/bench.md), while up to 512
 # every one of them gives a row the same sums anywhere (tests/test_gpu.py). A step of more rows runs
-# each in equal blocks of these rows, a tail step pads to them (step.PaddedGEMMs, codec_gemm_scale).
+# each in blocks of these rows (the last padded), a tail step pads to them (step.PaddedGEMMs,
+# codec_gemm_scale).
 CODEC_GEMM_ROWS = 512
 
 

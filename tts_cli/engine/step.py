@@ -61,10 +61,10 @@ class PaddedGEMMs(TorchFunctionMode):
     `min_rows`, or on `scale` times their rows where that is fewer (the full step's shape, below
     INVARIANT_GEMM_ROWS), and F.linear and torch.addmm (the codec's) on `scale` times their rows:
     padded where scale > 1, in blocks of scale times their rows where it is below 1, the last one
-    padded where they do not divide them (tts_cli.engine.codec_gemm_scale). cuBLAS picks its kernel, and so a row's summation order, by shape; a tail
-    step (runner) runs in it so that its rows get the sums the full step gives them, and a full step
-    of more than CODEC_GEMM_ROWS rows so that its codec's GEMMs keep shapes that sum a row alike in
-    every position (tts_cli.engine)."""
+    padded where they do not divide them (tts_cli.engine.codec_gemm_scale). cuBLAS picks its kernel,
+    and so a row's summation order, by shape; a tail step (runner) runs in it so that its rows get
+    the sums the full step gives them, and a full step of more than CODEC_GEMM_ROWS rows so that its
+    codec's GEMMs keep shapes that sum a row alike in every position (tts_cli.engine)."""
 
     def __init__(self, min_rows: int = 0, scale: int | Fraction = 1, cublas: bool = False):
         super().__init__()

@@ -274,6 +274,27 @@ def test_ledger_drops_a_torn_last_line_and_locks_the_folder(tmp_path):
         Ledger(tmp_path)
 
 
+@pytest.mark.parametrize("field, value, reason", [
+    ("file", 5, "its file is 5"), ("audio_seconds", "x", "its audio_seconds is 'x'"),
+    ("params", None, "its params is None"), ("file", "{outside}", "is no file name in the output folder")])
+def test_a_ledger_line_with_a_field_of_another_type_stops_the_run_naming_it(fake, tmp_path, field, value, reason):
+    """A line that parses but holds what no run writes (a hand edit): refused like a line that does not parse,
+    not a traceback later, nor a row written where its file field points outside --out."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tOne.\nb\tTwo.\n")
+    out, outside = tmp_path / "out", tmp_path / "outside.wav"
+    assert _synth(manifest, out, model=tmp_path / "model").exit_code == 0
+    lines = _ledger(out)
+    lines[1][field] = str(outside) if value == "{outside}" else value
+    if field == "params":   # (its params are read only where its key differs)
+        lines[1]["key"] = "another"
+    (out / LEDGER_NAME).write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = _synth(manifest, out, model=tmp_path / "model")
+    assert result.exit_code == 2, result.output
+    assert "ledger.jsonl, line 2: not a ledger entry" in result.output and reason in result.output
+    assert not outside.exists() and json.loads((out / "report.json").read_text())["totals"]["ok"] == 2
+
+
 def test_the_folder_stays_locked_until_the_report_is_written(fake, tmp_path, monkeypatch):
     """The lock is not the ledger's alone: a second run starting while this one hears its last rows or
     writes its report would write its own report (or remove rows.parquet) beside this one's."""

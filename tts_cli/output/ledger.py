@@ -167,8 +167,28 @@ def _read_entries(path: Path, whole_lines_only: bool = False) -> list[dict]:
             try:
                 entry = json.loads(line.decode("utf-8"))
                 entry["id"], entry["key"], entry["status"]
-            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+                _check_fields(entry)
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise TTSError(f"{path}, line {number}: not a ledger entry ({e}); "
                                "fix or remove that line, or use a new --out") from None
             entries.append(entry)
     return entries
+
+
+# The fields a run reads from an entry, the types it reads them as, and those that may be null: a line that
+# parses but holds another type (a hand edit) is refused naming its line, not met later as a traceback.
+_NUMBER = (int, float)
+_ENTRY_TYPES = {"id": str, "key": str, "status": str, "file": str, "params": dict, "model_fingerprint": str,
+                "audio_seconds": _NUMBER, "wall_seconds": _NUMBER, "frames": int, "segment_frames": list,
+                "error": str}
+_NULLABLE = {"file", "model_fingerprint", "audio_seconds", "wall_seconds", "frames", "segment_frames", "error"}
+
+
+def _check_fields(entry: dict) -> None:
+    for name, types in _ENTRY_TYPES.items():
+        value = entry.get(name)
+        if name in entry and not isinstance(value, types) and not (value is None and name in _NULLABLE):
+            raise TypeError(f"its {name} is {value!r}")
+    name = entry.get("file")
+    if name is not None and (name in ("", ".", "..") or "/" in name or "\0" in name):   # joined to --out
+        raise ValueError(f"its file {name!r} is no file name in the output folder")

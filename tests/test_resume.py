@@ -1,6 +1,7 @@
 """Resume: the ledger, atomic outputs, skipping done rows, changed rows, and a run killed for real."""
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -402,6 +403,35 @@ def test_a_row_made_again_in_another_format_gets_a_file_of_that_format(fake, tmp
     assert _synth(manifest, out, "--format", "flac", "--redo-changed", model=tmp_path / "model").exit_code == 0
     assert sf.info(out / "a.flac").format == "FLAC" and sf.info(out / "a.wav").format == "WAV"
     assert json.loads((out / "report.json").read_text())["rows"][0]["file"] == "a.flac"
+
+
+def test_rows_waiting_for_their_parquet_shard_are_written_when_due_while_a_long_batch_runs(fake, tmp_path,
+                                                                                          monkeypatch):
+    """A shard is due once its first row has waited PARQUET_MAX_WAIT_S, also while no other row ends (a long
+    batch): else a kill in that batch loses finished rows that waited far longer."""
+    from tts_cli import job
+    from tts_cli.output.formats import ParquetSink
+
+    monkeypatch.setattr(job, "make_sink", lambda output_format, out_dir, rate, referenced: ParquetSink(
+        out_dir, rate, referenced, max_wait_s=0.2))
+    real_synthesize, seen = fake.synthesize, []
+    manifest, out = tmp_path / "m.txt", tmp_path / "out"
+    manifest.write_text("a\tOne.\nb\tTwo.\n")
+
+    def synthesize(requests, **kwargs):
+        if requests[0].id == "b":   # the second batch, long: row a waits for its shard meanwhile
+            deadline = time.monotonic() + 5
+            while not (out / LEDGER_NAME).read_text() and time.monotonic() < deadline:   # (its line follows the shard)
+                time.sleep(0.05)
+            seen.append((sorted(path.name for path in out.glob("part-*.parquet")), [e["id"] for e in _ledger(out)]))
+        return real_synthesize(requests, **kwargs)
+
+    monkeypatch.setattr(fake, "synthesize", synthesize)
+    result = _synth(manifest, out, "--format", "parquet", "--batch-size", 1, model=tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert seen == [(["part-00000.parquet"], ["a"])]
+    assert pq.read_table(out / "part-00000.parquet").column("id").to_pylist() == ["a"]
+    assert [e["file"] for e in _ledger(out)] == ["part-00000.parquet", "part-00001.parquet"]
 
 
 def test_a_parquet_shard_number_the_ledger_names_is_never_written_again(fake, tmp_path):

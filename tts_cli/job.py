@@ -104,6 +104,9 @@ OutputCallback = Callable[["RowRecord", np.ndarray | None, int | None], None]
 # What an executor yields: (batch index, (position in the batch, outcome) pairs, seconds since the
 # batch started). A batch's outcomes may come over several yields, each position once.
 Outcomes = tuple[int, list[tuple[int, Outcome]], float]
+# Yielded each STOP_POLL_SECONDS that no outcome came: rows waiting for their parquet shard are written when
+# due (PARQUET_MAX_WAIT_S) also while a long batch runs, not only once the next row is done.
+NO_OUTCOMES: Outcomes = (-1, [], 0.0)
 
 
 class Executor(Protocol):
@@ -118,7 +121,7 @@ class Executor(Protocol):
 
     def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]:
         """After a stop signal (tts_cli/processes.py stop_signal): stops synthesizing, yields the outcomes
-        already in hand without waiting for others, and returns."""
+        already in hand without waiting for others, and returns. Yields NO_OUTCOMES while none come."""
 
     def close(self, now: bool = False) -> None:
         """now: the run stopped or failed, so no batch still running is wanted."""
@@ -182,6 +185,9 @@ class LocalExecutor:
         self._thread.start()
         while True:
             items = [_next_item(found, self._cancel)]
+            if items[0] is _IDLE:
+                yield NO_OUTCOMES
+                continue
             while not found.empty() and items[-1] is not _END and not isinstance(items[-1], BaseException):
                 items.append(found.get())
             by_batch: dict[int, list] = {}
@@ -216,17 +222,20 @@ class LocalExecutor:
 
 
 _END = object()
+_IDLE = object()   # (_next_item: nothing came within STOP_POLL_SECONDS)
 CANCEL_WAIT_SECONDS = 60   # a stopped run waits this long for the synthesis thread's current step or batch
 
 
 def _next_item(found: queue.SimpleQueue, cancel: threading.Event):
-    """The next item, waiting in short slices to see a stop. After one, synthesis is cancelled and only
-    what is queued already comes, then _END: rows still being made are not waited for."""
-    while stop_signal() is None:
+    """The next item, or _IDLE when none came within STOP_POLL_SECONDS (so that a stop is seen). After a stop,
+    synthesis is cancelled and only what is queued already comes, then _END: rows still being made are not
+    waited for."""
+    if stop_signal() is None:
         try:
             return found.get(timeout=STOP_POLL_SECONDS)
         except queue.Empty:
-            continue
+            if stop_signal() is None:
+                return _IDLE
     cancel.set()
     try:
         return found.get_nowait()
@@ -627,7 +636,7 @@ def synthesize_plans(plans: list[RowPlan], executor: Executor,
             touched[id(plan)] = plan
         finished = [(plan, _joined_audio(plan, fade)) for plan in sorted(touched.values(), key=lambda p: p.row.index)
                     if all(outcome is not None for outcome in plan.outcomes)]
-        if finished:
+        if finished or not outcomes:   # (none: the executor's NO_OUTCOMES, passed on)
             yield finished
 
 

@@ -133,6 +133,8 @@ class WorkerPool:
         return message[2]
 
     def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]:
+        from ..job import NO_OUTCOMES
+
         unsent, answered = deque(range(len(batches))), 0
         while answered < len(batches):
             stopping = stop_signal() is not None
@@ -150,6 +152,7 @@ class WorkerPool:
             if not ready:
                 if stopping:
                     return
+                yield NO_OUTCOMES
                 continue
             worker = next(w for w in self.workers if w.results in ready)
             try:

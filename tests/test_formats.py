@@ -97,6 +97,23 @@ def test_a_parquet_shard_is_written_once_its_first_row_has_waited_a_minute(tmp_p
     assert [e["file"] for e in sink.durable_entries(final=True)] == ["part-00001.parquet"]
 
 
+def test_a_parquet_shard_holds_rows_per_file_rows_at_most(tmp_path):
+    """Rows come a batch at a time, and those waiting may pass rows_per_file: the rest wait for the next shard."""
+    import numpy as np
+
+    from tts_cli.output import formats
+
+    sink = formats.ParquetSink(tmp_path, 24000, set(), rows_per_file=2)
+    for row_id in "abc":   # one batch's rows, added before the sink is asked for its durable entries
+        entry = {"id": row_id, "params": {"text": "Hi.", "speaker": "vivian", "language": "auto"}}
+        sink.add(entry, f"{row_id}.flac", sink.store(f"{row_id}.flac", np.zeros(2400, dtype=np.float32)))
+    assert [(e["id"], e["file"]) for e in sink.durable_entries()] == [("a", "part-00000.parquet"),
+                                                                        ("b", "part-00000.parquet")]
+    assert [(e["id"], e["file"]) for e in sink.durable_entries(final=True)] == [("c", "part-00001.parquet")]
+    assert [pq.read_table(path).column("id").to_pylist() for path in sorted(tmp_path.glob("*.parquet"))] == [
+        ["a", "b"], ["c"]]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None, reason="Hugging Face datasets is not installed")
 def test_parquet_shards_load_with_datasets(fake, tmp_path):
     import datasets

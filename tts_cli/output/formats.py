@@ -92,17 +92,19 @@ class ParquetSink:
 
     def durable_entries(self, final: bool = False) -> list[dict]:
         """Writes a shard when rows_per_file rows are waiting, or the first has waited max_wait_s (or
-        any, when final)."""
-        due = (final or len(self._rows) >= self.rows_per_file
-               or time.monotonic() - self._first_waiting >= self.max_wait_s)
-        if not self._rows or not due:
-            return []
-        name = f"part-{self._next_number:05d}.parquet"
-        write_atomically(self.out_dir / name, lambda tmp: write_shard(tmp, self._rows, self.sample_rate))
-        sync_folder(self.out_dir)
-        self._next_number += 1
-        entries = [{**entry, "file": name} for entry in self._entries]
-        self._rows, self._entries = [], []
+        any, when final); a shard holds rows_per_file rows at most (one batch may bring the waiting rows
+        past it): those left over came with that batch, and wait for the next shard."""
+        entries = []
+        while self._rows and (final or len(self._rows) >= self.rows_per_file
+                              or time.monotonic() - self._first_waiting >= self.max_wait_s):
+            rows, name = self._rows[:self.rows_per_file], f"part-{self._next_number:05d}.parquet"
+            write_atomically(self.out_dir / name, lambda tmp: write_shard(tmp, rows, self.sample_rate))
+            self._next_number += 1
+            entries += [{**entry, "file": name} for entry in self._entries[:len(rows)]]
+            self._rows, self._entries = self._rows[len(rows):], self._entries[len(rows):]
+            self._first_waiting = time.monotonic()
+        if entries:
+            sync_folder(self.out_dir)
         return entries
 
 

@@ -192,6 +192,22 @@ def test_parquet_rows_audio_is_extracted_beside_the_page(monkeypatch, tmp_path):
     assert {r["audio"]["preload"] for r in PageParser((out / "report.html").read_text()).rows if r["audio"]} == {"none"}
 
 
+def test_the_audio_copies_of_a_parquet_run_go_when_the_folder_is_redone_in_another_format(monkeypatch, tmp_path):
+    """report_audio/ holds copies of the parquet rows' audio for the page; once the rows are made again as
+    files (--redo-changed --format wav), no page links them: they are removed, not left beside the files."""
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest, out = tmp_path / "m.txt", tmp_path / "out"
+    manifest.write_text("a\tThe first row.\nb\tThe second row.\n")
+    options = ["--out", str(out), "--model", str(tmp_path / "model"), "--no-wer"]
+    assert runner.invoke(cli.app, ["synth", str(manifest), *options, "--format", "parquet"]).exit_code == 0
+    assert len(list((out / report_html.PARQUET_AUDIO_FOLDER).iterdir())) == 2
+    result = runner.invoke(cli.app, ["synth", str(manifest), *options, "--format", "wav", "--redo-changed"])
+    assert result.exit_code == 0, result.output
+    assert list((out / report_html.PARQUET_AUDIO_FOLDER).iterdir()) == []
+    sources = [r["audio"]["src"] for r in PageParser((out / "report.html").read_text(encoding="utf-8")).rows]
+    assert sorted(sources) == ["a.wav", "b.wav"]
+
+
 def test_parquet_rows_of_two_runs_with_one_name_get_their_own_audio(monkeypatch, tmp_path):
     """Names are unique within a run: a row added by a later run can have the name an earlier run's row
     has in its shard ('a!' and 'a?' are both a_.flac); each row's player still plays its own audio."""

@@ -68,8 +68,12 @@ def write_synth_html(out_dir: Path, report: dict, wer_rows: list[dict] | None = 
     """report: report.json's dict (tts_cli/output/report.py); wer_rows: rows.parquet's rows, one per
     report row in the same order, when WER was computed."""
     out_dir = Path(out_dir)
-    audio_names = (extract_parquet_audio(out_dir, report["rows"]) if report["settings"]["format"] == "parquet"
-                   else {row["id"]: row["file"] for row in report["rows"] if row["error"] is None and row["file"]})
+    if report["settings"]["format"] == "parquet":
+        audio_names = extract_parquet_audio(out_dir, report["rows"])
+    else:   # the rows' own files: copies an earlier --format parquet run made are no row's now
+        if (out_dir / PARQUET_AUDIO_FOLDER).is_dir():
+            extract_parquet_audio(out_dir, [])
+        audio_names = {row["id"]: row["file"] for row in report["rows"] if row["error"] is None and row["file"]}
     rows = synth_page_rows(report, wer_rows, audio_names)
     wer = report.get("wer")
     meanings = {"hit_cap": report["definitions"]["hit_cap"], **(wer["flag_meanings"] if wer else {})}

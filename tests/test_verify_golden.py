@@ -172,6 +172,28 @@ def test_records_that_do_not_read_are_refused_by_name(tmp_path):
         assert f"golden records {golden / name}" in "".join(result.output.split("\n")), result.output
 
 
+def test_records_that_lack_a_field_or_tensor_are_refused_by_name(tmp_path):
+    """Records that read but miss what the checks use: exit 2 naming the file and what is missing, not a
+    traceback halfway through the checks (exit 1 would say a check failed)."""
+    meta = json.loads((GOLDEN_06B / "records.json").read_text())
+    no_text = json.loads(json.dumps(meta))
+    del no_text["prompts"][1]["text"]
+    one_more = json.loads(json.dumps(meta))
+    one_more["prompts"].append(one_more["prompts"][0])
+    for case, (content, name, says) in enumerate((
+            ({**meta, "prompts": 5}, "records.json", "'prompts' should be a non-empty list of objects, got 5"),
+            ({k: v for k, v in meta.items() if k != "prompts"}, "records.json", "'prompts' should be"),
+            (no_text, "records.json", "prompt 1 lacks text"),
+            ({**meta, "batch": []}, "records.json", "'batch' should be an object"),
+            (one_more, "records.safetensors", "no tensor batch.greedy_codes.2, p2.cp_logits"))):
+        golden = tmp_path / str(case)
+        shutil.copytree(GOLDEN_06B, golden)
+        (golden / "records.json").write_text(json.dumps(content))
+        result = _invoke("--model", TINY_06B, "--golden", golden)
+        assert result.exit_code == 2, result.output
+        assert f"error: golden records {golden / name}: {says}" in "".join(result.output.split("\n")), result.output
+
+
 def test_recording_over_records_json_that_does_not_read_replaces_it(tmp_path):
     from tts_cli.quality.reference import write_golden
     (tmp_path / "records.json").write_text("keep")

@@ -190,9 +190,53 @@ def load_records(golden_dir: str | Path) -> tuple[dict[str, torch.Tensor], dict]
         raise TTSError(f"golden records {golden_dir / 'records.json'}: a JSON object expected, not "
                        f"{type(meta).__name__}")
     try:
-        return load_file(str(golden_dir / "records.safetensors")), meta
+        tensors = load_file(str(golden_dir / "records.safetensors"))
     except Exception as e:   # safetensors' own error types (header, size), OSError
         raise TTSError(f"golden records {golden_dir / 'records.safetensors'} do not read: {e}") from None
+    check_records(tensors, meta, golden_dir)
+    return tensors, meta
+
+
+# a prompt's fields that compare() reads, and their types (None: may be null)
+PROMPT_FIELDS = {"index": (int,), "text": (str,), "speaker": (str, None), "language": (str,), "instruct": (str, None),
+                 "natural_max_new_tokens": (int,)}
+PROMPT_TENSORS = ("input_ids", "prefill_embeds", "talker_logits", "past_hidden", "cp_logits", "greedy_codes",
+                  "greedy_codes_natural", "wav")
+
+
+def check_records(tensors: dict[str, torch.Tensor], meta: dict, golden_dir: Path) -> None:
+    """The fields and tensors that compare() reads: records that lack one are no records to check against
+    (a TTSError naming the file), not a crash halfway through the checks."""
+    where = f"golden records {golden_dir / 'records.json'}"
+    prompts = meta.get("prompts")
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, dict) for p in prompts):
+        raise TTSError(f"{where}: 'prompts' should be a non-empty list of objects, got {prompts!r:.80}")
+    for i, p in enumerate(prompts):
+        missing = [name for name in PROMPT_FIELDS if name not in p]
+        if missing:
+            raise TTSError(f"{where}: prompt {i} lacks {', '.join(missing)}")
+        for name, kinds in PROMPT_FIELDS.items():
+            value = p[name]
+            if not (value is None and None in kinds) and (isinstance(value, bool) or not isinstance(
+                    value, tuple(k for k in kinds if k is not None))):
+                raise TTSError(f"{where}: prompt {i}: '{name}' should be "
+                               f"{' or '.join('null' if k is None else k.__name__ for k in kinds)}, got {value!r}")
+    calls = meta["batch"].get("calls", {}) if isinstance(meta.get("batch"), dict) else None
+    if not isinstance(calls, dict) or not all(isinstance(c, dict) and "non_streaming_mode" in c for c in calls.values()):
+        raise TTSError(f"{where}: 'batch' should be an object (with 'calls' of objects with non_streaming_mode)")
+    if any(p.get("clone") == "icl" for p in prompts) and not (
+            isinstance(meta.get("reference"), dict) and "text" in meta["reference"]):
+        raise TTSError(f"{where}: ICL prompts and no 'reference' with its 'text'")
+    needed = [f"p{i}.{name}" for i in range(len(prompts)) for name in PROMPT_TENSORS]
+    needed += [f"{prefix}.greedy_codes.{i}" for prefix in batch_calls(meta) for i in range(len(prompts))]
+    if any(p.get("clone") for p in prompts):
+        needed.append("ref.speaker_embedding")
+    if any(p.get("clone") == "icl" for p in prompts):
+        needed.append("ref.codes")
+    missing = sorted(set(needed) - set(tensors))
+    if missing:
+        raise TTSError(f"golden records {golden_dir / 'records.safetensors'}: no tensor "
+                       f"{', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''} ({len(missing)} missing)")
 
 
 def _exact(name: str, equal: bool) -> Check:

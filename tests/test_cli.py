@@ -525,7 +525,10 @@ def test_bench_refuses_a_folder_without_its_codec_weights_before_it_makes_the_re
 
 def test_bench_rejects_bad_options():
     for option, value in (("--concurrency", "1,x"), ("--concurrency", "0"), ("--concurrency", "4,-1"),
-                          ("--concurrency", ""), ("--frames", "0"), ("--frames", "x")):
+                          ("--concurrency", ""), ("--frames", "0"), ("--frames", "x"),
+                          # other scripts' digits, which int() reads: ASCII digits only, as --rows and --shard
+                          ("--concurrency", "\u0661"), ("--concurrency", "1,\u0664"), ("--frames", "\u0668"),
+                          ("--frames", "\u00b2")):
         result = _invoke("bench", "--device", "cpu", option, value)
         assert result.exit_code == 2 and "--concurrency takes positive integers like 1,8,64 and --frames auto or " \
                                          "a positive integer" in result.stderr, (option, value, result.output)

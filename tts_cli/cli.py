@@ -23,7 +23,8 @@ from .voice.limits import MAX_SECONDS, MIN_SECONDS
 from .errors import TTSError, without_resume_advice
 from .logs import log_to_stderr
 from .processes import RunCannotGoOn, RunStopped, stop_on_signals, stops_here
-from .recipe import AUTO_DEVICE, DEFAULTS, SETTING_CHOICES, SETTING_RANGES, load_recipe, parse_rows
+from .recipe import (AUTO_DEVICE, DEFAULTS, SETTING_CHOICES, SETTING_RANGES, ascii_whole_number, load_recipe,
+                     parse_rows)
 from .voice.limits import LIMITS_HELP
 
 if TYPE_CHECKING:   # (imported where they are used: --help starts without loading torch)
@@ -911,10 +912,11 @@ def bench(
     try:
         device_choice = resolve_device(device)
         cuda = device_choice.device.startswith("cuda")
-        levels = [int(c) for c in (BENCH_LEVELS["cuda" if cuda else "cpu"] if concurrency is None
-                                   else concurrency).split(",")]
-        forced = None if frames == "auto" else int(frames)
-        if min(levels) < 1 or (forced is not None and forced < 1):
+        # ASCII digits, as --rows and --shard take: int() also reads other scripts' digits (١, ٢)
+        levels = [ascii_whole_number(c.strip()) for c in (BENCH_LEVELS["cuda" if cuda else "cpu"] if concurrency is None
+                                                          else concurrency).split(",")]
+        forced = None if frames == "auto" else ascii_whole_number(frames)
+        if None in levels or min(levels) < 1 or (frames != "auto" and not forced):
             raise ValueError
     except ValueError:
         say("error: --concurrency takes positive integers like 1,8,64 and --frames auto or a positive integer", "red")

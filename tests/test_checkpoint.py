@@ -2,6 +2,7 @@
 kinds are refused, the 0.6B size drops instructs."""
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -82,6 +83,31 @@ def test_wrong_field_type_is_named(ckpt):
     _edit_config(ckpt, lambda c: c.update(tts_pad_token_id="pad"))
     with pytest.raises(CheckpointError, match="field 'tts_pad_token_id' should be int"):
         open_checkpoint(ckpt)
+
+
+@pytest.mark.parametrize("key, name, value", [("spk_id", "vivian", "abc"), ("spk_id", "Ryan", 3072),
+                                               ("spk_id", "eric", True), ("codec_language_id", "english", [1, 2]),
+                                               ("codec_language_id", "german", -1)])
+def test_a_speaker_or_language_id_that_is_no_codec_id_is_named_before_the_run(ckpt, tmp_path, key, name, value):
+    """Read only when a row names it, such an id failed the whole run mid-synthesis, its folder made; now the
+    checkpoint is refused naming the file, field and entry, before --out is made (exit 2)."""
+    from typer.testing import CliRunner
+
+    from tts_cli import cli
+
+    def edit(c):
+        c["talker_config"][key].pop(name.lower())
+        c["talker_config"][key][name] = value
+    _edit_config(ckpt, edit)
+    message = (f"config.json -> talker_config: field '{key}': '{name}' should be a codec id, an integer from 0 to "
+               f"vocab_size - 1 (3071), got {value!r}")
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        open_checkpoint(ckpt)
+    (tmp_path / "m.txt").write_text("Hello.\n")
+    result = CliRunner().invoke(cli.app, ["synth", str(tmp_path / "m.txt"), "--out", str(tmp_path / "out"), "--model",
+                                          str(ckpt), "--no-wer", "--max-frames", "4", "--speaker", "eric"])
+    assert result.exit_code == 2 and message in " ".join(result.stderr.split()), result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_unknown_model_type_is_refused(ckpt):

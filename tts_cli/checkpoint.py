@@ -157,9 +157,9 @@ class ModelConfig:
         if cp.get("num_code_groups", int, groups) != groups:
             raise CheckpointError(f"{path}: talker and code predictor disagree on num_code_groups")
 
-        speaker_ids = {k.lower(): v for k, v in talker.get("spk_id", dict).items()}
+        speaker_ids = codec_ids(talker, "spk_id")
         dialects = {k.lower(): v for k, v in talker.get("spk_is_dialect", dict, {}).items() if v}
-        language_ids = {k.lower(): v for k, v in talker.get("codec_language_id", dict).items()}
+        language_ids = codec_ids(talker, "codec_language_id")
         for spk, dialect in dialects.items():
             if dialect not in language_ids:
                 raise CheckpointError(f"{path}: speaker '{spk}' has dialect '{dialect}', "
@@ -200,6 +200,18 @@ class ModelConfig:
             model_type=kind,
             speaker_encoder=speaker_encoder,
         )
+
+
+def codec_ids(talker: ConfigFields, key: str) -> dict[str, int]:
+    """A name -> codec id mapping of talker_config (spk_id, codec_language_id), its names lowercased. Each id
+    is a row of the talker's codec embedding: another value would fail the run only when a row names it."""
+    vocab = talker.get("vocab_size", int)
+    mapping = talker.get(key, dict)
+    for name, value in mapping.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
+            raise CheckpointError(f"{talker.where}: field '{key}': '{name}' should be a codec id, an integer from 0 "
+                                  f"to vocab_size - 1 ({vocab - 1}), got {value!r}")
+    return {name.lower(): value for name, value in mapping.items()}
 
 
 @dataclass(frozen=True)

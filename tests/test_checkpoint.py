@@ -110,6 +110,28 @@ def test_a_speaker_or_language_id_that_is_no_codec_id_is_named_before_the_run(ck
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("key, value, says", [
+    ("temperature", -1.0, "should be > 0"), ("temperature", 0.0, "should be > 0"),
+    ("subtalker_temperature", 0, "should be > 0"), ("repetition_penalty", 0.0, "should be > 0"),
+    ("top_k", -5, "should be >= 0"), ("subtalker_top_k", -1, "should be >= 0"),
+    ("top_p", 7.0, "should be from 0 to 1"), ("subtalker_top_p", -0.5, "should be from 0 to 1"),
+    ("max_new_tokens", 0, "should be >= 2"), ("max_new_tokens", 1, "should be >= 2")])
+def test_a_sampling_setting_out_of_bounds_is_named(ckpt, key, value, says):
+    """A negative temperature turned the distribution over and max_new_tokens 0 made every row empty audio
+    reported ok, without a word: generation_config.json's settings are held to the bounds of HF's warpers."""
+    path = ckpt / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), key: value}))
+    with pytest.raises(CheckpointError, match=re.escape(f"generation_config.json: field '{key}' {says}, got ")):
+        open_checkpoint(ckpt)
+
+
+def test_a_temperature_is_not_checked_where_that_sampler_does_not_sample(ckpt):
+    path = ckpt / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "do_sample": False, "temperature": 0.0,
+                                "subtalker_dosample": False, "subtalker_temperature": 0.0}))
+    assert open_checkpoint(ckpt).sampling.temperature == 0.0
+
+
 def test_an_unknown_model_type_is_refused(ckpt):
     _edit_config(ckpt, lambda c: c.update(tts_model_type="voice_conversion"))
     with pytest.raises(UnsupportedModelError, match="tts_model_type 'voice_conversion' is not supported; tts "

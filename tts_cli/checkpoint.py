@@ -235,18 +235,30 @@ class SamplingConfig:
     def parse(cls, data: dict, path: Path) -> "SamplingConfig":
         f = ConfigFields(data, str(path))
         base = cls()
-        return cls(
+        config = cls(
             do_sample=f.get("do_sample", bool, base.do_sample),
             temperature=f.get("temperature", float, base.temperature),
-            top_k=f.get("top_k", int, base.top_k),
+            top_k=f.get("top_k", int, base.top_k, minimum=0),   # 0: no top-k
             top_p=f.get("top_p", float, base.top_p),
             repetition_penalty=f.get("repetition_penalty", float, base.repetition_penalty),
             subtalker_do_sample=f.get("subtalker_dosample", bool, base.subtalker_do_sample),
             subtalker_temperature=f.get("subtalker_temperature", float, base.subtalker_temperature),
-            subtalker_top_k=f.get("subtalker_top_k", int, base.subtalker_top_k),
+            subtalker_top_k=f.get("subtalker_top_k", int, base.subtalker_top_k, minimum=0),
             subtalker_top_p=f.get("subtalker_top_p", float, base.subtalker_top_p),
-            max_new_tokens=f.get("max_new_tokens", int, base.max_new_tokens),
+            # the last drawn token gets no frame: fewer than 2 would make every row empty audio
+            max_new_tokens=f.get("max_new_tokens", int, base.max_new_tokens, minimum=2),
         )
+        # The bounds of HF's warpers, which the official code samples with: a temperature or penalty of 0 divides
+        # by zero, a negative one turns the distribution over (the temperatures only matter when sampling).
+        for key, value, checked in (("temperature", config.temperature, config.do_sample),
+                                    ("subtalker_temperature", config.subtalker_temperature, config.subtalker_do_sample),
+                                    ("repetition_penalty", config.repetition_penalty, True)):
+            if checked and not value > 0:
+                raise CheckpointError(f"{path}: field '{key}' should be > 0, got {value!r}")
+        for key, value in (("top_p", config.top_p), ("subtalker_top_p", config.subtalker_top_p)):
+            if not 0 <= value <= 1:
+                raise CheckpointError(f"{path}: field '{key}' should be from 0 to 1, got {value!r}")
+        return config
 
     def greedy(self) -> "SamplingConfig":
         """The official do_sample=False, subtalker_dosample=False: argmax in both samplers."""

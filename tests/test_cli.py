@@ -523,6 +523,26 @@ def test_bench_refuses_a_folder_without_its_codec_weights_before_it_makes_the_re
     assert not (tmp_path / "results").exists()
 
 
+def test_gpus_names_where_the_device_it_replaces_came_from(tmp_path, monkeypatch):
+    """--gpus replaces --device: the device line (and the report) says which device is not used, and where it
+    came from: a recipe's (the shipped ones set device: cuda) is not called --device."""
+    lines = []
+
+    def stop(plan, options, report_row_error):   # the device line, then no run
+        lines.append(plan.device_choice.line())
+        raise TTSError("stopped")
+
+    monkeypatch.setattr(cli, "say_run_start", stop)
+    manifest, recipe = tmp_path / "m.txt", tmp_path / "r.yaml"
+    manifest.write_text("Hello.\n")
+    recipe.write_text("device: cuda\n")
+    for args in (["--recipe", recipe], ["--device", "cuda"], ["--recipe", recipe, "--device", "cuda:0"]):
+        _invoke("synth", manifest, "--out", tmp_path / "out", "--no-wer", "--gpus", "cpu,cpu", *args)
+    assert lines == [f"device: cpu,cpu (--gpus: one worker per device; device cuda (recipe {recipe}) not used)",
+                     "device: cpu,cpu (--gpus: one worker per device; --device cuda not used)",
+                     "device: cpu,cpu (--gpus: one worker per device; --device cuda:0 not used)"]
+
+
 def test_bench_rejects_bad_options():
     for option, value in (("--concurrency", "1,x"), ("--concurrency", "0"), ("--concurrency", "4,-1"),
                           ("--concurrency", ""), ("--frames", "0"), ("--frames", "x"),

@@ -569,8 +569,11 @@ def check_synth(manifest_path: Path, options: SynthOptions) -> SynthPlan:
     check_engine_choices(options.depth, options.codec_precision, options.talker_precision)
     if gpus:
         check_devices(gpus)
+        # named as given: --device cuda, or device cuda (recipe r.yaml), as the shipped recipes set it
+        unused = (f"device {options.device} ({options.given_by['device']})" if "device" in options.given_by
+                  else f"--device {options.device}")
         device_choice = DeviceChoice(",".join(gpus), "--gpus: one worker per device" +
-                                     ("" if options.device == AUTO_DEVICE else f"; --device {options.device} not used"))
+                                     ("" if options.device == AUTO_DEVICE else f"; {unused} not used"))
     else:
         device_choice = resolve_device(options.device, options.named("device"))
     return SynthPlan(model=model, kind=kind, takes_instruct=takes_instruct, manifest_notes=manifest_notes,

@@ -543,6 +543,16 @@ def test_gpus_names_where_the_device_it_replaces_came_from(tmp_path, monkeypatch
                      "device: cpu,cpu (--gpus: one worker per device; --device cuda:0 not used)"]
 
 
+def test_a_max_frames_beyond_64_bits_is_refused_before_the_run(tmp_path):
+    """It passed the option's bounds and failed the run mid-synthesis ("Overflow when unpacking long long",
+    exit 2, with --out made): now the option's own bounds refuse it, before the model loads."""
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("Hello.\n")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--no-wer", "--max-frames", 2**63)
+    assert result.exit_code == 2 and "Invalid value for '--max-frames'" in result.stderr, result.output
+    assert "9223372036854775807" in result.stderr and not (tmp_path / "out").exists()
+
+
 def test_bench_rejects_bad_options():
     for option, value in (("--concurrency", "1,x"), ("--concurrency", "0"), ("--concurrency", "4,-1"),
                           ("--concurrency", ""), ("--frames", "0"), ("--frames", "x"),
@@ -658,8 +668,10 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
     ("batch_size: many\n", "'batch_size' should be int"),
     ("[1, 2]\n", "expected a mapping"),
     # the command line's bounds hold for a recipe's values too
-    ("max_frames: 0\n", "'max_frames' should be 1 or more, got 0"),
-    ("max_frames: -4\n", "'max_frames' should be 1 or more, got -4"),
+    ("max_frames: 0\n", "'max_frames' should be from 1 to 9223372036854775807, got 0"),
+    ("max_frames: -4\n", "'max_frames' should be from 1 to 9223372036854775807, got -4"),
+    ("max_frames: 9223372036854775808\n",
+     "'max_frames' should be from 1 to 9223372036854775807, got 9223372036854775808"),
     ("batch_size: 0\n", "'batch_size' should be 1 or more, got 0"),
     ("batch_size: -2\n", "'batch_size' should be 1 or more, got -2"),
     ("seed: 9223372036854775808\n", "'seed' should be from -9223372036854775808 to 9223372036854775807"),

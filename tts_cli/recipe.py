@@ -48,7 +48,8 @@ def wrapped_seed(seed: int) -> int:
     low, high = SEED_RANGE
     return (seed - low) % (high - low + 1) + low
 # The bounds of the numeric settings, for a recipe's keys as for the command line's options (cli.setting_option).
-SETTING_RANGES = {"seed": SEED_RANGE, "max_frames": (1, None), "batch_size": (1, None)}
+# max_frames: the frame caps are int64 tensors (a larger cap failed the run mid-synthesis on an overflow).
+SETTING_RANGES = {"seed": SEED_RANGE, "max_frames": (1, 2**63 - 1), "batch_size": (1, None)}
 # The settings that take one of a few words (checked for the command line in cli.check_engine_choices).
 SETTING_CHOICES = {"depth": DEPTH_CHOICES, "codec_precision": CODEC_PRECISIONS, "talker_precision": TALKER_PRECISIONS}
 

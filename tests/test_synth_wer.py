@@ -189,6 +189,22 @@ def test_without_an_asr_model_synth_says_so_and_goes_on(monkeypatch, tmp_path):
     assert not (tmp_path / "out3").exists()
 
 
+def test_synth_starts_no_more_asr_workers_than_rows(monkeypatch, tmp_path):
+    """The pool starts every worker at once, each loading the ASR model: --asr-workers 24 for one row started 24
+    (17 s against 6 s), and a huge value never finished starting them."""
+    from types import SimpleNamespace
+
+    from tts_cli.quality import synth_wer
+
+    started = []
+    monkeypatch.setattr(synth_wer, "SynthWer", lambda asr, workers, out, output_format: started.append(workers))
+    for asked, rows, expected in ((24, 1, 1), (10**20, 3, 3), (2, 5, 2), (None, 1, 1)):
+        plan = SimpleNamespace(asr="asr", gpus=None, device_choice=cli.DeviceChoice("cuda", "test"), rows=[0] * rows)
+        options = SimpleNamespace(asr_workers=asked, output_format="wav")
+        cli.start_synth_wer(plan, options, tmp_path)
+        assert started.pop() == expected, (asked, rows)
+
+
 def test_asr_workers_default_to_the_cores_synthesis_leaves(monkeypatch):
     """CPU synthesis shares the cores (half to ASR, at most 4); GPU synthesis leaves all but one
     per synthesis process and a spare."""

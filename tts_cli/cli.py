@@ -713,6 +713,8 @@ def start_synth_wer(plan: SynthPlan, options: SynthOptions, out: Path) -> Option
     gpus, device = plan.gpus, plan.device_choice.device
     gpu_synthesis = (not any(str(d).startswith("cpu") for d in gpus)) if gpus else device.startswith("cuda")
     asr_workers = options.asr_workers or default_asr_workers(gpu_synthesis, len(gpus) if gpus else 1)
+    # no more than the rows to hear: the pool starts every worker at once, each loading the model
+    asr_workers = min(asr_workers, max(1, len(plan.rows)))
     synth_wer = SynthWer(plan.asr, asr_workers, out, options.output_format)
     if not gpus and device == "cpu":
         leave_cores_to_asr(asr_workers)

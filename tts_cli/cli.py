@@ -331,7 +331,8 @@ def synth(
         None, "--asr-workers", metavar="N", min=1, show_default=False,
         help="ASR worker processes beside synthesis, each with its own copy of the model and one thread. "
              "Default: on cpu half the cores, at most 4 (synthesis needs the rest); on cuda every core but "
-             "one per synthesis process and one more (GPU synthesis leaves them idle)."),
+             "one per synthesis process and one more (GPU synthesis leaves them idle); never more than rows to "
+             "hear."),
     # The voice of rows that name none (tts_cli/voice/): cloning with Base checkpoints, or an instruct.
     instruct: Optional[str] = typer.Option(
         None, "--instruct", metavar="TEXT", show_default=False,

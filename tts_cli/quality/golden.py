@@ -222,7 +222,8 @@ def check_records(tensors: dict[str, torch.Tensor], meta: dict, golden_dir: Path
                 raise TTSError(f"{where}: prompt {i}: '{name}' should be "
                                f"{' or '.join('null' if k is None else k.__name__ for k in kinds)}, got {value!r}")
     calls = meta["batch"].get("calls", {}) if isinstance(meta.get("batch"), dict) else None
-    if not isinstance(calls, dict) or not all(isinstance(c, dict) and "non_streaming_mode" in c for c in calls.values()):
+    if not isinstance(calls, dict) or not all(isinstance(c, dict) and "non_streaming_mode" in c
+                                              for c in calls.values()):
         raise TTSError(f"{where}: 'batch' should be an object (with 'calls' of objects with non_streaming_mode)")
     if any(p.get("clone") == "icl" for p in prompts) and not (
             isinstance(meta.get("reference"), dict) and "text" in meta["reference"]):

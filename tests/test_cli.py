@@ -564,6 +564,11 @@ def test_bench_rejects_bad_options():
                                          "a positive integer" in result.stderr, (option, value, result.output)
     result = _invoke("bench", "--device", "cpu", "--model", "random:7b")
     assert result.exit_code == 2 and "unknown random model 'random:7b'" in result.stderr
+    result = _invoke("bench", "--device", "cpu", "--order", "bogus")
+    assert result.exit_code == 2 and "--order bogus: one of given, longest" in result.stderr
+    assert "device:" not in result.output   # refused before anything is said or loaded
+    result = _invoke("bench", "--device", "cpu", "--codec-window", "1000000")
+    assert result.exit_code == 2 and "Traceback" not in result.output and "less than or equal to 64" in result.output
 
 
 def test_bench_says_what_it_cannot_read_or_write_before_it_runs(tmp_path):

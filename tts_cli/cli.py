@@ -60,6 +60,9 @@ DEVICE_HELP = ("Torch device: auto (cuda when torch sees a GPU, else cpu; the ch
 # `tts bench`'s concurrencies when none are given. On CPU a check that runs in seconds on the bundled
 # tiny model, not a measurement.
 BENCH_LEVELS = {"cuda": "1,64,128,256,512", "cpu": "1,4"}
+# The codec's buffers grow with its window (K frames a row per call): measured up to 16 (docs/bench.md); far more
+# asks the engine for terabytes.
+MAX_CODEC_WINDOW = 64
 BENCH_TABLE_WIDTH = 100   # the bench table and its notes fit this many columns
 
 app = typer.Typer(
@@ -880,7 +883,7 @@ def bench(
         help=DEVICE_HELP + " On cuda 16-bit weights with fp32 activations (--talker-precision; the vocoder's "
              "convolutions: --codec-precision); on cpu fp32, and its figures are CPU figures, not GPU figures."),
     codec_window: Optional[int] = typer.Option(
-        None, "--codec-window", min=1, metavar="K", show_default=False,
+        None, "--codec-window", min=1, max=MAX_CODEC_WINDOW, metavar="K", show_default=False,
         help=f"Run the codec every K decode steps over the last K frames. Default: the engine's, "
              f"{CODEC_WINDOW_RULE} (larger K: faster codec, later first audio; at more than one row also idle "
              "slots, waiting for a window to end)."),
@@ -929,6 +932,9 @@ def bench(
         raise typer.Exit(2)
     except TTSError as e:
         say(f"error: {e}", "red")
+        raise typer.Exit(2)
+    if order not in ORDERS:
+        say(f"error: --order {order}: one of {', '.join(ORDERS)}", "red")
         raise typer.Exit(2)
     if workload == DEFAULT_WORKLOAD and ref_seconds != DEFAULT_REF_SECONDS:
         say(f"warning: --ref-seconds {ref_seconds:g} is ignored: the {workload} workload clones no voice", "yellow")

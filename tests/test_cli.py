@@ -683,6 +683,8 @@ def test_recipe_model_bundled_warns_about_random_weights(fake, tmp_path):
     (b"\xff\xfe\x00", "does not read as UTF-8 text"),
     ("depth: bogus\n", "'depth' should be one of auto, kernel, loop, got 'bogus'"),
     ("model: /nonexistent/model\n", "model directory not found: /nonexistent/model (from recipe "),
+    ("model: ''\n", "'model' is empty (leave it out, or give null, for the default)"),
+    ("device: '  '\n", "'device' is empty (leave it out, or give null, for the default)"),
     ("rows: 0\n", "'rows' 0: auto or a whole number of slots (1 or more)"),
     ("rows: '²'\n", "'rows' ²: auto or a whole number of slots (1 or more)"),
     ("speaker: [vivian\n", "malformed YAML in recipe"),

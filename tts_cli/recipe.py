@@ -121,6 +121,8 @@ def load_recipe(name_or_path: str) -> dict:
         kind = RECIPE_KEYS[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise TTSError(f"recipe {path}: '{key}' should be {kind.__name__}, got {value!r}")
+        if isinstance(value, str) and not value.strip():   # `model: ""` would name the working folder
+            raise TTSError(f"recipe {path}: '{key}' is empty (leave it out, or give null, for the default)")
         low, high = SETTING_RANGES.get(key, (None, None))
         if (low is not None and value < low) or (high is not None and value > high):
             bounds = f"from {low} to {high}" if high is not None else f"{low} or more"

@@ -495,7 +495,8 @@ def test_bench_order_longest_queues_the_longest_requests_first(tmp_path):
     assert steps["longest"] == simulate(sorted(lengths, reverse=True), 3)["steps"]
     assert steps["given"] != steps["longest"]
     result = _invoke("bench", "--device", "cpu", "--order", "shortest")
-    assert result.exit_code == 2 and "order must be one of ('given', 'longest'), got 'shortest'" in result.stderr
+    assert result.exit_code == 2 and "--order shortest: one of given, longest" in result.stderr
+    assert "device:" not in result.output   # refused before anything is said or loaded
 
 
 def test_bench_ref_seconds_within_the_references_limits_and_said_to_be_ignored_without_a_clone(tmp_path):
@@ -564,9 +565,6 @@ def test_bench_rejects_bad_options():
                                          "a positive integer" in result.stderr, (option, value, result.output)
     result = _invoke("bench", "--device", "cpu", "--model", "random:7b")
     assert result.exit_code == 2 and "unknown random model 'random:7b'" in result.stderr
-    result = _invoke("bench", "--device", "cpu", "--order", "bogus")
-    assert result.exit_code == 2 and "--order bogus: one of given, longest" in result.stderr
-    assert "device:" not in result.output   # refused before anything is said or loaded
     result = _invoke("bench", "--device", "cpu", "--codec-window", "1000000")
     assert result.exit_code == 2 and "Traceback" not in result.output and "less than or equal to 64" in result.output
 

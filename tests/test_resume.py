@@ -270,6 +270,10 @@ def test_ledger_drops_a_torn_last_line_and_locks_the_folder(tmp_path):
     (tmp_path / LEDGER_NAME).write_text('{"id": "a"}\n{"id": "b", "key": "k", "status": "ok"}\n')
     with pytest.raises(TTSError, match=r"ledger.jsonl, line 1: not a ledger entry"):
         Ledger(tmp_path)
+    (tmp_path / LEDGER_NAME).write_text('{"id": "a", "key": "k", "status": "ok"}\n{"id"\n{"id": "c"}\n')
+    with pytest.raises(TTSError, match=r"ledger.jsonl, line 2: not a ledger entry \(Expecting ':' delimiter at "
+                                       r"character 7\); fix or remove that line"):
+        Ledger(tmp_path)
     (tmp_path / LEDGER_NAME).write_bytes(b'{"id": "a", "key": "k", "status": "ok"}\n{"id": "b\xff", "key": "k"}\n')
     with pytest.raises(TTSError, match=r"ledger.jsonl, line 2: not a ledger entry \('utf-8' codec can't decode"):
         Ledger(tmp_path)

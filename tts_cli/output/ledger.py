@@ -169,7 +169,9 @@ def _read_entries(path: Path, whole_lines_only: bool = False) -> list[dict]:
                 entry["id"], entry["key"], entry["status"]
                 _check_fields(entry)
             except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise TTSError(f"{path}, line {number}: not a ledger entry ({e}); "
+                # json's own position counts the lines of what it parsed (the line's newline: "line 2")
+                reason = f"{e.msg} at character {e.pos + 1}" if isinstance(e, json.JSONDecodeError) else e
+                raise TTSError(f"{path}, line {number}: not a ledger entry ({reason}); "
                                "fix or remove that line, or use a new --out") from None
             entries.append(entry)
     return entries

@@ -166,7 +166,8 @@ def test_the_workers_engine_time_is_summed_for_the_report_with_each_workers_besi
         received, sent = Pipe(duplex=False)
         senders.append(sent)
         timing = SynthesisTiming(calls=1, engine_seconds=steps * 0.02, gpu_wait_seconds=steps * 0.01, steps=steps,
-                                 slot_steps=steps * 64, frames=steps * 48, stage_ms={"depth": steps * 5.0})
+                                 slot_steps=steps * 64, frames=steps * 48, stage_ms={"depth": steps * 5.0},
+                                 peak_gpu_bytes=steps * 2**28)
         sent.send(("done", index, ["outcome"], 1.0, [], timing))
         pool.workers.append(Worker(device, _Process(11 + index), _Tasks(), received))
     assert [index for index, _, _ in pool.run([["a"], ["b"]])] == [0, 1]
@@ -174,10 +175,12 @@ def test_the_workers_engine_time_is_summed_for_the_report_with_each_workers_besi
     assert (summed["calls"], summed["steps"], summed["engine_seconds"]) == (2, 400, 8.0)
     assert summed["gpu_wait_seconds"] == 4.0
     assert (summed["ms_per_step"], summed["gpu_ms_per_step"], summed["slots_busy"]) == (20.0, {"depth": 5.0}, 0.75)
+    assert summed["peak_gpu_gib"] == 75.0   # the most of one worker (300 x 2^28 bytes), not their sum
     assert {name: one["steps"] for name, one in summed["per_worker"].items()} == {
         "worker on cuda:0 (pid 11)": 100, "worker on cuda:1 (pid 12)": 300}
     lines = _synthesis_lines(summed)
     assert lines[0].startswith("Engine: summed over 2 workers running at once, 400 steps in 8.00 s (20.00 ms per step")
+    assert lines[0].endswith("(2 calls); peak GPU memory 75.0 GiB.") and lines[1].endswith("peak GPU memory 25.0 GiB.")
     assert lines[2].startswith("- worker on cuda:1 (pid 12): 300 steps in 6.00 s")
     pool.timings = {}
     assert pool.timing is None   # CPU workers run the plain path: no block, as in process

@@ -71,14 +71,16 @@ class SynthesisTiming:
     slot_steps: int = 0                 # steps x the slots they ran (a tail step's fewer)
     frames: int = 0
     stage_ms: dict = field(default_factory=dict)   # GPU ms per stage (CUDA events), prefill included
+    peak_gpu_bytes: int = 0             # torch.cuda.max_memory_allocated after the calls (the most of any worker)
 
     @staticmethod
     def merged(timings: Iterable["SynthesisTiming"]) -> "SynthesisTiming":
         """Several synthesizers' timing summed (--gpus workers): per step, the mean over their steps."""
         total = SynthesisTiming()
         for timing in timings:
-            for name in (f.name for f in fields(SynthesisTiming) if f.name != "stage_ms"):
+            for name in (f.name for f in fields(SynthesisTiming) if f.name not in ("stage_ms", "peak_gpu_bytes")):
                 setattr(total, name, getattr(total, name) + getattr(timing, name))
+            total.peak_gpu_bytes = max(total.peak_gpu_bytes, timing.peak_gpu_bytes)
             for name, ms in timing.stage_ms.items():
                 total.stage_ms[name] = total.stage_ms.get(name, 0.0) + ms
         return total
@@ -94,7 +96,8 @@ class SynthesisTiming:
                 "pcm_copy_seconds": round(self.pcm_copy_seconds, 3), "steps": self.steps,
                 "slots_busy": round(self.frames / self.slot_steps, 3) if self.slot_steps else None,
                 "ms_per_step": round(self.engine_seconds * 1000 / steps, 3),
-                "gpu_ms_per_step": {name: round(ms / steps, 3) for name, ms in self.stage_ms.items()}}
+                "gpu_ms_per_step": {name: round(ms / steps, 3) for name, ms in self.stage_ms.items()},
+                "peak_gpu_gib": round(self.peak_gpu_bytes / 2**30, 2) if self.peak_gpu_bytes else None}
 
 
 def load_tokenizer(root: Path):
@@ -467,6 +470,9 @@ class Synthesizer:
             engine.collect_stage_times()
         stats, timing = engine.stats, self.timing
         timing.calls += 1
+        device = self.model.talker.codec_embedding.weight.device
+        if device.type == "cuda":
+            timing.peak_gpu_bytes = max(timing.peak_gpu_bytes, torch.cuda.max_memory_allocated(device))
         timing.engine_seconds += stats.wall_s
         timing.gpu_wait_seconds += stats.gpu_wait_s
         timing.row_callback_seconds += stats.callback_s

@@ -39,7 +39,9 @@ DEFINITIONS = {
                  "pcm_copy_seconds to copying the audio to each row's array (both while waiting for the GPU where it "
                  "could); ms_per_step = engine_seconds / steps (with --gpus the mean over the workers' steps, which "
                  "run at once); gpu_ms_per_step: each stage's GPU time per decode step from CUDA events (prefill: "
-                 "admissions; stages on other streams overlap); slots_busy: frames / (steps x engine slots)",
+                 "admissions; stages on other streams overlap); slots_busy: frames / (steps x engine slots); "
+                 "peak_gpu_gib: the most GPU memory the process's tensors held at once (torch.cuda.max_memory_allocated;"
+                 " with --gpus the most of any worker; null on cpu)",
 }
 
 
@@ -273,7 +275,8 @@ def synthesis_line(synthesis: dict) -> str:
             f"{synthesis['prompt_vector_seconds']:.2f} s and copied audio in "
             f"{synthesis['pcm_copy_seconds']:.2f} s"
             + f"; prompts tokenized in {synthesis['prompt_seconds']:.2f} s, engines built in "
-            f"{synthesis['engine_build_seconds']:.2f} s ({synthesis['calls']} calls)")
+            f"{synthesis['engine_build_seconds']:.2f} s ({synthesis['calls']} calls)"
+            + (f"; peak GPU memory {peak:.1f} GiB" if (peak := synthesis.get("peak_gpu_gib")) is not None else ""))
 
 
 def references_line(references: dict) -> str:

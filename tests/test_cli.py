@@ -501,11 +501,20 @@ def test_bench_order_longest_queues_the_longest_requests_first(tmp_path):
 
 def test_bench_ref_seconds_within_the_references_limits_and_said_to_be_ignored_without_a_clone(tmp_path):
     result = _invoke("bench", "--device", "cpu", "--workload", "clone-icl", "--ref-seconds", "61")
-    assert result.exit_code == 2 and "Invalid value for '--ref-seconds'" in result.output
+    _assert_one_red_line(result, "--ref-seconds 61: a finite number of seconds from 1 to 60")
     result = _invoke("bench", "--device", "cpu", "--concurrency", "1", "--frames", "8", "--requests", "1",
                      "--ref-seconds", "3", "--json", tmp_path / "b.json")
     assert result.exit_code == 0, result.output
     assert "warning: --ref-seconds 3 is ignored: the customvoice workload clones no voice" in result.output
+
+
+def test_bench_refuses_a_ref_seconds_that_is_no_finite_number():
+    """typer's bounds refused nan and inf as above 60 and -inf as below 1: one red line says what the option
+    takes, before anything runs (also for the workload that ignores it)."""
+    for value, read_as in (("nan", "nan"), ("inf", "inf"), ("-inf", "-inf"), ("NaN", "nan"), ("1e400", "inf")):
+        for workload in ("clone-icl", "customvoice"):
+            result = _invoke("bench", "--device", "cpu", "--workload", workload, "--ref-seconds", value)
+            _assert_one_red_line(result, f"--ref-seconds {read_as}: a finite number of seconds from 1 to 60")
 
 
 def test_bench_refuses_a_folder_without_config_json_before_it_makes_the_results_folder(tmp_path):

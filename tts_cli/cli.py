@@ -164,6 +164,13 @@ def check_engine_choices(depth: str, codec_precision: str, talker_precision: str
             raise TTSError(f"--{name.replace('_', '-')} {value}: one of {', '.join(SETTING_CHOICES[name])}")
 
 
+def check_bounds(option: str, value: float, low: float, high: float, unit: str) -> None:
+    """A float option's bounds, checked here and not by typer's min=/max=, which refuse nan and inf as beyond the
+    other bound ("less than or equal to 60"). nan compares false to both bounds: refused with the rest."""
+    if not low <= value <= high:
+        raise TTSError(f"{option} {value:g}: a finite number of {unit} from {low:g} to {high:g}")
+
+
 def load_synthesizer(model_dir: Path, device: str, engine_rows: int | None, depth: str, codec_precision: str,
                      talker_precision: str):
     """Imported here, not at the top: torch and the model load only for commands that synthesize."""
@@ -906,9 +913,10 @@ def bench(
              "random:... builds one) from ICL (clone-icl: the reference's x-vector, transcript and codes) or "
              "its x-vector only (clone-xvector), in the streaming text mode (voice cloning's official "
              "default). The reference is encoded once, before the timed runs: tts_cli/bench_clone.py."),
-    ref_seconds: float = typer.Option(DEFAULT_REF_SECONDS, "--ref-seconds", min=MIN_SECONDS, max=MAX_SECONDS,
-                                      metavar="S", help="Length of the cloned voice's reference (a synthetic voiced "
-                                      "signal), within the references' limits; clone workloads only."),
+    ref_seconds: float = typer.Option(  # bounded by check_bounds, which says why
+        DEFAULT_REF_SECONDS, "--ref-seconds", metavar="S",
+        help=f"Length of the cloned voice's reference (a synthetic voiced signal), {MIN_SECONDS:g} to "
+             f"{MAX_SECONDS:g} s (the references' limits); clone workloads only."),
     order: str = typer.Option(
         "given", "--order", metavar="|".join(ORDERS),
         help="The queue: the sentences in their order (given: the protocol of the runtimes compared in "
@@ -919,6 +927,7 @@ def bench(
     of the engine, per concurrency, and the stage that bounds each. Definitions: see tts_cli/bench.py
     and docs/bench.md."""
     try:
+        check_bounds("--ref-seconds", ref_seconds, MIN_SECONDS, MAX_SECONDS, "seconds")
         device_choice = resolve_device(device)
         cuda = device_choice.device.startswith("cuda")
         # ASCII digits, as --rows and --shard take: int() also reads other scripts' digits (١, ٢)

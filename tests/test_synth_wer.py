@@ -129,6 +129,25 @@ def test_no_wer_writes_no_wer_fields_and_drops_an_earlier_rows_file(monkeypatch,
     assert "WER" not in (out / "report.md").read_text()
 
 
+def test_no_wer_says_that_the_asr_options_given_are_ignored(monkeypatch, tmp_path):
+    """--asr-model and --asr-workers set the ASR, which --no-wer does not run: a folder that does not exist was
+    ignored without a word. A warning names them; the run goes on."""
+    use_fake_synthesizer(monkeypatch, tmp_path)
+    manifest, missing = tmp_path / "m.txt", tmp_path / "no-such-asr-model"
+    manifest.write_text("a\tHello there.\n", encoding="utf-8")
+    cases = [(["--no-wer", "--asr-model", missing],
+              [f"warning: --asr-model {missing} ignored: it sets the ASR that hears each row, and --no-wer runs none"]),
+             (["--no-wer", "--asr-model", missing, "--asr-workers", "2"],
+              [f"warning: --asr-model {missing}, --asr-workers 2 ignored: they set the ASR that hears each row, and "
+               "--no-wer runs none"]),
+             (["--no-wer"], []), (["--asr-workers", "2"], [])]
+    for n, (options, warnings) in enumerate(cases):
+        result = runner.invoke(cli.app, ["synth", str(manifest), "--out", str(tmp_path / f"out{n}"), "--model",
+                                         str(tmp_path / "model"), *map(str, options)])
+        assert result.exit_code == 0, result.output
+        assert [line for line in result.stderr.splitlines() if line.startswith("warning: ")] == warnings, options
+
+
 def test_a_resumed_row_whose_shard_cannot_be_read_fails_its_wer_alone(tmp_path):
     """A damaged or edited shard of an earlier run: that row's WER fails with the reason, the run goes on."""
     from types import SimpleNamespace

@@ -332,7 +332,7 @@ def synth(
         help="Transcribe each row beside synthesis and add WER, hypotheses and runaway flags to the report "
              "and DIR/rows.parquet (as tts score does). By default on when an ASR model is available (extra [wer] "
              "or --asr-model), else a note; --wer given explicitly makes a missing ASR model an error; --no-wer "
-             "skips it."),
+             "skips it, and says that --asr-model and --asr-workers, if given, are ignored."),
     asr_model: Optional[Path] = typer.Option(
         None, "--asr-model", metavar="DIR", show_default=False,
         help="A faster-whisper (CTranslate2) model folder for WER. Default: whisper tiny.en from the "
@@ -602,7 +602,8 @@ def make_output_folder(out: Path) -> None:
 
 def say_run_start(plan: SynthPlan, options: SynthOptions, report_row_error) -> None:
     """The lines on stderr before synthesis: the device, the rows that fail before it, the bundled model's
-    warning, and the engine's rows on cuda, or the engine options that a run elsewhere ignores."""
+    warning, and the engine's rows on cuda, or the engine options that a run elsewhere ignores; the ASR
+    options that --no-wer ignores."""
     say(plan.device_choice.line(), "bold")
     for row in plan.rows:
         if row.problem:
@@ -623,8 +624,18 @@ def say_run_start(plan: SynthPlan, options: SynthOptions, report_row_error) -> N
                        if value != getattr(DEFAULTS, name)]
         if engine_only:
             where = ", ".join(plan.gpus) if plan.gpus else plan.device_choice.device
-            say(f"warning: {', '.join(engine_only)} ignored: {'it sets' if len(engine_only) == 1 else 'they set'} "
-                f"the CUDA engine, and this run is on {where}", "yellow")
+            say_ignored(engine_only, "the CUDA engine", f"this run is on {where}")
+    # (named as options: a recipe has no keys for them)
+    asr_options = (("--asr-model", options.asr_model), ("--asr-workers", options.asr_workers))
+    asr_only = [f"{option} {value}" for option, value in asr_options if value is not None]
+    if asr_only and not options.wer:
+        say_ignored(asr_only, "the ASR that hears each row", "--no-wer runs none")
+
+
+def say_ignored(given: list[str], sets: str, because: str) -> None:
+    """The options (or recipe settings) that this run ignores, on one warning line."""
+    say(f"warning: {', '.join(given)} ignored: {'it sets' if len(given) == 1 else 'they set'} {sets}, and {because}",
+        "yellow")
 
 
 def job_settings(plan: SynthPlan, options: SynthOptions) -> JobSettings:

@@ -1,6 +1,8 @@
 """GPU faults: an injected CUDA out-of-memory during a decoding step is survived by fewer rows per
 call; a row that runs out of memory even alone fails with the error; nothing already made is lost."""
+import errno
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,9 +101,6 @@ def test_no_space_for_a_file_stops_the_run_and_a_rerun_resumes(monkeypatch, tmp_
     ledger line for r4 or the rows not synthesized. One row per batch: r0-r3 are recorded. Eight per
     batch: they are written at once, and the batch's others, whose files are on disk, are recorded
     too (the rerun made them again before). The same command then finishes with each row once."""
-    import errno
-    from pathlib import Path
-
     use_fake_synthesizer(monkeypatch, tmp_path)
     real_write_bytes = Path.write_bytes
 
@@ -130,8 +129,36 @@ def test_no_space_for_a_file_stops_the_run_and_a_rerun_resumes(monkeypatch, tmp_
         [f"r{i}" for i in range(8)]
 
 
+@pytest.mark.parametrize("error, remedy", [
+    (PermissionError(errno.EACCES, "Permission denied"), "make the folder writable"),
+    (OSError(errno.EROFS, "Read-only file system"), "make the folder writable"),
+    (OSError(errno.ENOSPC, "No space left on device"), "free space"),
+    (OSError(errno.EIO, "Input/output error"), "fix the folder")])
+def test_a_folder_that_cannot_be_written_is_named_with_the_os_reason_and_its_remedy(monkeypatch, tmp_path,
+                                                                                    error, remedy):
+    """An --out that refuses writes (its lock cannot be made: where the tests run as root, a folder chmod'ed
+    read-only is written all the same, so os.open refuses here) is told apart from a full disk: no advice
+    to free space where permissions stand in the way."""
+    import os
+    import types
+
+    from tts_cli.output import ledger as ledger_module
+
+    use_fake_synthesizer(monkeypatch, tmp_path)
+
+    def refused(path, *args, **kwargs):
+        if Path(path).name == ledger_module.LOCK_NAME:
+            raise error
+        return os.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(ledger_module, "os", types.SimpleNamespace(**{**vars(os), "open": refused}))
+    result, out = _synth_fake(tmp_path, "a\tOne.\n", batch_size=1)
+    assert result.exit_code == 2, result.output
+    assert (f"error: cannot write {out / '.tts-lock'}: {error.strerror}; the run stopped (rows already recorded are "
+            f"kept): {remedy}, then rerun the same command to resume") in result.stderr
+
+
 def test_a_ledger_append_that_fails_leaves_the_ledger_as_it_was(monkeypatch, tmp_path):
-    import errno
     import os
     import types
 

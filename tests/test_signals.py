@@ -346,7 +346,9 @@ def test_a_full_disk_stops_the_run_with_exit_2_and_a_rerun_after_freeing_space_f
 
     subprocess.run(["mount", "-o", "remount,ro", str(out)], check=True)   # a read-only folder
     refused = _synth_here(arguments, monkeypatch)
-    assert refused.exit_code == 2 and f"error: cannot write {out}/.tts-lock: Read-only file system" in refused.stderr
+    assert refused.exit_code == 2, refused.output
+    assert (f"error: cannot write {out}/.tts-lock: Read-only file system; the run stopped (rows already recorded are "
+            "kept): make the folder writable, then rerun") in refused.stderr   # not "free space": it is not full
 
 
 def test_a_stop_cuts_short_only_the_waits_marked_for_it():

@@ -1,4 +1,5 @@
 """Errors a user can act on. Each message names the file, field or row at fault."""
+import errno
 from contextlib import contextmanager
 
 
@@ -30,12 +31,18 @@ class NonFiniteError(TTSError):
 
 class OutputError(TTSError):
     """The output folder cannot be written (disk full, an I/O error, a read-only folder): every
-    later row would fail too, so the run stops. The message names the path and the OS's reason."""
+    later row would fail too, so the run stops. The message names the path, the OS's reason and what to do
+    about it (_REMEDIES)."""
 
     def __init__(self, path, error: OSError):
         self.path, self.reason, self.errno = path, error.strerror or error, error.errno
-        super().__init__(f"cannot write {path}: {self.reason}; the run stopped (rows already "
-                         "recorded are kept): free space or fix the folder, then rerun the same command to resume")
+        super().__init__(f"cannot write {path}: {self.reason}; the run stopped (rows already recorded are kept): "
+                         f"{_REMEDIES.get(self.errno, 'fix the folder')}, then rerun the same command to resume")
+
+
+# What an OutputError tells the user to do, by the OS's error number: a folder that refuses writes is not full.
+_REMEDIES = {errno.ENOSPC: "free space", errno.EDQUOT: "free space", errno.EACCES: "make the folder writable",
+             errno.EPERM: "make the folder writable", errno.EROFS: "make the folder writable"}
 
 
 @contextmanager

@@ -339,6 +339,24 @@ def test_parquet_shard_that_no_ledger_entry_names_is_removed_and_its_rows_redone
     assert sorted(pq.read_table(shards[0]).column("id").to_pylist()) == [f"r{i}" for i in range(5)]
 
 
+def test_a_shard_whose_rows_were_made_again_as_files_is_kept_by_a_later_parquet_run(fake, tmp_path):
+    """A completed run's shard whose rows were all made again in wav (--redo-changed) is named by no row's
+    last ledger line, but it is no killed run's: it stays, as a.wav does after --format flac, also through
+    a parquet run of other rows, whose shard takes the next number."""
+    manifest, other, out = tmp_path / "m.txt", tmp_path / "other.txt", tmp_path / "out"
+    manifest.write_text("a\tOne.\nb\tTwo.\n")
+    other.write_text("c\tThree.\n")
+    assert _synth(manifest, out, "--format", "parquet", model=tmp_path / "model").exit_code == 0
+    assert _synth(manifest, out, "--format", "wav", "--redo-changed", model=tmp_path / "model").exit_code == 0
+    result = _synth(other, out, "--format", "parquet", model=tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    assert "shards" not in result.stderr and json.loads((out / "report.json").read_text())["notes"] == []
+    assert pq.read_table(out / "part-00000.parquet").column("id").to_pylist() == ["a", "b"]
+    assert pq.read_table(out / "part-00001.parquet").column("id").to_pylist() == ["c"]
+    assert [(e["id"], e["file"]) for e in _ledger(out)][-3:] == [
+        ("a", "a.wav"), ("b", "b.wav"), ("c", "part-00001.parquet")]
+
+
 @pytest.mark.parametrize("output_format", ["wav", "parquet"])
 def test_an_error_in_synthesis_keeps_the_rows_made_writes_the_report_and_exits_2(fake, tmp_path, output_format):
     """Not a row's fault (a bug, a device fault): the run cannot go on, but it ends as a stopped run

@@ -559,8 +559,7 @@ def _rows_to_do(plans: list[RowPlan], ledger: Ledger, out_dir: Path, settings: J
 def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir: Path, settings: JobSettings,
                 notes: list[str], on_rows_done: Callable[[list[RowRecord]], None],
                 on_output: OutputCallback | None = None) -> None:
-    sink = make_sink(settings.output_format, out_dir, executor.sample_rate,
-                     {entry["file"] for entry in ledger.latest.values() if entry.get("file")})
+    sink = make_sink(settings.output_format, out_dir, executor.sample_rate, ledger.named_files)
     if getattr(sink, "removed_orphans", None):
         notes.append(f"removed {len(sink.removed_orphans)} parquet shards that no ledger entry names "
                      "(a killed run's; their rows were redone)")

@@ -61,15 +61,16 @@ class ParquetSink:
     """Rows buffered and written as parquet shards part-NNNNN.parquet of up to rows_per_file rows, a
     shard as soon as rows_per_file rows wait or the first of them has waited max_wait_s."""
 
-    def __init__(self, out_dir: Path, sample_rate: int, referenced_files: set[str],
+    def __init__(self, out_dir: Path, sample_rate: int, named_files: set[str],
                  rows_per_file: int = PARQUET_ROWS_PER_FILE, max_wait_s: float = PARQUET_MAX_WAIT_S):
+        """named_files: every file a line of the folder's ledger names (Ledger.named_files)."""
         self.out_dir, self.sample_rate, self.rows_per_file = Path(out_dir), sample_rate, rows_per_file
         self.max_wait_s = max_wait_s
         self._first_waiting = 0.0   # time.monotonic() when the first row now waiting was added
-        self.removed_orphans = remove_orphan_shards(self.out_dir, referenced_files)
+        self.removed_orphans = remove_orphan_shards(self.out_dir, named_files)
         # Never a number the ledger names, even for a shard gone from the folder: a row recorded in it
-        # would pass as made from the new shard of that name.
-        names = [p.name for p in self.out_dir.iterdir()] + list(referenced_files)
+        # would pass as made from the new shard of that name, and a killed run's shard as a completed one.
+        names = [p.name for p in self.out_dir.iterdir()] + list(named_files)
         numbers = [int(m.group(1)) for name in names if (m := SHARD_PATTERN.fullmatch(name))]
         self._next_number = max(numbers, default=-1) + 1
         self._rows: list[dict] = []
@@ -169,18 +170,20 @@ def write_shard(path: Path, rows: list[dict], sample_rate: int) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=shard_schema(sample_rate)), path)
 
 
-def remove_orphan_shards(out_dir: Path, referenced_files: set[str]) -> list[str]:
-    """Shards that no ledger entry names were written by a run killed before it could record
-    them: their rows will be redone, so keeping the shard would duplicate them."""
+def remove_orphan_shards(out_dir: Path, named_files: set[str]) -> list[str]:
+    """Shards that no ledger line names were written by a run killed before it could record them:
+    their rows will be redone, so keeping the shard would duplicate them. A shard a line named stays,
+    also once its rows were all made again as files (--redo-changed): left in place, as a.wav is after
+    --format flac."""
     removed = []
     for path in Path(out_dir).iterdir():
-        if SHARD_PATTERN.fullmatch(path.name) and path.name not in referenced_files:
+        if SHARD_PATTERN.fullmatch(path.name) and path.name not in named_files:
             path.unlink()
             removed.append(path.name)
     return removed
 
 
-def make_sink(output_format: str, out_dir: Path, sample_rate: int, referenced_files: set[str]):
+def make_sink(output_format: str, out_dir: Path, sample_rate: int, named_files: set[str]):
     if output_format == "parquet":
-        return ParquetSink(out_dir, sample_rate, referenced_files)
+        return ParquetSink(out_dir, sample_rate, named_files)
     return FileSink(out_dir, output_format, sample_rate)

@@ -79,7 +79,11 @@ class Ledger:
         self._lock.take()
         try:
             self.repaired_bytes = _drop_torn_tail(self.path)
-            self.latest: dict[str, dict] = {entry["id"]: entry for entry in _read_entries(self.path)}  # last per id
+            entries = _read_entries(self.path)
+            self.latest: dict[str, dict] = {entry["id"]: entry for entry in entries}   # last per id
+            # every file a line named, also one whose rows were all recorded again since (a parquet shard
+            # before --redo-changed --format wav): a completed run's output, not a killed run's
+            self.named_files: set[str] = {entry["file"] for entry in entries if entry.get("file")}
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as e:
             self._release()
@@ -109,6 +113,7 @@ class Ledger:
             raise OutputError(self.path, e) from e
         for entry in entries:
             self.latest[entry["id"]] = entry
+        self.named_files.update(entry["file"] for entry in entries if entry.get("file"))
 
     def close(self) -> None:
         os.close(self._fd)

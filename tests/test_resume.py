@@ -333,10 +333,31 @@ def test_parquet_shard_that_no_ledger_entry_names_is_removed_and_its_rows_redone
     (out / LEDGER_NAME).write_text("")   # as if killed after the shard's rename, before its ledger lines
     result = _synth(manifest, out, "--format", "parquet", model=tmp_path / "model")
     assert result.exit_code == 0, result.output
-    assert "removed 1 parquet shards that no ledger entry names" in result.stderr
+    assert ("removed 1 parquet shards that no ledger line names (a killed run's, written before their rows were "
+            "recorded)") in result.stderr
     shards = sorted(out.glob("part-*.parquet"))
     assert [p.name for p in shards] == ["part-00000.parquet"]   # numbered after the orphan went
     assert sorted(pq.read_table(shards[0]).column("id").to_pylist()) == [f"r{i}" for i in range(5)]
+
+
+@pytest.mark.parametrize("output_format", ["wav", "flac"])
+def test_a_killed_parquet_runs_shard_is_removed_by_a_run_in_another_format(fake, tmp_path, output_format):
+    """A shard no ledger line names holds rows no run recorded: a folder run in wav or flac since removes it,
+    as it empties report_audio/, instead of keeping a copy of rows that no report names. The shards an earlier
+    run recorded stay."""
+    manifest, other, out = tmp_path / "m.txt", tmp_path / "other.txt", tmp_path / "out"
+    manifest.write_text("a\tOne.\nb\tTwo.\n")
+    other.write_text("c\tThree.\n")
+    assert _synth(manifest, out, "--format", "parquet", model=tmp_path / "model").exit_code == 0
+    # as a run killed after its shard's rename, before its ledger lines, leaves it
+    (out / "part-00001.parquet").write_bytes((out / "part-00000.parquet").read_bytes())
+    result = _synth(other, out, "--format", output_format, model=tmp_path / "model")
+    assert result.exit_code == 0, result.output
+    note = ("removed 1 parquet shards that no ledger line names (a killed run's, written before their rows were "
+            "recorded)")
+    assert note in result.stderr and note in json.loads((out / "report.json").read_text())["notes"]
+    assert sorted(p.name for p in out.glob("part-*.parquet")) == ["part-00000.parquet"]
+    assert list((out / "report_audio").iterdir()) == [] and (out / f"c.{output_format}").is_file()
 
 
 def test_a_shard_whose_rows_were_made_again_as_files_is_kept_by_a_later_parquet_run(fake, tmp_path):
@@ -495,11 +516,12 @@ def test_rows_of_an_earlier_run_reach_the_outputs_callback_shard_by_shard(fake, 
 
 @pytest.mark.parametrize("output_format, theirs", [
     ("parquet", "part-00000.parquet"), ("wav", "r1.wav"), ("flac", "report.md"), ("wav", "rows.parquet"),
-    ("parquet", "report_audio/theirs.flac")])
+    ("parquet", "report_audio/theirs.flac"), ("wav", "part-00000.parquet"), ("flac", "report_audio/theirs.flac")])
 def test_files_under_output_names_in_a_folder_no_run_wrote_stop_the_run(fake, tmp_path, output_format, theirs):
     """No ledger: a file named as an output was not made by tts. It is neither overwritten nor taken for a
-    killed run's (a shard was removed as an orphan), and nothing is loaded: exit 2 naming it. A hidden
-    .tmp file of the user's is left alone; only write_atomically's names are a killed run's."""
+    killed run's (a shard would be removed as an orphan, in any format, as would a file in report_audio/),
+    and nothing is loaded: exit 2 naming it. A hidden .tmp file of the user's is left alone; only
+    write_atomically's names are a killed run's."""
     manifest = tmp_path / "m.txt"
     manifest.write_text("r0\tOne.\nr1\tTwo.\n")
     out = tmp_path / "out"

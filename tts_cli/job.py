@@ -37,7 +37,7 @@ import torch
 from .engine import DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH, DEFAULT_ENGINE_ROWS, DEFAULT_TALKER_PRECISION
 from .errors import OutputError, RequestError, SynthesisCancelled, TTSError
 from .manifest import ManifestRow
-from .output.formats import SHARD_PATTERN, make_sink, output_exists, output_intact
+from .output.formats import SHARD_PATTERN, make_sink, output_exists, output_intact, remove_orphan_shards
 from .output.ledger import LEDGER_NAME, FolderLock, Ledger, changed_params, params_key, row_params
 from .output.report import NOT_SYNTHESIZED, RUN_FILES, RowRecord
 from .output.report_html import PARQUET_AUDIO_FOLDER
@@ -388,6 +388,10 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
         removed = remove_temporary_files(out_dir)
         if removed:
             notes.append(f"removed {len(removed)} temporary files of a killed run")
+        orphans = remove_orphan_shards(out_dir, ledger.named_files)   # any format's run: as it empties report_audio/
+        if orphans:
+            notes.append(f"removed {len(orphans)} parquet shards that no ledger line names (a killed run's, written "
+                         "before their rows were recorded)")
         if settings.output_format != "parquet":   # (a parquet row's name is inside its shard)
             names = names_beside_ledger(rows, names, ledger)
         plans = [plan_row(row, names[row.index], settings) for row in rows
@@ -451,15 +455,14 @@ def run_job(rows: list[ManifestRow], names: dict[int, str], out_dir: Path, setti
 
 def check_no_foreign_outputs(out_dir: Path, names, output_format: str) -> None:
     """In a folder no run has written into (no ledger): files under the names this run writes were put
-    there by someone else, and would be overwritten (a row's file) or taken for a killed run's and
-    removed (a parquet shard). TTSError naming the first."""
-    if output_format == "parquet":
-        found = sorted(path.name for path in out_dir.iterdir() if SHARD_PATTERN.fullmatch(path.name))
-        audio_copies = out_dir / PARQUET_AUDIO_FOLDER   # report.html's: the run removes those no row names
-        if audio_copies.is_dir():
-            found += sorted(f"{PARQUET_AUDIO_FOLDER}/{path.name}" for path in audio_copies.iterdir())
-    else:
-        found = [name for name in names if (out_dir / name).exists()]
+    there by someone else, and would be overwritten (a row's file) or removed (a parquet shard, taken for
+    a killed run's, and a file in report_audio/, taken for report.html's copy, in any format). TTSError
+    naming the first."""
+    found = [] if output_format == "parquet" else [name for name in names if (out_dir / name).exists()]
+    found += sorted(path.name for path in out_dir.iterdir() if SHARD_PATTERN.fullmatch(path.name))
+    audio_copies = out_dir / PARQUET_AUDIO_FOLDER   # a parquet run removes those no row names, a wav or flac run all
+    if audio_copies.is_dir():
+        found += sorted(f"{PARQUET_AUDIO_FOLDER}/{path.name}" for path in audio_copies.iterdir())
     found += [name for name in RUN_FILES if (out_dir / name).exists()]
     if found:
         raise TTSError(f"{out_dir} holds {found[0]}{f' and {len(found) - 1} more' if len(found) > 1 else ''}, "
@@ -560,9 +563,6 @@ def _synthesize(todo: list[RowPlan], executor: Executor, ledger: Ledger, out_dir
                 notes: list[str], on_rows_done: Callable[[list[RowRecord]], None],
                 on_output: OutputCallback | None = None) -> None:
     sink = make_sink(settings.output_format, out_dir, executor.sample_rate, ledger.named_files)
-    if getattr(sink, "removed_orphans", None):
-        notes.append(f"removed {len(sink.removed_orphans)} parquet shards that no ledger entry names "
-                     "(a killed run's; their rows were redone)")
     batches, stopped = synthesize_plans(todo, executor, settings), None
     with ThreadPoolExecutor(WRITER_THREADS, thread_name_prefix="tts-writer") as writers:
         while True:

@@ -67,7 +67,6 @@ class ParquetSink:
         self.out_dir, self.sample_rate, self.rows_per_file = Path(out_dir), sample_rate, rows_per_file
         self.max_wait_s = max_wait_s
         self._first_waiting = 0.0   # time.monotonic() when the first row now waiting was added
-        self.removed_orphans = remove_orphan_shards(self.out_dir, named_files)
         # Never a number the ledger names, even for a shard gone from the folder: a row recorded in it
         # would pass as made from the new shard of that name, and a killed run's shard as a completed one.
         names = [p.name for p in self.out_dir.iterdir()] + list(named_files)
@@ -172,9 +171,10 @@ def write_shard(path: Path, rows: list[dict], sample_rate: int) -> None:
 
 def remove_orphan_shards(out_dir: Path, named_files: set[str]) -> list[str]:
     """Shards that no ledger line names were written by a run killed before it could record them:
-    their rows will be redone, so keeping the shard would duplicate them. A shard a line named stays,
-    also once its rows were all made again as files (--redo-changed): left in place, as a.wav is after
-    --format flac."""
+    their rows count as not made, and a shard made of them again would hold them twice; a folder run
+    in wav or flac since would keep a second copy of rows that no ledger line or report names. A
+    shard a line named stays, also once its rows were all made again as files (--redo-changed): left
+    in place, as a.wav is after --format flac."""
     removed = []
     for path in Path(out_dir).iterdir():
         if SHARD_PATTERN.fullmatch(path.name) and path.name not in named_files:

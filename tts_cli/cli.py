@@ -286,11 +286,11 @@ def synth(
     rows: str = setting_option(
         "rows", metavar="auto|N",
         help=f"On cuda: the engine's slots, the rows every decode step runs whatever a call holds. auto: "
-             f"{AUTO_ROWS_RULE}, per call (more rows, more throughput for long corpora: tts bench, H200, "
-             f"random 1.7B weights, 512 rows about 2.2x the audio-s/s of 64, 2026-12-05; docs/bench.md); the choice is "
-             f"a note of the report. N fixes it, so that a seeded row's audio does not depend on its batch "
-             f"mates (for one --rows setting); fewer only when CUDA out-of-memory halvings bring the segments "
-             f"per call below it."),
+             f"{AUTO_ROWS_RULE}, per call (more rows, more throughput for long corpora: tts bench, H100, "
+             f"random 1.7B weights, 1024 rows 1.1x the audio-s/s of 512 and 2.6x that of 64, 2026-12-05/06; "
+             f"docs/bench.md); the choice is a note of the report. N fixes it, so that a seeded row's audio does "
+             f"not depend on its batch mates (for one --rows setting); fewer only when CUDA out-of-memory halvings "
+             f"bring the segments per call below it."),
     depth: str = DEPTH_OPTION,
     codec_precision: str = CODEC_PRECISION_OPTION,
     talker_precision: str = TALKER_PRECISION_OPTION,

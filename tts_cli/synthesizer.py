@@ -54,6 +54,12 @@ SYNTH_TAIL_ROWS = ()
 # The talker KV cache may take this share of the GPU memory free when an engine is built; the rest
 # is for CUDA graphs, activations and the codec's state.
 KV_MEMORY_FRACTION = 0.5
+# What an engine's step needs per slot besides the KV cache (activations, the codec's state and
+# window, the code predictor's caches, the CUDA graphs' pools): `--rows auto` chooses no more slots
+# than the rest of the free memory holds at this rate. Measured ~12.6 MiB: `tts bench` of random 1.7B
+# fp16 weights on an H100 (6d30cb4, 2026-12-06) peaked at 17.38 GiB at c512 and 30.7 at c1024, of which
+# 7 GiB more KV (128 positions a slot); 16 leaves room for the CUDA graphs of other prefill tiles.
+STEP_BYTES_PER_SLOT = 16 * 2**20
 
 
 @dataclass
@@ -282,6 +288,7 @@ class Synthesizer:
         why = "" if engine is not None else ": the slot engine and its kernels run on CUDA"
         log.info("synthesis path: %s", "slot engine" if self.uses_engine else f"plain model ({device.type}{why})")
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
+        self.step_budget_bytes: int | None = None   # None: the rest of it (`--rows auto`'s choice)
         self._engine_now: Engine | None = None
         self.notes: list[str] = []   # what `--rows auto` chose, once per distinct choice
         self.timing = SynthesisTiming()
@@ -505,11 +512,26 @@ class Synthesizer:
         return rows
 
     def _holds(self, rows: int, need: int, trailing_text: bool) -> bool:
+        """Whether the GPU memory holds `rows` slots: their KV cache for `need` positions within the KV
+        budget, and their step's working set (STEP_BYTES_PER_SLOT each) within the rest."""
+        step_budget = self.step_budget_bytes
+        if step_budget is None and (free := self._free_gpu_bytes()) is not None:
+            step_budget = int(free * (1 - KV_MEMORY_FRACTION))
+        if step_budget is not None and rows * STEP_BYTES_PER_SLOT > step_budget:
+            return False
         try:
             most = self._most_context(rows, trailing_text)
         except TTSError:   # not even one prefill tile's positions
             return False
         return most is None or most >= need
+
+    def _free_gpu_bytes(self) -> int | None:
+        """The GPU memory free now, what a released engine held included; None on CPU."""
+        device = self.model.talker.codec_embedding.weight.device
+        if device.type != "cuda":
+            return None
+        torch.cuda.empty_cache()
+        return torch.cuda.mem_get_info(device)[0]
 
     def _engine(self, rows: int, context: int, trailing_text: bool = False) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released
@@ -541,9 +563,8 @@ class Synthesizer:
         kv_budget_bytes is set)."""
         weight = self.model.talker.codec_embedding.weight
         budget = self.kv_budget_bytes
-        if budget is None and weight.device.type == "cuda":
-            torch.cuda.empty_cache()   # what the released engine held counts as free
-            budget = int(torch.cuda.mem_get_info(weight.device)[0] * KV_MEMORY_FRACTION)
+        if budget is None and (free := self._free_gpu_bytes()) is not None:
+            budget = int(free * KV_MEMORY_FRACTION)
         if budget is None:
             return None
         most = min(budget // talker_kv_bytes(self.cfg, rows, 1, weight.dtype, trailing_text),

@@ -170,7 +170,7 @@ class _Run:
     not read yet."""
     running: list                   # slot -> the request whose frames it holds (None: free); a
                                     # stopped one stays until the slot is reused or its last PCM is read
-    results: dict
+    results: dict                   # key -> result, without on_result only
     on_result: object
     windows: deque = field(default_factory=deque)
 
@@ -488,10 +488,11 @@ class Engine:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    def run(self, requests: list[EngineRequest], on_result=None, cancel=None) -> list[EngineResult]:
-        """Synthesizes every request; results in request order (on_result sees each as it ends).
-        cancel (a threading.Event): once set, SynthesisCancelled is raised at the next window
-        boundary, and the engine is ready for another run."""
+    def run(self, requests: list[EngineRequest], on_result=None, cancel=None) -> list[EngineResult] | None:
+        """Synthesizes every request; returns the results in request order, or with on_result None:
+        on_result has each as it ends, and the run keeps none (a run of thousands would hold every
+        request's PCM to its end). cancel (a threading.Event): once set, SynthesisCancelled is raised
+        at the next window boundary, and the engine is ready for another run."""
         for r in requests:
             self.check(r)
         if self._vocoder_overflow() is not None:
@@ -520,7 +521,7 @@ class Engine:
         self._codec_done = None
         self._failed = False
 
-    def _run(self, requests: list[EngineRequest], on_result, cancel) -> list[EngineResult]:
+    def _run(self, requests: list[EngineRequest], on_result, cancel) -> list[EngineResult] | None:
         queue = deque(requests)
         self._unbuilt = deque(r for r in requests if r.prompt_embeds is None)
         run = _Run(running=[None] * self.rows, results={}, on_result=on_result)
@@ -560,7 +561,7 @@ class Engine:
             previous = launched
             if previous is None and not queue and all(r is None for r in run.running):
                 break
-        return [run.results[r.key] for r in requests]
+        return None if on_result is not None else [run.results[r.key] for r in requests]
 
     def _cancel(self, run: _Run) -> None:
         """Ends a run at a window boundary: the slots are freed for the next run, nothing is kept."""
@@ -782,7 +783,8 @@ class Engine:
             hit_cap=frames >= owner.request.max_frames and not owner.stopped_on_eos, admitted_at=owner.admitted_at,
             first_audio_at=owner.first_audio_at, finished_at=now, reference_tail=owner.reference_tail)
         owner.ended = True
-        run.results[owner.request.key] = result
+        if run.on_result is None:
+            run.results[owner.request.key] = result
         if run.running[slot] is owner:   # not reused by a request admitted at a window boundary since
             run.running[slot] = None
             self.state.release(slot)

@@ -326,8 +326,9 @@ def _isolating_request_errors(synth, requests: list[Request], positions: list[in
         return
     if len(results) != len(positions):
         raise RuntimeError(f"synthesize returned {len(results)} results for {len(positions)} requests")
-    for p, result in zip(positions, results):   # those on_result did not see (the plain path's)
-        deliver(p, segment(result))
+    for p, result in zip(positions, results):
+        if result is not None:   # (None: on_result had it)
+            deliver(p, segment(result))
 
 
 def segment_requests(request: Request, segment_chars: int) -> list[Request]:

@@ -402,12 +402,14 @@ class Synthesizer:
     @torch.no_grad()
     def synthesize(self, requests: list[Request], greedy: bool = False, max_frames: int | None = None,
                    min_new_tokens: int = 2, max_rows: int | None = None,
-                   on_result: Callable[[int, Result], None] | None = None, cancel=None) -> list[Result]:
+                   on_result: Callable[[int, Result], None] | None = None, cancel=None) -> list[Result | None]:
         """All requests of one call: on the plain path as one lockstep batch; through the engine,
         queued into its engine_rows slots (at most max_rows: the out-of-memory fallback). Raises
         RequestError for an invalid request. on_result(index, result) sees each engine row as it
         ends; cancel (a threading.Event): once set, SynthesisCancelled is raised at the engine's next
-        window boundary, or before the plain path's next frame."""
+        window boundary, or before the plain path's next frame. Returns one entry per request: its
+        Result, or None where on_result had it (nothing here keeps its audio then: a call of thousands
+        of rows would hold them all to its end), so without on_result every entry is a Result."""
         for r in requests:
             self.validate(r)
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
@@ -431,7 +433,7 @@ class Synthesizer:
 
     def _synthesize_with_engine(self, requests: list[Request], prompts: list[Prompt], caps: list[int],
                                 sampling: SamplingConfig, min_new_tokens: int, slots: int, on_result=None,
-                                cancel=None) -> list[Result]:
+                                cancel=None) -> list[Result | None]:
         talker, cp = talker_settings(sampling), code_predictor_settings(sampling)
         primes = [icl_codes(r.reference) for r in requests]
         engine_requests = [EngineRequest(key=i, prompt_embeds=None, seed=r.seed, max_frames=cap,
@@ -455,12 +457,13 @@ class Synthesizer:
             return Result(id=requests[res.key].id, codes=torch.from_numpy(res.codes),
                           audio=engine_audio(res, primes[res.key], spf), hit_cap=res.hit_cap)
 
-        results: dict[int, Result] = {}
+        results: list[Result | None] = [None] * len(requests)
 
         def ended(res: EngineResult) -> None:
-            results[res.key] = result(res)
-            if on_result is not None:
-                on_result(res.key, results[res.key])
+            if on_result is None:
+                results[res.key] = result(res)
+            else:
+                on_result(res.key, result(res))
 
         engine.reset_stats()
         try:
@@ -469,7 +472,7 @@ class Synthesizer:
             self._add_timing(engine, stages=False)   # reading the events could raise over the run's error
             raise
         self._add_timing(engine)
-        return [results[i] for i in range(len(requests))]
+        return results
 
     def _add_timing(self, engine: Engine, stages: bool = True) -> None:
         stages = stages and engine.time_stages

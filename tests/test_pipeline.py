@@ -1,14 +1,16 @@
 """Synthesis beside writing: `tts synth` writes each row as the engine ends it, while the rest is
 still being synthesized (tts_cli/job.py LocalExecutor), and a stopped run ends the engine at a
 window boundary, leaving it ready for another run."""
+import gc
 import threading
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tts_cli.errors import SynthesisCancelled
-from tts_cli.job import JobSettings, LocalExecutor, run_job
+from tts_cli.job import JobSettings, LocalExecutor, RowLimit, Segment, run_job, synthesize_batch
 from tts_cli.manifest import RowDefaults, read_manifest
 from tts_cli.request import Request
 from tts_cli.synthesizer import Synthesizer
@@ -55,6 +57,31 @@ def test_a_finished_row_is_written_while_its_call_still_synthesizes(tmp_path):
     assert fake.batches == [["a", "b", "c"]]
     assert [r.error for r in result.records] == [None, None, None]
     assert all((tmp_path / "out" / f"{name}.wav").is_file() for name in "abc")
+
+
+def test_a_row_handed_on_is_kept_by_nothing_of_its_call():
+    """A call holds up to 16 x slots segments on cuda: once on_outcome has a row, its audio lives as
+    long as on_outcome's consumer keeps it, not until the call ends. The --gpus workers' call, without
+    on_outcome, still gets every outcome back."""
+    synth = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=1)   # rows end one by one
+    requests = [Request(id=str(i), text=t, speaker="vivian", seed=i)
+                for i, t in enumerate(["Hi.", "The birch canoe slid on the smooth planks.", "Glue the sheet."])]
+    returned = synthesize_batch(synth, requests, greedy=False, max_frames=9, limit=RowLimit(8))
+    delivered, alive_at_delivery = {}, []
+
+    def on_outcome(position, outcome):
+        gc.collect()
+        alive_at_delivery.append([position for position, (ref, _) in delivered.items() if ref() is not None])
+        delivered[position] = (weakref.ref(outcome.audio), outcome.audio.copy())
+
+    handed_on = synthesize_batch(synth, requests, greedy=False, max_frames=9, limit=RowLimit(8), on_outcome=on_outcome)
+    assert alive_at_delivery == [[], [], []]
+    assert handed_on is None
+    gc.collect()
+    assert sorted(delivered) == [0, 1, 2] and all(ref() is None for ref, _ in delivered.values())
+    assert all(isinstance(o, Segment) and o.frames > 0 for o in returned)
+    for position, (_, audio) in delivered.items():
+        assert np.array_equal(audio, returned[position].audio)
 
 
 def test_a_cancelled_engine_run_stops_at_a_window_and_the_engine_runs_again_the_same():

@@ -245,12 +245,16 @@ def _next_item(found: queue.SimpleQueue, cancel: threading.Event):
 
 def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None, limit: RowLimit,
                      on_outcome: Callable[[int, Outcome], None] | None = None,
-                     cancel: threading.Event | None = None) -> list[Outcome]:
+                     cancel: threading.Event | None = None) -> list[Outcome] | None:
     """One outcome per request, surviving out-of-memory (GPU or host) by synthesizing fewer rows at a time.
     on_outcome(position, outcome) sees each as soon as it is known (through the engine: as its row
     ends), once per request; after an out-of-memory only the requests without one are run again.
-    cancel: once set, SynthesisCancelled is raised at the engine's next window boundary."""
-    outcomes = _Delivery(on_outcome)
+    Returns the outcomes in request order; with on_outcome None, and nothing here keeps an outcome
+    once on_outcome has it: a row's audio lives as long as on_outcome's consumer keeps it, not until
+    the call (thousands of rows on cuda) ends. cancel: once set, SynthesisCancelled is raised at the
+    engine's next window boundary."""
+    kept: dict[int, Outcome] = {}   # without on_outcome: the outcomes to return
+    outcomes = _Delivery(on_outcome or kept.__setitem__)
     pending, tries_alone = list(range(len(requests))), 0
     while pending:
         if cancel is not None and cancel.is_set():
@@ -273,21 +277,21 @@ def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: i
             outcomes(chunk[0], TTSError(f"out of {memory} memory even alone ({tries_alone} tries): {e}"))
         tries_alone = 0
         pending = [p for p in pending if p not in outcomes]
-    return [outcomes[p] for p in range(len(requests))]
+    return None if on_outcome is not None else [kept[p] for p in range(len(requests))]
 
 
-class _Delivery(dict):
-    """position -> outcome; calling it records one (the first per position) and passes it on."""
+class _Delivery(set):
+    """The positions with an outcome; calling it passes on a position's first outcome, keeping only
+    its position."""
 
-    def __init__(self, on_outcome: Callable[[int, Outcome], None] | None):
+    def __init__(self, on_outcome: Callable[[int, Outcome], None]):
         super().__init__()
         self.on_outcome = on_outcome
 
     def __call__(self, position: int, outcome: Outcome) -> None:
         if position not in self:
-            self[position] = outcome
-            if self.on_outcome is not None:
-                self.on_outcome(position, outcome)
+            self.add(position)
+            self.on_outcome(position, outcome)
 
 
 def exhausted_memory(error: RuntimeError) -> str | None:

@@ -58,7 +58,8 @@ KV_MEMORY_FRACTION = 0.5
 # window, the code predictor's caches, the CUDA graphs' pools): `--rows auto` chooses no more slots
 # than the rest of the free memory holds at this rate. Measured ~12.6 MiB: `tts bench` of random 1.7B
 # fp16 weights on an H100 (6d30cb4, 2026-12-06) peaked at 17.38 GiB at c512 and 30.7 at c1024, of which
-# 7 GiB more KV (128 positions a slot); 16 leaves room for the CUDA graphs of other prefill tiles.
+# 7 GiB more KV (128 positions a slot); `tts synth` of 4096 rows at 421e220 peaked at 23.56 and 43.07 GiB, of
+# which 14 GiB more KV (256 positions): ~11 MiB. 16 leaves room for other prefill tiles' CUDA graphs.
 STEP_BYTES_PER_SLOT = 16 * 2**20
 
 

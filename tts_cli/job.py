@@ -190,12 +190,7 @@ class LocalExecutor:
                 continue
             while not found.empty() and items[-1] is not _END and not isinstance(items[-1], BaseException):
                 items.append(found.get())
-            by_batch: dict[int, list] = {}
-            for item in items:
-                if isinstance(item, tuple):
-                    by_batch.setdefault(item[0], []).append(item[1:])
-            for index, done in by_batch.items():
-                yield index, [(position, outcome) for position, outcome, _ in done], max(s for *_, s in done)
+            yield from outcomes_by_batch([item for item in items if isinstance(item, tuple)])
             # After a stop, an error of the synthesis it cut short does not take the stop's place.
             if isinstance(items[-1], BaseException) and stop_signal() is None:
                 raise items[-1]
@@ -241,6 +236,16 @@ def _next_item(found: queue.SimpleQueue, cancel: threading.Event):
         return found.get_nowait()
     except queue.Empty:
         return _END
+
+
+def outcomes_by_batch(found: list[tuple[int, int, Outcome, float]]) -> Iterator[Outcomes]:
+    """Rows found together, (batch index, position, outcome, seconds) each, as one Outcomes a batch (its
+    seconds: its last row's), to be written together."""
+    by_batch: dict[int, list] = {}
+    for index, *row in found:
+        by_batch.setdefault(index, []).append(row)
+    for index, rows in by_batch.items():
+        yield index, [(position, outcome) for position, outcome, _ in rows], max(s for *_, s in rows)
 
 
 def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None, limit: RowLimit,

@@ -1,20 +1,31 @@
 """Scale-out: --shard i/n partitions, --gpus worker processes (as CPU workers), the Ray Data path."""
+import gc
 import importlib.util
 import io
 import json
+import queue
 import re
 import signal
 import sys
+import threading
+import time
 import types
+import weakref
+from contextlib import contextmanager
+from multiprocessing import Pipe
 from pathlib import Path
+
+import numpy as np
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import soundfile as sf
+import torch
 from typer.testing import CliRunner
 
 from tts_cli import cli
+from tts_cli.checkpoint import open_checkpoint
 from tts_cli.errors import TTSError
 from tts_cli.scale.shard import parse_shard, shard_of
 from tts_cli.scale.workers import parse_devices
@@ -146,8 +157,11 @@ def test_a_worker_killed_while_it_sends_fails_the_rows_it_held(cut):
 
 
 class _Process:
-    def __init__(self, pid):
-        self.pid = pid
+    def __init__(self, pid, exitcode=None):
+        self.pid, self.exitcode = pid, exitcode
+
+    def join(self, timeout=None):
+        pass
 
 
 def test_the_workers_engine_time_is_summed_for_the_report_with_each_workers_beside_it():
@@ -168,7 +182,8 @@ def test_the_workers_engine_time_is_summed_for_the_report_with_each_workers_besi
         timing = SynthesisTiming(calls=1, engine_seconds=steps * 0.02, gpu_wait_seconds=steps * 0.01, steps=steps,
                                  slot_steps=steps * 64, frames=steps * 48, stage_ms={"depth": steps * 5.0},
                                  peak_gpu_bytes=steps * 2**28)
-        sent.send(("done", index, ["outcome"], 1.0, [], timing))
+        sent.send(("row", index, 0, "outcome", 1.0))
+        sent.send(("done", index, 1.0, [], timing, None))
         pool.workers.append(Worker(device, _Process(11 + index), _Tasks(), received))
     assert [index for index, _, _ in pool.run([["a"], ["b"]])] == [0, 1]
     summed = pool.timing
@@ -210,12 +225,181 @@ def test_a_worker_whose_batch_raises_sends_its_rows_failed_and_ends(monkeypatch)
         workers.worker_main("model", "cpu", torch.get_num_threads(), True, 5, 1, 64, "auto", "fp16", "fp16", False,
                             tasks, sent)
     assert ended.value.code == workers.FAULT_EXIT
-    messages = [received.recv() for _ in range(3)]
-    assert [m[0] for m in messages] == ["ready", "done", "done"] and [m[1] for m in messages[1:]] == [0, 1]
-    assert [str(o) for o in messages[2][2]] == ["on cpu: ValueError: a bug in synthesis (fake)"]
-    assert messages[1][4] == []   # the synthesizer's notes (--rows auto's choices ...), for the report
-    assert messages[1][5] is None   # its timing: none on the plain path (the fake's)
+    messages = [received.recv() for _ in range(4)]
+    assert [m[:2] for m in messages[1:]] == [("row", 0), ("done", 0), ("done", 1)]
+    assert str(messages[3][5]) == "on cpu: ValueError: a bug in synthesis (fake)"   # for its rows not sent
+    assert messages[2][5] is None   # batch 0 had no fault
+    assert messages[2][3] == []   # the synthesizer's notes (--rows auto's choices ...), for the report
+    assert messages[2][4] is None   # its timing: none on the plain path (the fake's)
     assert not received.poll() and tasks.qsize() == 1
+
+
+class _RowByRow:
+    """A synthesizer that hands each row to on_result as it ends, as the engine does, keeping a weak reference to
+    its audio (made); before_row(k) runs before row k of a call is made, and a row whose text holds "[bug]" raises."""
+    notes, sample_rate, numerics = [], 24000, "float32 (the fake's)"
+
+    def __init__(self, before_row=lambda k: None):
+        self.before_row, self.made = before_row, []
+
+    def synthesize(self, requests, greedy=False, max_frames=None, max_rows=None, on_result=None, cancel=None):
+        for k, request in enumerate(requests):
+            self.before_row(k)
+            if "[bug]" in request.text:
+                raise ValueError("a bug in synthesis (fake)")
+            on_result(k, self._result(request))   # (no reference to the row is left here)
+        return [None] * len(requests)
+
+    def _result(self, request):
+        from tts_cli.request import Result
+
+        audio = np.full(2 * 1920, 0.1, np.float32)
+        self.made.append(weakref.ref(audio))
+        return Result(request.id, torch.zeros(2, 16, dtype=torch.int64), audio, False)
+
+
+class _ThreadTasks(queue.Queue):
+    def cancel_join_thread(self):
+        pass
+
+
+@contextmanager
+def _pool_of_a_worker_thread(monkeypatch, synth, process):
+    """A WorkerPool of one worker: worker_main on `synth`, in a thread of this process, seen by the pool as
+    `process`; yields (the pool, the worker's end of its result pipe, the exit codes it raised)."""
+    from tts_cli import synthesizer
+    from tts_cli.scale import workers
+
+    monkeypatch.setattr(workers, "end_with_parent", lambda: None)
+    monkeypatch.setattr(synthesizer.Synthesizer, "from_pretrained", staticmethod(lambda *a, **k: synth))
+    tasks, (received, sent), exits = _ThreadTasks(), Pipe(duplex=False), []
+
+    def worker():
+        try:
+            workers.worker_main("model", "cpu", torch.get_num_threads(), True, 5, 8, 64, "auto", "fp16", "fp16", False,
+                                tasks, sent)
+        except SystemExit as e:
+            exits.append(e.code)
+        finally:
+            sent.close()   # as a process's end closes its pipe
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    assert received.recv()[0] == "ready"
+    pool = object.__new__(workers.WorkerPool)
+    pool.cfg = open_checkpoint(cli.BUNDLED_MODEL_DIR).config   # the rows are checked against it
+    pool.voices, pool.notes, pool.timings, pool.started = None, [], {}, 1
+    pool.sample_rate, pool.numerics = synth.sample_rate, synth.numerics
+    pool.workers = [workers.Worker("cpu", process, tasks, received)]
+    try:
+        yield pool, sent, exits
+    finally:
+        tasks.put(None)
+        thread.join(10)
+
+
+def _requests(*texts):
+    from tts_cli.request import Request
+
+    return [Request(f"r{k}", text, "vivian") for k, text in enumerate(texts)]
+
+
+@needs_bundled_model
+def test_a_workers_rows_reach_the_parent_as_they_end_not_when_its_batch_does(monkeypatch):
+    """A batch of 16 x 1024 segments runs for minutes: its rows are written as they end, as in process, so that a
+    kill loses only the rows in flight."""
+    first_row_seen = threading.Event()
+
+    def before_row(k):
+        if k == 1:
+            assert first_row_seen.wait(5), "row 0 did not reach the parent before row 1 was made"
+
+    seen = []
+    with _pool_of_a_worker_thread(monkeypatch, _RowByRow(before_row), _Process(11)) as (pool, _, _):
+        for index, outcomes, seconds in pool.run([_requests("One.", "Two.")]):
+            seen += [(index, position, type(outcome).__name__) for position, outcome in outcomes]
+            if seen:
+                first_row_seen.set()
+    assert seen == [(0, 0, "Segment"), (0, 1, "Segment")]
+
+
+@needs_bundled_model
+def test_a_worker_keeps_no_row_it_has_sent(monkeypatch):
+    """The parent has a row: nothing of the worker holds its audio any more (as tests/test_pipeline.py checks in
+    process), so that its host memory follows the rows in flight, not its batch."""
+    has = [threading.Event() for _ in range(4)]
+    alive = []   # at each row: the rows made before it whose audio the worker still holds
+
+    def before_row(k):
+        if k > 0:
+            assert has[k - 1].wait(5), f"the parent did not get row {k - 1} before row {k} was made"
+        deadline = time.monotonic() + 5   # (the sender lets go of a message just after the parent has it)
+        while any(ref() is not None for ref in synth.made) and time.monotonic() < deadline:
+            gc.collect()
+            time.sleep(0.01)
+        alive.append([row for row, ref in enumerate(synth.made) if ref() is not None])
+
+    synth = _RowByRow(before_row)
+    with _pool_of_a_worker_thread(monkeypatch, synth, _Process(11)) as (pool, _, _):
+        for index, outcomes, seconds in pool.run([_requests("One.", "Two.", "Three.", "Four.")]):
+            for position, outcome in outcomes:
+                assert outcome.audio.shape == (2 * 1920,)
+                has[position].set()
+    assert alive == [[], [], [], []]
+
+
+@needs_bundled_model
+def test_a_device_fault_mid_batch_keeps_the_rows_sent_before_it(monkeypatch):
+    """A device fault or a bug ends the worker: the rows of its batch not sent yet fail with it, those it sent are
+    the parent's already."""
+    from tts_cli.scale.workers import FAULT_EXIT
+
+    with _pool_of_a_worker_thread(monkeypatch, _RowByRow(), _Process(11, FAULT_EXIT)) as (pool, _, exits):
+        outcomes = [(index, position, str(outcome) if isinstance(outcome, TTSError) else type(outcome).__name__)
+                    for index, batch, _ in pool.run([_requests("One.", "A device fault [bug].", "Three."),
+                                                     _requests("Never run.")])
+                    for position, outcome in batch]
+    assert exits == [FAULT_EXIT]
+    fault = "on cpu: ValueError: a bug in synthesis (fake)"
+    died = ("worker on cpu (pid 11) died (ended itself after a device fault or a bug, which its last batch's rows "
+            "name)")
+    assert outcomes == [(0, 0, "Segment"), (0, 1, fault), (0, 2, fault),
+                        (1, 0, f"{died} while it held this row: rerun the same command to retry it")]
+    assert pool.notes == [f"{died} holding 1 batches (1 segments not sent yet): their rows failed, the run went on "
+                          "with 0 of 1 workers; rerun the same command to retry them"]
+
+
+@needs_bundled_model
+def test_a_worker_that_dies_mid_batch_keeps_the_rows_it_sent_and_fails_only_the_rest(monkeypatch, tmp_path):
+    """Rows r0 and r1 of batch 0 are written and recorded; the worker dies making r2 (its pipe closes): r2 and the
+    batch it held after (r3) fail, r0 and r1 keep their one ledger line and file."""
+    from tts_cli.job import JobSettings, run_job
+    from tts_cli.manifest import ManifestRow
+
+    recorded, seen = threading.Event(), set()
+
+    def before_row(k):
+        if k == 2 and not sent.closed:   # making r2: it dies once r0 and r1 are recorded
+            assert recorded.wait(5), "rows r0 and r1 were not recorded before the batch ended"
+            sent.close()
+
+    def rows_done(records):
+        seen.update(record.request.id for record in records)
+        if {"r0", "r1"} <= seen:
+            recorded.set()
+
+    rows = [ManifestRow(k, request) for k, request in enumerate(_requests("One.", "Two.", "Three.", "Four."))]
+    with _pool_of_a_worker_thread(monkeypatch, _RowByRow(before_row), _KilledProcess()) as (pool, sent, _):
+        result = run_job(rows, {k: f"r{k}.wav" for k in range(4)}, tmp_path, JobSettings(batch_size=3),
+                         lambda: pool, on_rows_done=rows_done)
+    ledger = [json.loads(line) for line in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    died = "worker on cpu (pid 4242) died (killed by SIGKILL)"
+    assert [(entry["id"], entry["error"]) for entry in ledger] == [
+        ("r0", None), ("r1", None),
+        ("r2", f"{died} while it held this row: rerun the same command to retry it"),
+        ("r3", f"{died} while it held this row: rerun the same command to retry it")]
+    assert sorted(path.name for path in tmp_path.glob("*.wav")) == ["r0.wav", "r1.wav"]
+    assert f"{died} holding 2 batches (2 segments not sent yet): their rows failed" in " ".join(result.notes)
 
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="the [ray] extra is not installed "

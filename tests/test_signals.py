@@ -477,8 +477,10 @@ def test_a_stop_writes_the_rows_a_gpus_worker_already_sent(tmp_path, worker):
         def put(self, task):
             index, requests = task
             if index < makes:
-                segments = [Segment(np.full(2 * SAMPLES_PER_FRAME, 0.1, np.float32), 2, False) for _ in requests]
-                sent.send(("done", index, segments, 0.1, [], None))
+                for position in range(len(requests)):
+                    sent.send(("row", index, position, Segment(np.full(2 * SAMPLES_PER_FRAME, 0.1, np.float32), 2,
+                                                               False), 0.1))
+                sent.send(("done", index, 0.1, [], None, None))
             elif index == 2:   # sent once the first row is written: the parent goes on to wait
                 signal.raise_signal(signal.SIGTERM)
                 sent.close()

@@ -7,12 +7,18 @@ batch to whichever worker answers, so a slow device never holds up the others. W
 with `spawn` (CUDA cannot be forked) and end with the parent, also when it is SIGKILLed
 (tts_cli/processes.py), since only the parent writes files.
 
+A worker sends each row as it ends, then a message that closes the batch ("row", "done" below), and
+the parent hands the rows on to be written as they come, as in process: a batch of 16 x 1024 segments
+runs for minutes, and neither the worker nor the parent holds its rows until it ends.
+
 A worker that dies (killed, out of host memory, a crashed driver) closes its result pipe: the
-parent sees the EOF at once, fails the rows of the batches that worker held (the run's exit status
-is then 1, and a rerun retries them) and goes on with the other workers; with none left, the run
-stops. Private pipes and queues keep a killed worker from taking a lock that the others need.
-On a stop signal no batch is sent any more, and the results the workers have sent already are read
-(and so written by the job) without waiting for those still being made; the job then stops the workers.
+parent sees the EOF at once, fails the rows of the batches that worker held and had not sent (the
+run's exit status is then 1, and a rerun retries them; those it sent are written as any other) and
+goes on with the other workers; with none left, the run stops. Private pipes and queues keep a
+killed worker from taking a lock that the others need. On a stop signal no batch is sent any more,
+the workers are ended (as a SIGTERM to the process group ends them: else their rows would go on
+coming), and the rows they sent before are read (and so written by the job), without waiting for
+those still being made.
 `cpu` entries make CPU workers (`--gpus cpu,cpu`), which is how the pool is tested without GPUs.
 """
 from __future__ import annotations
@@ -35,12 +41,13 @@ from ..recipe import ascii_whole_number
 from ..request import Request
 
 if TYPE_CHECKING:
-    from ..job import Outcomes
+    from ..job import Outcome, Outcomes
     from ..synthesizer import SynthesisTiming
 
 BATCHES_IN_FLIGHT_PER_WORKER = 2   # one running, one waiting: no idle gap between batches
 STOP_SECONDS = 10                  # a worker told to stop that is still there after this is killed
 FAULT_EXIT = 3                     # a worker that ended itself after an unexpected error in a batch
+GATHER_SECONDS = 0.25              # the longest the parent reads rows that keep coming before it hands them on
 
 
 def parse_devices(spec: str) -> list[str]:
@@ -76,7 +83,8 @@ class Worker:
     process: multiprocessing.Process
     tasks: multiprocessing.Queue    # (batch index, requests), or None: stop
     results: Connection             # what the worker sends; EOF once it has ended
-    held: list[int] = field(default_factory=list)   # batches sent to it and not answered yet
+    # batches sent to it and not done yet -> the positions of their rows it sent
+    held: dict[int, set[int]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         return f"worker on {self.device} (pid {self.process.pid})"
@@ -133,20 +141,24 @@ class WorkerPool:
         return message[2]
 
     def run(self, batches: list[list[Request]]) -> Iterator[Outcomes]:
-        from ..job import NO_OUTCOMES
+        from ..job import NO_OUTCOMES, outcomes_by_batch
 
-        unsent, answered = deque(range(len(batches))), 0
-        while answered < len(batches):
+        unsent, done = deque(range(len(batches))), 0
+        while done < len(batches):
             stopping = stop_signal() is not None
-            if not self.workers and not stopping:
+            if stopping:   # a worker would go on sending rows: only those it sent before it ended are read
+                for worker in self.workers:
+                    worker.process.terminate()
+            elif not self.workers:
                 raise RunCannotGoOn(f"every worker process died ({self.started} of {self.started}; the notes "
                                     "say how)")
             while unsent and not stopping:   # to the least busy worker first
                 worker = min(self.workers, key=lambda w: len(w.held))
                 if len(worker.held) == BATCHES_IN_FLIGHT_PER_WORKER:
                     break
-                worker.held.append(unsent.popleft())
-                worker.tasks.put((worker.held[-1], batches[worker.held[-1]]))
+                index = unsent.popleft()
+                worker.held[index] = set()
+                worker.tasks.put((index, batches[index]))
             # a message, or the EOF of a worker that died; after a stop only what has come already
             ready = wait([w.results for w in self.workers], timeout=0 if stopping else STOP_POLL_SECONDS)
             if not ready:
@@ -154,25 +166,51 @@ class WorkerPool:
                     return
                 yield NO_OUTCOMES
                 continue
-            worker = next(w for w in self.workers if w.results in ready)
-            try:
-                _, index, outcomes, seconds, notes, timing = worker.results.recv()
-            except ENDED:
-                # Ended by the stop too (a SIGTERM to the whole process group, maybe while this waited):
-                # its rows are left not synthesized, not failed.
-                if stop_signal() is not None:
-                    self._remove(worker)
-                    continue
-                for index, outcomes in self._lost(worker, batches):
-                    answered += 1
-                    yield index, list(enumerate(outcomes)), 0.0
-                continue
-            worker.held.remove(index)
-            self.notes += [note for note in notes if note not in self.notes]   # its synthesizer's, as in process
-            if timing is not None:
-                self.timings[str(worker)] = timing
-            answered += 1
-            yield index, list(enumerate(outcomes)), seconds
+            arrived: list[tuple[int, int, Outcome, float]] = []   # (batch index, position, outcome, seconds)
+            done += self._receive(ready, batches, arrived)
+            yield from outcomes_by_batch(arrived)
+
+    def _receive(self, ready: list, batches: list[list[Request]], arrived: list) -> int:
+        """Reads the ready workers' messages, and those that come meanwhile (for up to GATHER_SECONDS: the rows
+        that end together are written together), into arrived; how many batches ended (done, or lost with
+        their worker)."""
+        done, until = 0, perf_counter() + GATHER_SECONDS
+        while ready:
+            for worker in [w for w in self.workers if w.results in ready]:
+                done += self._receive_one(worker, batches, arrived)
+            if perf_counter() > until:
+                break
+            ready = wait([w.results for w in self.workers], timeout=0)
+        return done
+
+    def _receive_one(self, worker: Worker, batches: list[list[Request]], arrived: list) -> int:
+        """Reads a message of the worker, or its EOF, into arrived; how many batches it ended. Messages:
+        ("row", batch index, position, outcome, seconds since the batch started), once per row as it ends;
+        ("done", batch index, seconds, the synthesizer's notes, its timing, fault) after the batch's last row,
+        fault: the TTSError of a device fault or a bug for the rows not sent, after which the worker ends."""
+        try:
+            message = worker.results.recv()
+        except ENDED:
+            # Ended by the stop too (a SIGTERM to the whole process group, or the pool's): its rows not sent
+            # are left not synthesized, not failed.
+            if stop_signal() is not None:
+                self._remove(worker)
+                return 0
+            arrived += self._lost(worker, batches)
+            return len(worker.held)
+        if message[0] == "row":
+            _, index, position, outcome, seconds = message
+            worker.held[index].add(position)
+            arrived.append((index, position, outcome, seconds))
+            return 0
+        _, index, seconds, notes, timing, fault = message
+        if fault is not None:   # (the worker ends after it)
+            arrived += [(index, position, fault, seconds) for position in _not_sent(worker, index, batches)]
+        del worker.held[index]
+        self.notes += [note for note in notes if note not in self.notes]   # its synthesizer's, as in process
+        if timing is not None:
+            self.timings[str(worker)] = timing
+        return 1
 
     @property
     def timing(self) -> dict | None:
@@ -186,15 +224,16 @@ class WorkerPool:
         return {**SynthesisTiming.merged(ran.values()).as_dict(),
                 "per_worker": {name: timing.as_dict() for name, timing in ran.items()}}
 
-    def _lost(self, worker: Worker, batches: list[list[Request]]) -> list[tuple[int, list]]:
-        """A worker that died: its batches' rows fail with one line that says so."""
+    def _lost(self, worker: Worker, batches: list[list[Request]]) -> list[tuple[int, int, TTSError, float]]:
+        """A worker that died: the rows of its batches that it did not send fail with one line that says so
+        (batch index, position, error, seconds)."""
         how = self._remove(worker)
-        rows = sum(len(batches[index]) for index in worker.held)
-        self.notes.append(f"{worker} died ({how}) holding {len(worker.held)} batches ({rows} segments): their rows "
-                          f"failed, the run went on with {len(self.workers)} of {self.started} workers; rerun the "
-                          "same command to retry them")
+        left = [(index, position) for index in worker.held for position in _not_sent(worker, index, batches)]
+        self.notes.append(f"{worker} died ({how}) holding {len(worker.held)} batches ({len(left)} segments not sent "
+                          f"yet): their rows failed, the run went on with {len(self.workers)} of {self.started} "
+                          "workers; rerun the same command to retry them")
         error = TTSError(f"{worker} died ({how}) while it held this row: rerun the same command to retry it")
-        return [(index, [error] * len(batches[index])) for index in worker.held]
+        return [(index, position, error, 0.0) for index, position in left]
 
     def _remove(self, worker: Worker) -> str:
         """Takes a worker that ended out of the pool; how it ended."""
@@ -217,6 +256,11 @@ class WorkerPool:
                 worker.process.join()
             worker.results.close()
         self.workers = []
+
+
+def _not_sent(worker: Worker, index: int, batches: list[list[Request]]) -> list[int]:
+    """The positions of a batch's rows the worker has not sent."""
+    return [position for position in range(len(batches[index])) if position not in worker.held[index]]
 
 
 def _how_it_ended(process: multiprocessing.Process) -> str:
@@ -259,22 +303,28 @@ def worker_main(model_dir: str, device: str, cpu_threads: int, greedy: bool, max
         return
     results.send(("ready", device, (synth.sample_rate, synth.numerics)))
     limit = RowLimit(batch_size)
-    # A batch's outcomes are sent by this thread while the next batch runs, whenever the parent reads.
+    # Each row is sent as it ends, by this thread while synthesis goes on, whenever the parent reads: nothing
+    # here keeps a row once it is sent (a call of 16 x 1024 segments of 8 s would hold 12.6 GB until its end).
+    # One message a row: a message of many rows takes twice as long per row to pickle and pass through the pipe.
     with ThreadPoolExecutor(1, thread_name_prefix="tts-worker-send") as sender:
         while (task := tasks.get()) is not None:
             index, requests = task
             start = perf_counter()
+
+            def send_row(position: int, outcome) -> None:
+                sender.submit(results.send, ("row", index, position, outcome, perf_counter() - start))
+
+            fault = None
             try:
-                outcomes = synthesize_batch(synth, requests, greedy, max_frames, limit)
+                synthesize_batch(synth, requests, greedy, max_frames, limit, on_outcome=send_row)
             except Exception as e:
-                # A device fault or a bug: this batch's rows fail with it, and the worker ends (a device
-                # after a fault is not to be trusted; failing at once, it would take most batches).
-                sender.submit(results.send, ("done", index, [TTSError(f"on {device}: {type(e).__name__}: {e}")]
-                                             * len(requests), perf_counter() - start, list(synth.notes),
-                                             timing_now(synth)))
+                # A device fault or a bug: this batch's rows not sent yet fail with it, and the worker ends (a
+                # device after a fault is not to be trusted; failing at once, it would take most batches).
+                fault = TTSError(f"on {device}: {type(e).__name__}: {e}")
+            sender.submit(results.send, ("done", index, perf_counter() - start, list(synth.notes), timing_now(synth),
+                                         fault))
+            if fault is not None:
                 break
-            sender.submit(results.send, ("done", index, outcomes, perf_counter() - start, list(synth.notes),
-                                         timing_now(synth)))
         else:
             return
     raise SystemExit(FAULT_EXIT)   # (after the sender has sent the failed batch)

@@ -26,15 +26,22 @@ def bundled():
     return Synthesizer.from_pretrained(cli.BUNDLED_MODEL_DIR)
 
 
+def _outcomes(synth, requests, **options) -> list:
+    """synthesize_batch's outcomes, in request order."""
+    found = {}
+    synthesize_batch(synth, requests, on_outcome=found.__setitem__, **options)
+    return [found[position] for position in range(len(requests))]
+
+
 def test_out_of_memory_mid_generation_halves_the_rows_and_gives_the_same_audio(bundled):
     requests = [Request(f"r{i}", text, "vivian", seed=i) for i, text in enumerate(
         ["Hello there.", "The birch canoe slid.", "Rice is often served.", "Four."])]
-    clean = synthesize_batch(bundled, requests, greedy=False, max_frames=5, limit=RowLimit(4))
+    clean = _outcomes(bundled, requests, greedy=False, max_frames=5, limit=RowLimit(4))
 
     limit = RowLimit(4)
     # after_calls=2: the prefill and the first step pass, the second decoding step of the 4-row batch fails.
     with out_of_memory_in(bundled.model.talker, min_rows=3, after_calls=2) as injected:
-        survived = synthesize_batch(bundled, requests, greedy=False, max_frames=5, limit=limit)
+        survived = _outcomes(bundled, requests, greedy=False, max_frames=5, limit=limit)
     assert injected["raised"] == 1
     assert (limit.rows, limit.shrinks) == (2, 1)
     assert all(isinstance(o, Segment) for o in survived)
@@ -45,7 +52,7 @@ def test_out_of_memory_mid_generation_halves_the_rows_and_gives_the_same_audio(b
 def test_a_row_out_of_memory_even_alone_fails_and_the_others_are_kept(bundled):
     requests = [Request("a", "Hello.", "vivian"), Request("b", "Again.", "vivian")]
     with out_of_memory_in(bundled.model.talker, min_rows=1, after_calls=0) as injected:
-        outcomes = synthesize_batch(bundled, requests, greedy=True, max_frames=3, limit=RowLimit(2))
+        outcomes = _outcomes(bundled, requests, greedy=True, max_frames=3, limit=RowLimit(2))
     assert injected["raised"] == 1 + 2 * 2   # the pair, then each row twice alone
     assert all("out of GPU memory even alone (2 tries): CUDA out of memory (injected on 1 rows)" in str(o)
                for o in outcomes)

@@ -249,17 +249,14 @@ def outcomes_by_batch(found: list[tuple[int, int, Outcome, float]]) -> Iterator[
 
 
 def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: int | None, limit: RowLimit,
-                     on_outcome: Callable[[int, Outcome], None] | None = None,
-                     cancel: threading.Event | None = None) -> list[Outcome] | None:
+                     on_outcome: Callable[[int, Outcome], None], cancel: threading.Event | None = None) -> None:
     """One outcome per request, surviving out-of-memory (GPU or host) by synthesizing fewer rows at a time.
-    on_outcome(position, outcome) sees each as soon as it is known (through the engine: as its row
+    on_outcome(position, outcome) has each as soon as it is known (through the engine: as its row
     ends), once per request; after an out-of-memory only the requests without one are run again.
-    Returns the outcomes in request order; with on_outcome None, and nothing here keeps an outcome
-    once on_outcome has it: a row's audio lives as long as on_outcome's consumer keeps it, not until
-    the call (thousands of rows on cuda) ends. cancel: once set, SynthesisCancelled is raised at the
-    engine's next window boundary."""
-    kept: dict[int, Outcome] = {}   # without on_outcome: the outcomes to return
-    outcomes = _Delivery(on_outcome or kept.__setitem__)
+    Nothing here keeps an outcome once on_outcome has it: a row's audio lives as long as on_outcome's
+    consumer keeps it, not until the call (thousands of rows on cuda) ends. cancel: once set,
+    SynthesisCancelled is raised at the engine's next window boundary."""
+    outcomes = _Delivery(on_outcome)
     pending, tries_alone = list(range(len(requests))), 0
     while pending:
         if cancel is not None and cancel.is_set():
@@ -282,7 +279,6 @@ def synthesize_batch(synth, requests: list[Request], greedy: bool, max_frames: i
             outcomes(chunk[0], TTSError(f"out of {memory} memory even alone ({tries_alone} tries): {e}"))
         tries_alone = 0
         pending = [p for p in pending if p not in outcomes]
-    return None if on_outcome is not None else [kept[p] for p in range(len(requests))]
 
 
 class _Delivery(set):

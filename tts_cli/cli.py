@@ -40,7 +40,7 @@ DEFAULT_SPEAKER = "vivian"   # for rows of a CustomVoice checkpoint that name no
 # On cuda a synthesize call holds this many segments per engine slot: every call ends with slots
 # idle while its last segments finish, so larger calls waste less (tools/admission_order.py, 1024
 # bundled sentences at 64 rows, longest first: calls of 4 x rows 627 engine steps, of 16 x rows 602). Its rows
-# are written and recorded as each ends, and in process none is kept after (--gpus workers send a call whole).
+# are written and recorded as each ends, and none is kept after (in process, and by a --gpus worker once sent).
 CALL_ROWS_PER_SLOT = 16
 DEPTH_HELP = ("How the code predictor runs on cuda: loop (a CUDA-graphed kernel sequence per position), kernel "
               "(one persistent kernel per frame, tts_kernels.depth_frame: Hopper GPUs with 128+ SMs, fp16 or bf16, up to 64 "

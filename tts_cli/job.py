@@ -10,11 +10,11 @@ left, write each finished row and record it, then rebuild the report from the le
   its own with its own frame cap, and the segments' audio is joined with a short crossfade.
 - Faults: a RequestError fails only the row at fault (its batch is retried row by row); a CUDA
   out-of-memory halves the rows per synthesize call and retries, and a row that runs out of memory
-  even alone fails with that error. Finished rows are on disk and in the ledger batch by batch,
+  even alone fails with that error. Finished rows are on disk and in the ledger as they end,
   so nothing produced is lost to a later fault or a kill.
-- A worker process that dies fails the rows it held (tts_cli/scale/workers.py); an output that
-  cannot be written (disk full, I/O error, read-only folder) stops the run with OutputError: its row
-  gets no ledger line, the rows of its batch that were written keep theirs.
+- A worker process that dies fails the rows it held and had not sent (tts_cli/scale/workers.py);
+  an output that cannot be written (disk full, I/O error, read-only folder) stops the run with
+  OutputError: its row gets no ledger line, the rows of its batch that were written keep theirs.
 - SIGTERM or Ctrl-C (tts_cli/processes.py) stops the synthesis and ends the wait for the next
   results, never the writing and recording of finished rows: those already handed over (queued by
   the synthesis thread, sent by a worker) are written too, none still being made is waited for. The

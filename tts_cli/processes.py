@@ -7,8 +7,8 @@ pipe multiprocessing keeps open from the parent and ends the process at its EOF 
 no polling). They ignore SIGINT: a Ctrl-C reaches the whole process group, and it is the parent
 that stops them. SIGTERM keeps its default, ending them at once: it is how the parent and
 multiprocessing stop them (a scheduler's SIGTERM to the whole group may end a worker before the
-parent stops: the rows it held are then recorded as failed, and a rerun redoes them). The
-multiprocessing resource tracker, the one other helper process, ends by itself
+parent stops: the rows it held and had not sent are then recorded as failed, and a rerun redoes
+them). The multiprocessing resource tracker, the one other helper process, ends by itself
 at the EOF of its own pipe, once the parent and these children (which hold that pipe too) are gone.
 
 The parent: while stop_on_signals() is active, SIGTERM (what Slurm, Kubernetes and Ray send before

@@ -65,6 +65,21 @@ def test_tail_steps_count_their_rows_and_change_no_step():
     assert simulate(lengths, 8, halve_to=8) == plain
 
 
+def test_admission_at_every_step_knows_stops_one_step_late_and_a_lagged_codec_waits_for_its_windows():
+    """Two slots, K = 4; slot 0 speaks 30 frames, slot 1 takes requests of 1, 5 and 2. Frame 0 ends the
+    first; its flags are read after step 1 is launched, so every-step admission starts the second at
+    step 2 (with each step's flags awaited, at 1; at boundaries only, at 4). The second ends at step 6;
+    the boundary at 8 has read that, and the third starts there, or, with the second decoded 2 frames
+    late (admitted at column 2), at 9: its last frame falls in codec window 2 (steps 8-11 less the lag),
+    so the third's first codec window must be 3."""
+    lengths = [30, 1, 5, 2]
+    assert simulate(lengths, 2)["starts"] == [0, 0, 4, 12]
+    assert simulate(lengths, 2, admit_every=1)["starts"] == [0, 0, 2, 8]
+    assert simulate(lengths, 2, admit_every=1, flags_awaited=True)["starts"] == [0, 0, 1, 6]
+    assert simulate(lengths, 2, admit_every=1, codec_lag=True)["starts"] == [0, 0, 2, 9]
+    assert simulate(lengths, 2, admit_every=1, codec_lag=True, flags_awaited=True)["starts"] == [0, 0, 1, 9]
+
+
 def test_packed_token_rows_fill_whole_tiles_per_admission():
     """Request k takes positions[k % 4]: admissions of 3 (270 tokens: 2 tiles) and 2 (170: 1 tile);
     less 20 shared positions each, 210 and 130 tokens: a tile each."""

@@ -12,7 +12,10 @@ Per concurrency it prints slots busy (frames / slot-steps) for the engine's rule
 queue (sentence k % 360 for request k), the share of idle slot-steps spent waiting for a boundary
 (requests still queued) and in the ragged end (queue empty), and the same work, with the tail steps,
 with the queue longest first (`tts synth`'s order), shortest first, admission at every step (the
-codec window still K), both; then without the engine's tail steps (simulate's halve_to: once the queue is empty, the
+codec window still K, the codec starting a row mid-window; the stops known one step late between
+boundaries, as the host reads them), so with a wait for each step's flags, so with the codec
+decoding each row in windows of its own phase instead (simulate's codec_lag), longest first and
+every step; then without the engine's tail steps (simulate's halve_to: once the queue is empty, the
 requests still speaking move at a window boundary into a step of half the rows, and again, down to
 tts_cli.engine.TAIL_MIN_ROWS, or --tail-min-rows), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
 step's wall time by rows) it also prices the tail steps. With --prefill, the prompt rows the
@@ -87,23 +90,33 @@ def voice_token_rows(admissions: list[int], positions: list[int], shared: int, s
 
 
 def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int | None = None,
-             halve_to: int | None = None) -> dict:
+             halve_to: int | None = None, flags_awaited: bool = False, codec_lag: bool = False) -> dict:
     """Steps, frames and idle slot-steps of one engine run over `lengths` (queue order).
-    admit_every: steps between admissions (default: the window). halve_to: the engine's tail steps
+    admit_every: steps between admissions (default: the window). An admission between window
+    boundaries knows the stops of the steps before the last one only (the host reads a step's flags
+    after launching the next), unless flags_awaited (a wait for each step's flags: the GPU would idle
+    while the host admits). codec_lag: a row admitted at column j of a window keeps the codec's
+    windows but is decoded K - j frames late (its first codec window starts at the next boundary),
+    so the codec never starts a row mid-window; its slot takes no new row whose first codec window
+    is not after its last one. halve_to: the engine's tail steps
     (Engine tail_rows slots / 2, slots / 4 ... down to halve_to; None: none): once the queue is
     empty, at each window boundary the steps go on in the smallest of them that holds the slots still
     speaking; slot-steps then count its rows. graph_steps: steps by the rows of the step; admissions:
-    the requests admitted at each boundary that admits any."""
+    the requests admitted at each admission that admits any; starts: the step each request's first
+    frame is made in, in queue order."""
     every = admit_every or window
     queue = list(reversed(lengths))
     left = [0] * slots          # frames each slot still makes
     held = [False] * slots      # the host's view: the slot holds a request that has not stopped
     steps = frames = waiting = ragged = slot_steps = 0
     graph_steps: dict[int, int] = {}
-    admissions = []
+    admissions, starts = [], []
     previous = None             # stop flags of the last step, not read yet
     column = 0
     graph = slots               # the rows of the step that runs
+    codec_window = 0            # the codec window the steps now fill
+    lag = [0] * slots           # codec_lag: frames a slot's request is decoded late
+    last_window = [-1] * slots  # codec_lag: the codec window of the slot's previous request's last frame
 
     def read_stops(flags):
         for slot, stopped in enumerate(flags):
@@ -112,19 +125,23 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
 
     while True:
         if column % every == 0:
-            if previous is not None:
+            if previous is not None and (column == 0 or flags_awaited):
                 read_stops(previous)
                 previous = None
-            free = [s for s in range(slots) if not held[s]][:len(queue)]
+            first_window = codec_window + (column > 0)   # a lagged request's first codec window
+            free = [s for s in range(slots) if not held[s] and not (codec_lag and last_window[s] >= first_window)]
+            free = free[:len(queue)]
             for slot in free:
                 left[slot], held[slot] = queue.pop(), True
+                lag[slot] = -column % window if codec_lag else 0
+                starts.append(steps)
             if free:
                 admissions.append(len(free))
         if column == 0:
             while halve_to and not queue and graph // 2 >= halve_to and sum(held) <= graph // 2:
                 graph //= 2
         if any(held):
-            column = (column + 1) % window
+            at, column = column, (column + 1) % window
             steps += 1
             busy = sum(n > 0 for n in left)
             frames += busy
@@ -135,11 +152,17 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
             else:
                 ragged += graph - busy
             flags = [held[s] and left[s] == 1 for s in range(slots)]
+            for s in range(slots):
+                if flags[s]:
+                    last_window[s] = codec_window + (at + lag[s]) // window
+            if column == 0:
+                codec_window += 1
             left = [max(n - 1, 0) for n in left]
             if previous is not None:
                 read_stops(previous)
             previous = flags
         else:
+            codec_window += column > 0
             column = 0
             if previous is not None:
                 read_stops(previous)
@@ -147,7 +170,8 @@ def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int |
             if not queue:
                 break
     return {"steps": steps, "frames": frames, "busy": frames / slot_steps, "waiting": waiting,
-            "ragged": ragged, "graph_steps": graph_steps, "admissions": admissions}
+            "ragged": ragged, "graph_steps": graph_steps, "admissions": admissions,
+            "starts": starts}
 
 
 def main() -> None:
@@ -165,8 +189,9 @@ def main() -> None:
         if args.step_ms else None
     positions, shared = prompt_positions() if args.prefill else ([], 0)
     print("| c | requests | steps | slots busy | idle: waiting / ragged end | longest first | shortest first "
-          "| every step | longest first, every step | no tail steps | bound |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| every step | every step, flags awaited | every step, codec lag | longest first, every step "
+          "| no tail steps | bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     priced = []
     for slots in (int(c) for c in args.concurrency.split(",")):
         lengths = bench_lengths(args.requests or default_requests(slots))
@@ -175,6 +200,9 @@ def main() -> None:
         rules = [simulate(sorted(lengths, reverse=True), slots, args.window, halve_to=args.tail_min_rows),
                  simulate(sorted(lengths), slots, args.window, halve_to=args.tail_min_rows),
                  simulate(lengths, slots, args.window, admit_every=1, halve_to=args.tail_min_rows),
+                 simulate(lengths, slots, args.window, admit_every=1, halve_to=args.tail_min_rows,
+                          flags_awaited=True),
+                 simulate(lengths, slots, args.window, admit_every=1, halve_to=args.tail_min_rows, codec_lag=True),
                  simulate(sorted(lengths, reverse=True), slots, args.window, admit_every=1,
                           halve_to=args.tail_min_rows),
                  simulate(lengths, slots, args.window)]

@@ -234,3 +234,21 @@ def test_a_stdout_closed_early_leaves_bench_its_own_exit_status(tmp_path):
     assert process.returncode == 0, stderr
     assert "Traceback" not in stderr and "Error" not in stderr
     assert [row["concurrency"] for row in json.loads(results.read_text())["rows"]] == [1]
+
+
+def test_writing_the_results_removes_the_temporary_file_of_a_bench_killed_mid_write(tmp_path):
+    """A bench killed by SIGKILL while writing its JSON leaves `.NAME.PID.tmp` beside it (write_atomically
+    has no chance to remove it): the next write removes it, not one of a process still running."""
+    from tts_cli.bench import write_json
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    path = tmp_path / "bench.json"
+    killed = tmp_path / f".bench.json.{dead_pid}.tmp"
+    running = tmp_path / f".bench.json.{os.getppid()}.tmp"
+    other = tmp_path / f".other.json.{dead_pid}.tmp"
+    for leftover in (killed, running, other):
+        leftover.write_text("{")
+    write_json({"rows": []}, path)
+    assert json.loads(path.read_text()) == {"rows": []}
+    assert not killed.exists()
+    assert running.exists() and other.exists()

@@ -42,7 +42,7 @@ from tts_cli.engine import (CODEC_STREAM_RULE, CODEC_WINDOW_RULE, DEFAULT_CODEC_
                             DEFAULT_TALKER_PRECISION)
 from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.errors import TTSError, without_resume_advice
-from tts_cli.output.writer import write_atomically
+from tts_cli.output.writer import remove_orphaned_temporary_files, write_atomically
 from tts_cli.request import Request, VoiceReference
 from tts_cli.synthesizer import (Synthesizer, allow_tf32, code_predictor_settings, icl_codes, load_tokenizer,
                                  numerics, talker_settings, weights_dtype)
@@ -287,4 +287,5 @@ def write_json(result: dict, path: Path) -> None:
     except OSError as e:
         raise TTSError(f"cannot write the results {path}: {e}") from None
     with without_resume_advice("the results"):
+        remove_orphaned_temporary_files(path)   # a bench killed mid-write (SIGKILL) left its file
         write_atomically(path, lambda tmp: tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8"))

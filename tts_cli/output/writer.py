@@ -1,6 +1,7 @@
 """Audio files named by row id, written atomically: a reader or a rerun never sees half a file."""
 from __future__ import annotations
 
+import glob
 import io
 import os
 import re
@@ -116,6 +117,31 @@ def sync_folder(folder: Path) -> None:
             os.close(fd)
     except OSError as e:
         raise OutputError(folder, e) from e
+
+
+def remove_orphaned_temporary_files(path: Path) -> list[str]:
+    """Delete the temporary files write_atomically left beside `path` in processes that are gone
+    (killed mid-write: SIGKILL runs no cleanup); returns the names. For files that no run lock
+    covers (`tts bench --json`): a live process's file is left alone."""
+    path = Path(path)
+    own = re.compile(re.escape(f".{path.name}.") + r"(\d+)" + re.escape(TEMP_SUFFIX))
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
+        match = own.fullmatch(tmp.name)
+        if match and not process_alive(int(match.group(1))):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp.name)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:   # EPERM: alive, another user's
+        return True
+    return True
 
 
 def remove_temporary_files(folder: Path) -> list[str]:

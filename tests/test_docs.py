@@ -52,3 +52,14 @@ def test_a_missing_file_is_caught(tmp_path, monkeypatch):
         "`git show 0dace44:tools/gone.py`"))
     # a file named as it was at a commit (`git show COMMIT:path`) is no file of the tree
     assert cited(page) == {"bench/results/none.json", "tools/no_such_tool.py", "docs/bench.md"}
+
+
+def test_the_usage_page_gives_the_slot_and_call_defaults_the_code_has():
+    """docs/usage.md's option table: `--rows auto`'s choices and `--batch-size`'s CUDA default, which
+    follow tts_cli.engine.AUTO_ROWS (a change there once left the page at 16 x 512)."""
+    from tts_cli.cli import CALL_ROWS_PER_SLOT
+    from tts_cli.engine import AUTO_ROWS
+    table = [line for line in (ROOT / "docs" / "usage.md").read_text().splitlines() if line.startswith("| `--")]
+    rows = {re.split(r"(?<!\\)\|", line)[1].strip(): line for line in table}
+    assert f"the most of {', '.join(map(str, AUTO_ROWS))} slots" in rows["`--rows auto\\|N`"]
+    assert f"{CALL_ROWS_PER_SLOT} x {AUTO_ROWS[0]} with `auto`" in rows["`--batch-size N`"]

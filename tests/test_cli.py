@@ -928,6 +928,28 @@ def test_bench_keeps_the_finished_levels_when_a_later_one_fails(monkeypatch, tmp
     assert [(r["concurrency"], r["requests"]) for r in json.loads(out.read_text())["rows"]] == [(1, 2)]
 
 
+def test_bench_out_of_gpu_memory_at_a_level_says_so_and_keeps_the_levels_before_it(monkeypatch, tmp_path):
+    """An engine of more slots than the GPU holds (c2048 on an 80 GB H100, 2026-12-06) ended the bench with
+    torch's traceback; now with one line naming the level and what the last one that fitted took."""
+    from tts_cli import bench
+    monkeypatch.setattr(bench, "load_synthesizer", lambda spec, device, dtype, kind: None)
+    monkeypatch.setattr(bench, "make_requests", lambda synth, sentences, count, frames, speaker, reference: [None] * count)
+
+    def bench_one(synth, concurrency, requests, *args):
+        if concurrency > 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 486.00 MiB.")
+        return bench.BenchRow(concurrency, len(requests), 8, 0.64, 0.1, 6.4, 6.4, 0.16, 0.01, 0.01,
+                              dict.fromkeys(cli.STEP_STAGES, 0.0), 9, 0.9, 31.1, "loop", 16, False, None)
+
+    monkeypatch.setattr(bench, "bench_one", bench_one)
+    out = tmp_path / "bench.json"
+    result = _invoke("bench", "--device", "cpu", "--concurrency", "1,2", "--json", out)
+    message = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert "c2: out of GPU memory" in message and "c1 peaked at 31.1 GiB" in message
+    assert [r["concurrency"] for r in json.loads(out.read_text())["rows"]] == [1]
+
+
 def test_bench_results_cut_short_by_a_failed_write_keep_the_levels_before_it(monkeypatch, tmp_path):
     """The results are rewritten after each concurrency: a write that fails (or is killed) halfway leaves the
     previous file whole."""

@@ -176,6 +176,17 @@ def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineReque
     return engine
 
 
+def out_of_memory_message(concurrency: int, done: list[dict]) -> str:
+    """Why a level stopped: the GPU's memory, what the last level that fitted peaked at, what to do."""
+    total = (f" of {torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30:.1f} GiB"
+             if torch.cuda.is_available() else "")
+    fitted = [r for r in done if r.get("peak_gpu_gib") is not None]
+    before = (f"; c{fitted[-1]['concurrency']} peaked at {fitted[-1]['peak_gpu_gib']} GiB" if fitted else "")
+    return (f"c{concurrency}: out of GPU memory{total} for {concurrency} slots (their keys and values and "
+            f"the step's working set, ~16 MiB a slot){before}. The levels before it are in the results; "
+            "bench fewer rows on this GPU")
+
+
 @torch.no_grad()
 def bench_one(synth: Synthesizer, concurrency: int, requests: list[EngineRequest],
               codec_window: int | None = None, depth: str = DEFAULT_DEPTH,
@@ -272,8 +283,11 @@ def run_bench(spec: str, concurrencies: list[int], sentences_path: Path, request
         queue = make_requests(synth, sentences, count, frames, speaker, reference)
         if order == "longest":   # the forced lengths are known here; tts synth orders by prompt length instead
             queue = sorted(queue, key=lambda r: -r.max_frames)
-        row = bench_one(synth, c, queue, codec_window,
-                        depth, codec_precision, None if codec_stream else False)
+        try:
+            row = bench_one(synth, c, queue, codec_window,
+                            depth, codec_precision, None if codec_stream else False)
+        except torch.cuda.OutOfMemoryError:
+            raise TTSError(out_of_memory_message(c, result["rows"])) from None
         result["rows"].append(asdict(row))
         if on_row is not None:
             on_row(result)

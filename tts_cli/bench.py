@@ -44,8 +44,8 @@ from tts_cli.engine.runner import Engine, EngineRequest
 from tts_cli.errors import TTSError, without_resume_advice
 from tts_cli.output.writer import remove_orphaned_temporary_files, write_atomically
 from tts_cli.request import Request, VoiceReference
-from tts_cli.synthesizer import (Synthesizer, allow_tf32, code_predictor_settings, icl_codes, load_tokenizer,
-                                 numerics, talker_settings, weights_dtype)
+from tts_cli.synthesizer import (STEP_BYTES_PER_SLOT, Synthesizer, allow_tf32, code_predictor_settings, icl_codes,
+                                 load_tokenizer, numerics, talker_settings, weights_dtype)
 
 SENTENCES = Path(__file__).resolve().parent / "assets" / "harvard-sentences.txt"
 CHARS_PER_SECOND = 14.0
@@ -183,7 +183,7 @@ def out_of_memory_message(concurrency: int, done: list[dict]) -> str:
     fitted = [r for r in done if r.get("peak_gpu_gib") is not None]
     before = (f"; c{fitted[-1]['concurrency']} peaked at {fitted[-1]['peak_gpu_gib']} GiB" if fitted else "")
     return (f"c{concurrency}: out of GPU memory{total} for {concurrency} slots (their keys and values and "
-            f"the step's working set, ~16 MiB a slot){before}. The levels before it are in the results; "
+            f"the step's working set, ~{STEP_BYTES_PER_SLOT >> 20} MiB a slot){before}. The levels before it are in the results; "
             "bench fewer rows on this GPU")
 
 

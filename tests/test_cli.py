@@ -570,12 +570,39 @@ def test_bench_rejects_bad_options():
                           ("--concurrency", "\u0661"), ("--concurrency", "1,\u0664"), ("--frames", "\u0668"),
                           ("--frames", "\u00b2")):
         result = _invoke("bench", "--device", "cpu", option, value)
-        assert result.exit_code == 2 and "--concurrency takes positive integers like 1,8,64 and --frames auto or " \
-                                         "a positive integer" in result.stderr, (option, value, result.output)
+        # the option at fault and its value, not both options' rules
+        takes = "takes positive integers like 1,8,64" if option == "--concurrency" else "takes auto or a positive integer"
+        assert result.exit_code == 2 and f"{option} {value}: {takes}" in " ".join(result.stderr.split()), \
+            (option, value, result.output)
     result = _invoke("bench", "--device", "cpu", "--model", "random:7b")
     assert result.exit_code == 2 and "unknown random model 'random:7b'" in result.stderr
     result = _invoke("bench", "--device", "cpu", "--codec-window", "1000000")
     assert result.exit_code == 2 and "Traceback" not in result.output and "less than or equal to 64" in result.output
+
+
+def test_an_output_folder_or_model_folder_that_is_a_file_is_named_as_a_file(tmp_path):
+    manifest = tmp_path / "m.txt"
+    manifest.write_text("a\tHello there.\n")
+    a_file = tmp_path / "afile"
+    a_file.write_text("x")
+    result = _invoke("synth", manifest, "--out", a_file, "--no-wer")
+    _assert_one_red_line(result, f"--out {a_file}: a file, not a folder (give a folder for the audio and report)")
+    result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", a_file, "--no-wer")
+    _assert_one_red_line(result, f"not a model folder: {a_file} is a file (from --model); give the folder of "
+                                 "config.json")
+
+
+def test_a_results_folder_that_cannot_be_written_is_named_not_the_probe_file(monkeypatch, tmp_path):
+    """The check before the run writes a temporary file there; its random name was the one the error gave."""
+    import tempfile
+
+    def read_only(dir=None, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(Path(dir) / "tmpha3mkqi1"))
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    out = tmp_path / "bench.json"
+    result = _invoke("bench", "--device", "cpu", "--json", out)
+    _assert_one_red_line(result, f"cannot write the results {out}: Read-only file system (in its folder {tmp_path})")
 
 
 def test_bench_says_what_it_cannot_read_or_write_before_it_runs(tmp_path):
@@ -839,6 +866,21 @@ def test_verify_golden_device_auto(monkeypatch, cuda_seen, available, dtype, lin
     assert ran_on == [line.split()[1]]
     result = _invoke("verify-golden", "--dtype", dtype, "--device", "cpu")
     assert result.stderr.splitlines()[0] == "device: cpu (--device)" and ran_on[-1] == "cpu"
+
+
+def test_bench_on_cpu_warns_that_the_cuda_engines_settings_given_are_ignored(monkeypatch, tmp_path):
+    """As `tts synth` does: on cpu the vocoder and weights are fp32 and the code predictor runs its loop."""
+    from test_bench_output import gpu_result
+
+    from tts_cli import bench
+    monkeypatch.setattr(bench, "run_bench", lambda *args, **options: gpu_result())
+    result = _invoke("bench", "--device", "cpu", "--talker-precision", "bf16", "--codec-precision", "fp32",
+                     "--json", tmp_path / "bench.json")
+    assert result.exit_code == 0, result.output
+    assert ("warning: --codec-precision fp32, --talker-precision bf16 ignored: they set the CUDA engine, and this "
+            "run is on cpu") in " ".join(result.stderr.split())
+    result = _invoke("bench", "--device", "cpu", "--json", tmp_path / "bench.json")
+    assert "ignored" not in result.stderr
 
 
 def test_bench_device_auto_on_cuda_runs_random_weights_at_the_cuda_levels(monkeypatch, cuda_seen, tmp_path):

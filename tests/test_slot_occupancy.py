@@ -9,8 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-from slot_occupancy import (bench_lengths, packed_token_rows, prompt_positions, simulate,  # noqa: E402
-                            voice_token_rows)
+from slot_occupancy import bench_lengths, packed_tiles, prompt_positions, simulate  # noqa: E402
 
 from tts_cli.bench import make_requests, read_sentences  # noqa: E402
 from tts_cli.cli import BUNDLED_MODEL_DIR  # noqa: E402
@@ -80,18 +79,12 @@ def test_admission_at_every_step_knows_stops_one_step_late_and_a_lagged_codec_wa
     assert simulate(lengths, 2, admit_every=1, codec_lag=True, flags_awaited=True)["starts"] == [0, 0, 1, 9]
 
 
-def test_packed_token_rows_fill_whole_tiles_per_admission():
-    """Request k takes positions[k % 4]: admissions of 3 (270 tokens: 2 tiles) and 2 (170: 1 tile);
-    less 20 shared positions each, 210 and 130 tokens: a tile each."""
-    assert packed_token_rows([3, 2], [100, 90, 80, 70]) == 3 * 256
-    assert packed_token_rows([3, 2], [100, 90, 80, 70], shared=20) == 2 * 256
-
-
-def test_voice_token_rows_put_the_short_rests_in_16_column_tiles():
-    """At 512 slots, less 8 shared positions: admission one's rests 12, 22, 10 take a 16-prompt tile
-    of one 16-column chunk (12, 10) and an 8-prompt tile of one 32-column chunk (22); admission two's
-    32 and 12 the same two tiles."""
-    assert voice_token_rows([3, 2], [20, 30, 18, 40], shared=8, slots=512) == 2 * (16 * 16 + 8 * 32)
+def test_packed_tiles_are_the_engines_per_admission_and_round():
+    """At 512 slots (tiles of 256 to 2048 tokens), request k takes positions[k % 4]: admission one's
+    20, 30, 18 positions (68) fill one tile of 256; admission two's 40 and 20 two, the 40's last 8 in a
+    second round. Less 8 shared positions: 44 and 44 (the 32 in one round), one tile each."""
+    assert packed_tiles([3, 2], [20, 30, 18, 40], 0, 512) == (128, 3 * 256, 3)
+    assert packed_tiles([3, 2], [20, 30, 18, 40], 8, 512) == (88, 2 * 256, 2)
 
 
 def test_the_bench_prompts_share_their_first_8_positions():

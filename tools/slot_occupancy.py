@@ -18,12 +18,10 @@ decoding each row in windows of its own phase instead (simulate's codec_lag), lo
 every step; then without the engine's tail steps (simulate's halve_to: once the queue is empty, the
 requests still speaking move at a window boundary into a step of half the rows, and again, down to
 tts_cli.engine.TAIL_MIN_ROWS, or --tail-min-rows), and the bound max(longest, ceil(frames / c)) steps. With --step-ms (a
-step's wall time by rows) it also prices the tail steps. With --prefill, the prompt rows the
-admissions' prefill tiles hold (padding included) in tiles of rows / 8 prompts alone and in the
-tile sizes the engine runs on CUDA (tts_cli.engine.prefill_tiles_for), the token rows of two
-rules the engine does not have: each admission's prompts packed back to back in tiles of 256 tokens,
-and so packed after the leading positions every bench prompt shares (computed once, cached), and
-those of the engine's voice prefixes (from 256 slots on CUDA: tts_cli.engine.voice_prefixes_for).
+step's wall time by rows) it also prices the tail steps. With --prefill, the prompts' positions
+the admissions prefill and the token rows and calls of the engine's packed tiles on CUDA
+(tts_cli/engine/prefill.py) over them: whole, and after the leading positions every bench prompt
+shares (its voice prefixes, from 256 slots on CUDA: tts_cli.engine.voice_prefixes_for).
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
                                    [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6] [--prefill]
@@ -36,7 +34,7 @@ import math
 
 from tts_cli.bench import auto_frames, default_requests, read_sentences
 from tts_cli.engine import TAIL_MIN_ROWS, prefill_tiles_for
-from tts_cli.engine.prefill import COLUMNS, VOICE_COLUMNS, split_tiles
+from tts_cli.engine.prefill import chunk_rounds, pack
 
 
 def bench_lengths(count: int, frames: int | None = None) -> list[int]:
@@ -61,32 +59,15 @@ def prompt_positions() -> tuple[list[int], int]:
     return [len(p) for p in prompts], shared
 
 
-def packed_token_rows(admissions: list[int], positions: list[int], shared: int = 0, tile: int = 256) -> int:
-    """The prefill's token rows if each admission's prompts (request k: positions[k % len]) went back to
-    back into tiles of `tile` tokens, each less its first `shared` positions."""
-    rows = first = 0
+def packed_tiles(admissions: list[int], positions: list[int], shared: int, slots: int) -> tuple[int, int, int]:
+    """The prompts' positions (request k: positions[k % len], each less its first `shared`), and the
+    token rows and calls of the prefill's packed tiles on CUDA over each admission's prompts."""
+    tokens = rows = calls = first = 0
     for n in admissions:
-        tokens = sum(positions[k % len(positions)] - shared for k in range(first, first + n))
-        rows += tile * math.ceil(tokens / tile)
-        first += n
-    return rows
-
-
-def voice_token_rows(admissions: list[int], positions: list[int], shared: int, slots: int) -> int:
-    """The prefill's token rows with the engine's voice prefixes (tts_cli/engine/prefill.py): each
-    prompt less its `shared` positions, those whose rest fits VOICE_COLUMNS in tiles of
-    VOICE_COLUMNS-column chunks, the others in COLUMNS-column ones, each set in the tile sizes the
-    engine runs on CUDA."""
-    rows = first = 0
-    for n in admissions:
-        rests = [positions[k % len(positions)] - shared for k in range(first, first + n)]
-        for columns, group in ((VOICE_COLUMNS, [r for r in rests if r <= VOICE_COLUMNS]),
-                               (COLUMNS, [r for r in rests if r > VOICE_COLUMNS])):
-            if group:
-                chunks = math.ceil(max(group) / columns)
-                rows += sum(split_tiles(len(group), prefill_tiles_for(slots, True, columns))) * chunks * columns
-        first += n
-    return rows
+        lengths = [positions[k % len(positions)] - shared for k in range(first, first + n)]
+        tiles = [size for chunks in chunk_rounds(lengths) for size, _ in pack(chunks, prefill_tiles_for(slots, True))]
+        tokens, rows, calls, first = tokens + sum(lengths), rows + sum(tiles), calls + len(tiles), first + n
+    return tokens, rows, calls
 
 
 def simulate(lengths: list[int], slots: int, window: int = 4, admit_every: int | None = None,
@@ -215,17 +196,11 @@ def main() -> None:
             priced.append(f"c{slots}: {audio_s / wall_s[0]:.0f} audio-s/s, "
                           f"without tail steps {audio_s / wall_s[1]:.0f}")
         if args.prefill:
-            whole, sized = (sum(sum(split_tiles(n, sizes)) for n in now["admissions"])
-                            for sizes in (prefill_tiles_for(slots, False), prefill_tiles_for(slots, True)))
-            priced.append(f"c{slots}: {len(now['admissions'])} admissions of {sum(now['admissions'])} prompts; "
-                          f"prefill tiles hold {whole} prompt rows in tiles of {slots // 8 or 1}, {sized} in "
-                          f"tiles of {', '.join(map(str, prefill_tiles_for(slots, True)))} ({sized / whole:.2f}x)")
-            tokens = sized * COLUMNS
-            packed, after = (packed_token_rows(now["admissions"], positions, skip) for skip in (0, shared))
-            voiced = voice_token_rows(now["admissions"], positions, shared, slots)
-            priced.append(f"c{slots}: {tokens} token rows in those tiles; packed in 256-token tiles {packed} "
-                          f"({packed / tokens:.2f}x); packed after the {shared} positions all prompts share {after} "
-                          f"({after / tokens:.2f}x); with voice prefixes {voiced} ({voiced / tokens:.2f}x)")
+            for skip, what in ((0, "whole prompts"), (shared, f"after the {shared} positions all prompts share")):
+                tokens, rows, calls = packed_tiles(now["admissions"], positions, skip, slots)
+                priced.append(f"c{slots}: {len(now['admissions'])} admissions of {sum(now['admissions'])} prompts, "
+                              f"{what}: {tokens} positions in {calls} packed tiles of {rows} token rows "
+                              f"({tokens / rows:.0%} used)")
     for line in priced:
         print(line)
 

@@ -1,9 +1,8 @@
 """Where a decode step's GPU time goes, kernel by kernel: the engine's stage graphs (depth, codec,
 talker) at `rows` rows on random weights at the real shapes, each replayed under torch's profiler;
-then the prefill: the largest tile graph of each prefill (rows / 8 prompts x 32 positions; with
-voice prefixes also x 16 positions after the prefix) and one whole admission
-of that many prompts (the tile plus the eager work around it: padding, logits, first draw, slot
-state).
+then the prefill: its largest packed tile's graph (rows x 4 tokens, at most 2048) and one whole
+admission of rows / 8 prompts (its tiles plus the eager work around them: packing, logits, first
+draw, slot state).
 
 Per stage it prints the replay's wall time (CUDA events, median), the summed time of its kernels
 and their count (the difference is time the GPU spends between kernels), and the kernels that
@@ -87,12 +86,12 @@ def main() -> None:
     tts_kernels.launch.enabled = not args.no_pdl
     synth = load_synthesizer(f"random:{args.size}", "cuda", weights_dtype("cuda", args.talker_precision))
     engine = filled_engine(synth, args.rows)
-    requests = make_requests(synth, read_sentences(), engine.prefill.tile_rows, 8, "vivian")
+    requests = make_requests(synth, read_sentences(), engine.prefill.head_rows, 8, "vivian")
     admission = list(enumerate(requests))   # into slots 0, 1, ... (idle after filled_engine's run)
     launches = {f"{name} stage": graph.replay for name, graph in engine.step.graphs.items()}
-    for prefill in (p for p in (engine.prefill, engine.voice_prefill) if p is not None and p.graphs):
-        (size, _, start), (graph, _, _) = max(prefill.graphs.items(), key=lambda item: item[0])  # the largest tile
-        launches[f"prefill tile ({size} prompts x {prefill.columns} positions from {start})"] = graph.replay
+    if engine.prefill.graphs:
+        size, (graph, _, _) = max(engine.prefill.graphs.items())   # the largest tile
+        launches[f"prefill tile ({size} tokens)"] = graph.replay
     launches[f"admission of {len(admission)} prompts (tile and eager work)"] = lambda: engine._prefill(admission)
     with torch.no_grad():
         for name, launch in launches.items():

@@ -154,21 +154,15 @@ def warmup_requests(requests: list[EngineRequest], concurrency: int) -> list[Eng
 @torch.no_grad()
 def warm_engine(synth: Synthesizer, concurrency: int, requests: list[EngineRequest], **engine_options) -> Engine:
     """An engine of `concurrency` slots whose context fits `requests`, warmed up (graphs captured,
-    kernels compiled) on `warmup_requests`, and again for each smaller prefill tile of each prefill
-    the requests take (Engine.prefill_route; its graphs are captured when first needed), its stats
-    reset."""
+    kernels compiled) on `warmup_requests`, and its prefill's graph of every tile size captured (each
+    is captured when first needed), its stats reset."""
     sampling = synth.ckpt.sampling
     context = max(r.prompt_length + r.max_frames + 1 for r in requests)
     engine = Engine(synth.model, synth.codec, rows=concurrency, context=64 * math.ceil(context / 64),
                     talker_defaults=talker_settings(sampling), cp_defaults=code_predictor_settings(sampling),
                     trailing_text=any(r.trailing_text is not None for r in requests), **engine_options)
     engine.run(warmup_requests(requests, concurrency))
-    routes = {}
-    for r in requests:
-        routes.setdefault(engine.prefill_route(r), []).append(r)
-    for (prefill, _), routed in routes.items():
-        for size in prefill.sizes[1:]:
-            engine.run(warmup_requests(routed, size)[:size])
+    engine.prefill.warm_up(requests[0].prompt_embeds, 0)
     if engine.device.type == "cuda":
         engine.collect_stage_times()
         torch.cuda.synchronize()

@@ -12,6 +12,8 @@ frame) from 64 rows, _decode_attention does the same in one warp per program (ta
 A row's S new tokens go to cache positions start, start + 1, ...: `start` is one int for every row
 (the code predictor, a prefill chunk) or a [B] tensor (the talker step). RoPE uses the same
 positions, read from cos/sin tables [capacity, head_dim]: no per-call position or mask tensors.
+In a packed prefill tile (`segments`) a row is a chunk of a prompt: up to S tokens from a token of its
+own, at a start of its own.
 
 Numerics: the q/k/v projection's output (parts or partial sums, added in order in fp32:
 tts_kernels.linear), norm and RoPE are fp32; keys, values and queries are rounded once, to the
@@ -62,15 +64,15 @@ def _rotated_heads(qkv_ptr, base, part_stride, valid, norm_ptr, cos_ptr, sin_ptr
 
 
 @triton.jit
-def _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start, q_block, width, part_stride, eps,
-             cache_type: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, TOKENS_PER_ROW: tl.constexpr,
-             BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, QKV_PARTS: tl.constexpr):
+def _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, first_token, count, kv_head, start, q_block, width, part_stride,
+             eps, cache_type: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_Q: tl.constexpr,
+             BLOCK_D: tl.constexpr, QKV_PARTS: tl.constexpr):
     """The tile of queries from entry q_block on (normed, rotated, in the cache's dtype), their
     positions, token and head per entry, and which entries are real: entry i is token i // GROUPS,
-    head kv_head * GROUPS + i % GROUPS of the row."""
+    head kv_head * GROUPS + i % GROUPS of the row's `count` tokens from token `first_token` on."""
     i = q_block + tl.arange(0, BLOCK_Q)
-    valid = i < TOKENS_PER_ROW * GROUPS
-    q_token = row_in_batch * TOKENS_PER_ROW + i // GROUPS
+    valid = i < count * GROUPS
+    q_token = first_token + i // GROUPS
     head = kv_head * GROUPS + i % GROUPS
     # padding entries look at key 0 only, so that no row of the tile is empty
     q_pos = tl.where(valid, start + i // GROUPS, start)
@@ -150,12 +152,12 @@ def _row_start_and_cache(rows_ptr, start_ptr, start, row, kv_head, cache_row_str
 
 @triton.jit
 def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, rows_ptr, start_ptr,
-               start, out_ptr, tokens, eps, scale, cache_row_stride, cache_head_stride, cache_pos_stride,
-               Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr, HEAD_DIM: tl.constexpr,
-               TOKENS_PER_ROW: tl.constexpr,
+               start, first_ptr, count_ptr, out_ptr, tokens, eps, scale, cache_row_stride, cache_head_stride,
+               cache_pos_stride, Q_HEADS: tl.constexpr, KV_HEADS: tl.constexpr, GROUPS: tl.constexpr,
+               HEAD_DIM: tl.constexpr, TOKENS_PER_ROW: tl.constexpr,
                CAPACITY: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
                BLOCK_D: tl.constexpr, IEEE: tl.constexpr, QKV_PARTS: tl.constexpr, PARTS: tl.constexpr,
-               START_PER_ROW: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
+               START_PER_ROW: tl.constexpr, SEGMENTS: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr):
     row_in_batch = tl.program_id(0)
     kv_head = tl.program_id(1)
     width = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
@@ -163,6 +165,10 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     out_part_stride = tokens * Q_HEADS * HEAD_DIM
     let_dependents_launch(PDL)
     wait_for_predecessor(PDL)   # the positions and cache rows too may be written by the step before
+    if SEGMENTS:   # the row's tokens: `count` (at most TOKENS_PER_ROW) from token `first_token` on
+        first_token, count = tl.load(first_ptr + row_in_batch), tl.load(count_ptr + row_in_batch)
+    else:
+        first_token, count = row_in_batch * TOKENS_PER_ROW, TOKENS_PER_ROW
     start, head_base = _row_start_and_cache(rows_ptr, start_ptr, start, row_in_batch, kv_head, cache_row_stride,
                                             cache_head_stride, START_PER_ROW)
     cache_type: tl.constexpr = k_cache_ptr.dtype.element_ty
@@ -172,13 +178,13 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
 
     # The first tile of queries (at the engine's shapes the only one) is read before the cache
     # writes below and their barrier, so that its loads overlap those of the new keys and values.
-    q, q_pos, q_token, head, valid = _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start, 0,
-                                              width, part_stride, eps, cache_type, GROUPS, HEAD_DIM, TOKENS_PER_ROW,
+    q, q_pos, q_token, head, valid = _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, first_token, count, kv_head,
+                                              start, 0, width, part_stride, eps, cache_type, GROUPS, HEAD_DIM,
                                               BLOCK_Q, BLOCK_D, QKV_PARTS)
     # the row's new keys (normed, rotated) and values into the cache
     t = tl.arange(0, BLOCK_S)
-    t_valid = t < TOKENS_PER_ROW
-    token = row_in_batch * TOKENS_PER_ROW + t
+    t_valid = t < count
+    token = first_token + t
     new_k = _rotated_heads(qkv_ptr, token * width + (Q_HEADS + kv_head) * HEAD_DIM, part_stride, t_valid, k_norm_ptr,
                            cos_ptr, sin_ptr, start + t, eps, HEAD_DIM, BLOCK_D, QKV_PARTS)
     kv_mask = t_valid[:, None] & in_head[None, :]
@@ -189,13 +195,13 @@ def _attention(qkv_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, k_cache_ptr, v
     tl.store(v_cache_ptr + slots, new_v.to(cache_type, fp_downcast_rounding="rtne"), mask=kv_mask)
     tl.debug_barrier()   # the queries below read the keys just written, by other threads of this program
 
-    last = start + TOKENS_PER_ROW - 1     # the row's last new token sees the most keys
+    last = start + count - 1     # the row's last new token sees the most keys
     _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
             scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS, STAGES)
     for q_block in tl.static_range(BLOCK_Q, TOKENS_PER_ROW * GROUPS, BLOCK_Q):
-        q, q_pos, q_token, head, valid = _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, row_in_batch, kv_head, start,
-                                                  q_block, width, part_stride, eps, cache_type, GROUPS, HEAD_DIM,
-                                                  TOKENS_PER_ROW, BLOCK_Q, BLOCK_D, QKV_PARTS)
+        q, q_pos, q_token, head, valid = _queries(qkv_ptr, q_norm_ptr, cos_ptr, sin_ptr, first_token, count, kv_head,
+                                                  start, q_block, width, part_stride, eps, cache_type, GROUPS,
+                                                  HEAD_DIM, BLOCK_Q, BLOCK_D, QKV_PARTS)
         _attend(q, q_pos, q_token, head, valid, k_cache_ptr, v_cache_ptr, head_base, last, out_ptr, out_part_stride,
                 scale, cache_pos_stride, Q_HEADS, HEAD_DIM, CAPACITY, BLOCK_Q, BLOCK_K, BLOCK_D, IEEE, PARTS, STAGES)
 
@@ -305,7 +311,8 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
                      v_cache: torch.Tensor, rows: torch.Tensor, start: int | torch.Tensor, tokens_per_row: int,
                      scale: float, dtype: torch.dtype = torch.float32, block_k: int | None = None,
                      num_warps: int | None = None, decode: bool | None = None,
-                     stages: int | None = None) -> torch.Tensor:
+                     stages: int | None = None, segments: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     tokens: int | None = None) -> torch.Tensor:
     """qkv [Q * B * S, (q_heads + 2 kv_heads) * head_dim] fp32, Q >= 1 parts to add (one projection's
     output: its input's parts, or gemm_rows' partial sums; tts_kernels.linear) of B rows x S =
     tokens_per_row tokens;
@@ -317,30 +324,38 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     tokens per row, else 8 (DECODE_WARPS); decode: whether _decode_attention runs (None: where
     takes_decode_kernel says; tools/attention_bench.py times the settings); stages: compiled, the
     general kernel's keys and values loaded that many steps ahead less one (0: a step's loads, then
-    its products; None: attention_stages')."""
+    its products; None: attention_stages').
+    segments (first [B], count [B]) and tokens: a packed prefill tile (tts_cli/engine/prefill.py) of
+    `tokens` tokens, row b's being count[b] <= tokens_per_row of them from token first[b] on (a row of
+    count 0 with start 0 writes and reads nothing); the output rows of other tokens are left unwritten."""
     s, rows = tokens_per_row, rows.contiguous()
     b = rows.shape[0]
+    tokens = b * s if tokens is None else tokens
+    if segments is None and tokens != b * s:
+        raise ValueError(f"{tokens} tokens in {b} rows of {s} need the rows' segments (a packed tile)")
     groups = q_heads // kv_heads
     start_ptr, start_value = (start.contiguous(), 0) if torch.is_tensor(start) else (rows, start)
-    parts, qkv_parts = parts_of(dtype), qkv.shape[0] // (b * s)
-    if qkv.shape[0] != qkv_parts * b * s:
-        raise ValueError(f"qkv has {qkv.shape[0]} rows: not a whole number of parts of {b} x {s} tokens")
-    out = torch.empty(parts * b * s, q_heads * head_dim, device=qkv.device, dtype=dtype)
+    first, count = (t.contiguous() for t in segments) if segments is not None else (rows, rows)
+    parts, qkv_parts = parts_of(dtype), qkv.shape[0] // tokens
+    if qkv.shape[0] != qkv_parts * tokens:
+        raise ValueError(f"qkv has {qkv.shape[0]} rows: not a whole number of parts of {tokens} tokens")
+    out = torch.empty(parts * tokens, q_heads * head_dim, device=qkv.device, dtype=dtype)
     if decode is None:
-        decode = takes_decode_kernel(b, s, k_cache.shape[2])
-    args = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value, out, b * s, eps, scale,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
+        decode = segments is None and takes_decode_kernel(b, s, k_cache.shape[2])
+    args = (qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, rows, start_ptr, start_value)
+    after = (out, tokens, eps, scale, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2))
     shape = dict(Q_HEADS=q_heads, KV_HEADS=kv_heads, GROUPS=groups, HEAD_DIM=head_dim, CAPACITY=k_cache.shape[2],
                  BLOCK_D=max(16, triton.next_power_of_2(head_dim)), QKV_PARTS=qkv_parts, PARTS=parts,
                  START_PER_ROW=torch.is_tensor(start), **programmatic(qkv))
     if decode:
-        if s != 1:
-            raise ValueError(f"_decode_attention takes one token per row, not {s}")
-        _decode_attention[(b, kv_heads)](*args, **shape, BLOCK_G=triton.next_power_of_2(groups),
+        if s != 1 or segments is not None:
+            raise ValueError(f"_decode_attention takes one token per row, not {s} or a packed tile")
+        _decode_attention[(b, kv_heads)](*args, *after, **shape, BLOCK_G=triton.next_power_of_2(groups),
                                          BLOCK_K=block_k or DECODE_BLOCK_K, num_warps=num_warps or DECODE_WARPS)
         return out
     _attention[(b, kv_heads)](
-        *args, **shape, TOKENS_PER_ROW=s, BLOCK_S=triton.next_power_of_2(s),
+        *args, first, count, *after, **shape, SEGMENTS=segments is not None, TOKENS_PER_ROW=s,
+        BLOCK_S=triton.next_power_of_2(s),
         BLOCK_Q=max(16, min(64, triton.next_power_of_2(s * groups))),
         BLOCK_K=block_k or decode_block_k(b, s, k_cache.shape[2]), IEEE=k_cache.dtype == torch.float32,
         STAGES=(attention_stages(b, s) if stages is None else stages) if compiled() else 0,

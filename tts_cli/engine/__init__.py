@@ -81,26 +81,33 @@ def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
     return tuple(tails)
 
 
-# The prefill's tiles (prefill.py) hold rows / 8 prompts x their chunks' columns (32, or 16 with voice
-# prefixes), at most MAX_PREFILL_GEMM_ROWS of them. On CUDA an admission's last tile may also hold any
-# multiple of INVARIANT_GEMM_ROWS / columns prompts below that, so that a few prompts run a tile of a few
-# (at 512 slots on the bench's Harvard work a third fewer prompt rows than whole tiles:
-# tools/slot_occupancy.py --prefill). Such a tile's GEMMs still have INVARIANT_GEMM_ROWS rows or more.
-def prefill_tiles_for(rows: int, cuda: bool, columns: int = 32) -> tuple[int, ...]:
-    """The prefill's tile sizes in prompts (largest first) for an engine of `rows` slots whose
-    tiles' chunks have `columns` positions (prefill.COLUMNS, or VOICE_COLUMNS)."""
-    tile, step = max(1, min(rows // 8, MAX_PREFILL_GEMM_ROWS // columns)), INVARIANT_GEMM_ROWS // columns
-    if not cuda or tile <= step or tile % step:
+# A prefill chunk's positions at most (prefill.py): the attention kernel's tokens per row.
+PREFILL_COLUMNS = 32
+
+
+# The prefill's packed tiles (prefill.py) hold rows x 4 tokens (rows / 8 prompts of PREFILL_COLUMNS
+# positions, as its tiles of whole prompts did before `packed prefill`), at least a chunk's, at most
+# MAX_PREFILL_GEMM_ROWS. On CUDA a round's last tile may also hold any multiple of INVARIANT_GEMM_ROWS
+# below that, so that a few prompts run a small tile; its GEMMs still have INVARIANT_GEMM_ROWS rows or more.
+def prefill_tiles_for(rows: int, cuda: bool) -> tuple[int, ...]:
+    """The prefill's tile sizes in tokens (largest first) for an engine of `rows` slots."""
+    tile = max(PREFILL_COLUMNS, min(rows * PREFILL_COLUMNS // 8, MAX_PREFILL_GEMM_ROWS))
+    if not cuda or tile <= INVARIANT_GEMM_ROWS or tile % INVARIANT_GEMM_ROWS:
         return (tile,)
-    return tuple(range(tile, 0, -step))
+    return tuple(range(tile, 0, -INVARIANT_GEMM_ROWS))
+
+
+def prefill_head_rows(rows: int) -> int:
+    """The prompts of one call of the prefill's codebook-0 head (a GEMM of one shape per engine)."""
+    return max(1, min(rows // 8, MAX_PREFILL_GEMM_ROWS // PREFILL_COLUMNS))
 
 
 # From this many slots on CUDA, the prefill computes a named speaker's leading prompt positions once
-# and runs those prompts from after them, in tiles of their own of 16-column chunks (prefill.py,
-# "Voice prefixes"). The bench's prompts then take 0.75x (256 slots) and 0.73x (512) the token rows
-# of 32-column chunks; with 64 and 128 slots, whose tiles of 8 and 16 prompts leave less to sort,
-# 1.04x and 0.95x (tools/slot_occupancy.py --prefill). Not yet measured on a GPU.
-VOICE_PREFIX_MIN_ROWS = 256
+# and prefills those prompts from after them (prefill.py, "Voice prefixes"). On the bench's admissions
+# the packed tiles then take 0.85x (64 slots), 0.76x (128), 0.71x (256) and 0.68x (512) the token rows
+# of whole prompts (tools/slot_occupancy.py --prefill), for one copy of the prefix's keys and values
+# per layer and admission. Fewer slots admit a prompt or two at a time, in one tile either way.
+VOICE_PREFIX_MIN_ROWS = 64
 
 
 def voice_prefixes_for(rows: int, cuda: bool) -> bool:

@@ -2,144 +2,179 @@
 and values straight into their slots' static caches, and returning each prompt's last hidden
 state and codebook-0 logits.
 
-In tiles of a few fixed shapes, n prompts x `columns` positions (prompts right-padded, rows padded
-by repeating the first prompt of the tile), one tile call per `columns` positions, the later ones
-attending to the cached keys of the earlier ones. An admission runs tiles of the largest size, then
-one of the smallest size that holds the rest (tts_cli.engine.prefill_tiles_for: on CUDA the
-multiples of INVARIANT_GEMM_ROWS / columns prompts up to rows / 8). Fixed shapes for two reasons:
+Packed tiles. A prompt (from `start`: 0, or the end of its voice prefix) is cut into chunks of at
+most COLUMNS positions; chunk k of every prompt that has one belongs to round k, whose chunks attend
+to the keys the earlier rounds cached (most prompts have one chunk). A round's chunks lie back to
+back in tiles of a few fixed token counts (`sizes`, largest first): full tiles of the largest size,
+then the smallest size that holds the rest, each holding at most size // MIN_CHUNK_TOKENS chunks.
+In a tile every GEMM, norm and residual add runs over all its tokens as rows; the attention kernel
+takes each chunk as a row of its own: its tokens, its slot, its first position
+(StaticKV.for_segments). The tile's unused tokens are zeros; their outputs are dropped. On the
+bench's admissions at 64-512 slots that is 0.60-0.75x the token rows of the tiles of whole prompts
+right-padded to 32 (or 16) positions that it replaced (tools/slot_occupancy.py --prefill, 2026-12-06).
+
+Fixed token counts for two reasons:
 - batch invariance: GEMM libraries choose their kernels, and so their summation order, by shape;
   a prompt's numbers must not depend on what else is admitted with it. One shape ensures that;
   several do where each has enough GEMM rows that the library sums a row alike in all of them
-  (on CUDA: tts_cli.engine.INVARIANT_GEMM_ROWS);
-- CUDA graphs: one graph per size, column offset and start serves every admission (an eager call
-  launches some 400 kernels from Python: 24 ms for 8 prompts on the H200, more than the GPU work).
-  Each is captured when first needed (`tts bench` warms every size up before it times a run).
-Padding writes stay harmless: padded positions lie beyond every prompt and are overwritten
-before any query sees them; repeated rows write the same values to the same cache row. The
-codebook-0 head runs on the largest tile's rows at a time whatever the tiles' sizes (its GEMM's
-kernel, too, is chosen by shape).
+  (on CUDA: multiples of tts_cli.engine.INVARIANT_GEMM_ROWS). A token's attention reads only its own
+  chunk's slot, so its place in the tile changes nothing either;
+- CUDA graphs: one graph per size serves every admission and round (slots, positions and chunks are
+  inputs). Each is captured when first needed (`tts bench` warms every size up before it times a
+  run). The torch path's attention walks the chunks on the host: it runs without graphs.
+The codebook-0 head runs on `head_rows` prompts at a time (its GEMM's kernel, too, is chosen by shape).
 
 Voice prefixes (`voice_prefix`, where the engine asks for them): a named speaker's prompts begin
 with the same positions (the role, the codec control tokens: 8 for a CustomVoice speaker without
 an instruct), whose keys and values depend on nothing after them. They are computed once per
-prefix, as a prompt of their own in the tiles of whole prompts (so to the same numbers, bit for
-bit, as in a whole prompt's tile), and copied into each admitted slot; the prompt's
-tiles then start after them (`start`). The engine runs the prompts whose rest fits 16 columns in
-tiles of 16-column chunks (its voice_prefill), the others in 32-column ones: of the bench's
-prompts (18-30 positions, 10-22 after the prefix) two thirds take a chunk of 16 where they took one
-of 32 (tools/slot_occupancy.py --prefill).
+prefix, as a prompt of its own (so to the numbers of a whole prompt's first positions, bit for bit),
+and copied into each admitted slot; the prompt's chunks then start after them.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from tts_cli.engine import PREFILL_COLUMNS as COLUMNS
 from tts_cli.engine.graphs import capture
 from tts_cli.engine.slots import SlotState
-from tts_cli.model.generate import prefill_batch
+from tts_cli.model.host import to_device
 
-COLUMNS = 32          # a tile chunk's positions
-VOICE_COLUMNS = 16    # with voice prefixes
+MIN_CHUNK_TOKENS = 8    # a tile of T tokens holds at most T / this many chunks (the attention kernel's rows)
 
 
-def split_tiles(n: int, sizes: tuple[int, ...]) -> list[int]:
-    """The tiles (their sizes) that prefill n prompts: full tiles, then the smallest size holding the rest."""
-    full, rest = divmod(n, sizes[0])
-    return [sizes[0]] * full + ([min(size for size in sizes if size >= rest)] if rest else [])
+@dataclass
+class Chunk:
+    prompt: int     # its prompt's index in the call
+    first: int      # its first position in the prompt's given rows
+    count: int      # its positions
+    last: bool      # the prompt's last chunk
+
+
+def chunk_rounds(lengths: list[int]) -> list[list[Chunk]]:
+    """Each round's chunks (module doc) of prompts of these lengths (the rows given, after `start`)."""
+    rounds = []
+    for k in range(max(-(-n // COLUMNS) for n in lengths)):
+        first = k * COLUMNS
+        rounds.append([Chunk(i, first, min(COLUMNS, n - first), n <= first + COLUMNS)
+                       for i, n in enumerate(lengths) if n > first])
+    return rounds
+
+
+def pack(chunks: list[Chunk], sizes: tuple[int, ...]) -> list[tuple[int, list[Chunk]]]:
+    """The round's chunks in tiles (size, its chunks): full tiles of the largest size, each closed when
+    the next chunk would pass its tokens or chunks, then the smallest size that holds the rest."""
+    tiles, tile, tokens = [], [], 0
+    for chunk in chunks:
+        if tile and (tokens + chunk.count > sizes[0] or len(tile) == sizes[0] // MIN_CHUNK_TOKENS):
+            tiles.append((sizes[0], tile))
+            tile, tokens = [], 0
+        tile.append(chunk)
+        tokens += chunk.count
+    size = min(s for s in sizes if s >= tokens and s // MIN_CHUNK_TOKENS >= len(tile))
+    return tiles + [(size, tile)]
 
 
 class Prefill:
-    def __init__(self, model, state: SlotState, sizes: tuple[int, ...], use_graphs: bool, columns: int = COLUMNS,
-                 whole: Prefill | None = None):
-        """sizes: the tiles' sizes in prompts, largest first; columns: the positions of a tile's chunk;
-        whole: the prefill of whole prompts, which computes the voice prefixes (voice_prefix)."""
-        if state.context % columns:
-            raise ValueError(f"the talker context ({state.context}) must be a multiple of {columns}")
-        if not sizes or list(sizes) != sorted(set(sizes), reverse=True) or sizes[-1] < 1:
-            raise ValueError(f"the prefill's tile sizes must decrease from the largest, got {sizes}")
-        self.talker, self.state, self.use_graphs, self.columns = model.talker, state, use_graphs, columns
-        self.sizes, self.tile_rows = tuple(sizes), sizes[0]
-        self.graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
+    def __init__(self, model, state: SlotState, sizes: tuple[int, ...], head_rows: int, use_graphs: bool):
+        """sizes: the tiles' token counts, largest first; head_rows: the prompts of one codebook-0
+        head call; use_graphs: CUDA graphs, where the talker runs its kernels."""
+        if not sizes or list(sizes) != sorted(set(sizes), reverse=True) or sizes[-1] < COLUMNS:
+            raise ValueError(f"the prefill's tile sizes must decrease from the largest and hold a chunk of "
+                             f"{COLUMNS} positions, got {sizes}")
+        self.talker, self.state, self.sizes, self.head_rows = model.talker, state, tuple(sizes), head_rows
+        self.use_graphs = use_graphs and self.talker.decoder.fused
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
         self.pool = None
         self.voices: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # voice_prefix's
-        self.whole = whole if whole is not None else self
 
     @torch.no_grad()
-    def __call__(self, prompts: list[torch.Tensor], slots: torch.Tensor, lengths: torch.Tensor, start: int = 0):
-        """prompts: [L_i - start, H] each, the positions from `start` on (those before are in the
-        slots' caches: voice_prefix); slots, lengths (L_i) [n] on the device.
+    def __call__(self, prompts: list[torch.Tensor], slots: list[int], starts: list[int]):
+        """prompts: [L_i - start_i, H] each, the positions from starts[i] on (those before are in the
+        slots' caches: voice_prefix); slots: each prompt's.
         -> (hidden [n, H], logits [n, V] fp32) at each prompt's last position."""
-        n = len(prompts)
-        columns = -(-max(p.shape[0] for p in prompts) // self.columns) * self.columns
-        embeds, _, positions, mask = prefill_batch(prompts, left_pad=False, columns=columns)
-        hidden, first = [], 0
-        for size in split_tiles(n, self.sizes):
-            rows = _rows(first, n, size, slots.device)
-            hidden.append(self._tile(embeds[rows], positions[rows] + start, mask[rows], slots[rows], lengths[rows],
-                                     start))
-            first += size
-        hidden = torch.cat(hidden)[:n]
-        logits = [self.talker.codec_head(hidden[_rows(first, n, self.tile_rows, slots.device)]).float()
-                  for first in range(0, n, self.tile_rows)]
-        return hidden, torch.cat(logits)[:n]
+        n, device = len(prompts), prompts[0].device
+        hidden = prompts[0].new_empty(n + 1, self.talker.decoder.cfg.hidden_size, dtype=torch.float32)  # + scratch
+        for chunks in chunk_rounds([p.shape[0] for p in prompts]):
+            for size, tile in pack(chunks, self.sizes):
+                inputs = self._inputs(size, tile, prompts, slots, starts)
+                picks, owners = inputs["table"][4:]
+                hidden.index_copy_(0, owners, self._tile(size, inputs)[picks])
+        logits = [self.talker.codec_head(hidden[_rows(first, n, self.head_rows, device)]).float()
+                  for first in range(0, n, self.head_rows)]
+        return hidden[:n], torch.cat(logits)[:n]
 
     @torch.no_grad()
-    def voice_prefix(self, key: tuple, embeds: torch.Tensor, slots: torch.Tensor) -> None:
+    def voice_prefix(self, key: tuple, embeds: torch.Tensor, slots: list[int]) -> None:
         """The keys and values of a voice prefix (`embeds` [P, H], positions 0 .. P - 1) into the
-        caches of `slots`: computed by the first call with this key, copied by every call. Computed
-        as a prompt of its own by the prefill of whole prompts (`whole`), into the first slot (whose
-        prompt's prefill then writes what follows), so that its numbers are those of the whole
-        prompt's first positions, bit for bit: one row of P positions alone would run GEMMs of other
-        shapes (on CUDA gemm_rows instead of cuBLAS), which sum in another order."""
+        caches of `slots`: computed by the first call with this key, as a prompt of its own into the
+        first slot (whose prompt's prefill then writes what follows), copied by every call."""
         if key not in self.voices:
-            p, first = embeds.shape[0], slots[:1]
-            self.whole([embeds], first, torch.full((1,), p, dtype=torch.int64, device=slots.device))
-            self.voices[key] = [(kv.k[first, :, :p][0].clone(), kv.v[first, :, :p][0].clone())
+            p, first = embeds.shape[0], slots[0]
+            self([embeds], [first], [0])
+            self.voices[key] = [(kv.k[first, :, :p].clone(), kv.v[first, :, :p].clone())
                                 for kv in self.state.talker_kv]
+        rows = to_device(slots, embeds.device)
         for kv, (k, v) in zip(self.state.talker_kv, self.voices[key]):
-            kv.k[slots, :, :k.shape[1]] = k
-            kv.v[slots, :, :v.shape[1]] = v
+            kv.k[rows, :, :k.shape[1]] = k
+            kv.v[rows, :, :v.shape[1]] = v
 
-    def _tile(self, embeds, positions, mask, slots, lengths, start: int) -> torch.Tensor:
-        """Every column chunk of one tile; the hidden state at each prompt's last position."""
-        last = None
-        rows = torch.arange(embeds.shape[0], device=slots.device)
-        if start:   # every position sees the voice prefix before it
-            mask = torch.cat([mask.new_ones(*mask.shape[:3], start), mask], dim=3)
-        for chunk in range(embeds.shape[1] // self.columns):
-            cols = slice(chunk * self.columns, (chunk + 1) * self.columns)
-            inputs = {"embeds": embeds[:, cols], "positions": positions[:, cols],
-                      "mask": mask[:, :, cols, :start + cols.stop], "slots": slots}
-            hidden = self._chunk(chunk, start, inputs)
-            column = lengths - 1 - start - chunk * self.columns
-            here = ((column >= 0) & (column < self.columns))[:, None]
-            found = hidden[rows, column.clamp(0, self.columns - 1)]
-            last = found if last is None else torch.where(here, found, last)
-        return last
+    @torch.no_grad()
+    def warm_up(self, embeds: torch.Tensor, slot: int) -> None:
+        """Runs a tile of every size whose graph is not yet captured (without graphs: every size), each
+        over one chunk of `embeds` into `slot`'s cache (an idle slot's: its keys are overwritten before
+        they are read), so that no later admission captures a graph or compiles a kernel."""
+        chunk = Chunk(0, 0, min(COLUMNS, embeds.shape[0]), True)
+        for size in self.sizes:
+            if size not in self.graphs:
+                self._tile(size, self._inputs(size, [chunk], [embeds], [slot], [0]))
 
-    def _chunk(self, chunk: int, start: int, inputs: dict) -> torch.Tensor:
+    def _inputs(self, size: int, tile: list[Chunk], prompts, slots, starts) -> dict[str, torch.Tensor]:
+        """A tile's tensors: its tokens' vectors and positions, each chunk's slot, first position, first
+        token and count (unused chunk rows: nothing), and where each prompt ending here finds its last
+        hidden state (table rows 4 and 5: the token; the prompt, unused ones the scratch row n)."""
+        rows = size // MIN_CHUNK_TOKENS
+        table = [[0] * rows for _ in range(4)] + [[0] * rows, [len(prompts)] * rows]
+        positions, token = [0] * size, 0
+        for j, c in enumerate(tile):
+            at = starts[c.prompt] + c.first
+            for column, value in enumerate((slots[c.prompt], at, token, c.count)):
+                table[column][j] = value
+            positions[token:token + c.count] = range(at, at + c.count)
+            if c.last:
+                table[4][j], table[5][j] = token + c.count - 1, c.prompt
+            token += c.count
+        parts = [prompts[c.prompt][c.first:c.first + c.count] for c in tile]
+        embeds = torch.cat(parts + [parts[0].new_zeros(size - token, parts[0].shape[1])])
+        on_device = to_device([v for column in table for v in column] + positions, embeds.device)   # one copy
+        return {"embeds": embeds, "table": on_device[:6 * rows].view(6, rows), "positions": on_device[6 * rows:]}
+
+    def _tile(self, size: int, inputs: dict) -> torch.Tensor:
         if not self.use_graphs:
-            return self._forward(chunk, start, **inputs)
-        key = (inputs["embeds"].shape[0], chunk, start)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(chunk, start, inputs)
-        graph, buffers, hidden = self.graphs[key]
+            return self._forward(**inputs)
+        if size not in self.graphs:
+            self.graphs[size] = self._capture(inputs)
+        graph, buffers, hidden = self.graphs[size]
         for name, t in inputs.items():
             buffers[name].copy_(t)
         graph.replay()
         return hidden
 
-    def _forward(self, chunk: int, start: int, embeds, positions, mask, slots) -> torch.Tensor:
-        caches = [kv.for_rows(slots, at=start + chunk * self.columns) for kv in self.state.talker_kv]
-        return self.talker.decoder(embeds, positions, mask, caches)
+    def _forward(self, embeds, positions, table) -> torch.Tensor:
+        """The talker over one tile -> hidden [size, H]."""
+        slots, at, first, count = table[:4]
+        caches = [kv.for_segments(slots, at, first, count, COLUMNS) for kv in self.state.talker_kv]
+        return self.talker.decoder(embeds[None], positions[None], None, caches)[0]
 
-    def _capture(self, chunk: int, start: int, inputs: dict):
+    def _capture(self, inputs: dict):
         buffers = {name: t.clone() for name, t in inputs.items()}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            self._forward(chunk, start, **buffers)   # warm-up (Triton compiles, cuBLAS picks its kernels)
+            self._forward(**buffers)   # warm-up (Triton compiles, cuBLAS picks its kernels)
         torch.cuda.current_stream().wait_stream(stream)
-        graph, hidden = capture(lambda: self._forward(chunk, start, **buffers), self.pool)
+        graph, hidden = capture(lambda: self._forward(**buffers), self.pool)
         self.pool = graph.pool()
         return graph, buffers, hidden
 

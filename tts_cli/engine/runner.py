@@ -57,8 +57,9 @@ import torch
 
 from tts_cli.engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                             INVARIANT_GEMM_ROWS, TAIL_MIN_ROWS, codec_gemm_scale, codec_stream_for, codec_window_for,
-                            prefill_tiles_for, tail_rows_for, voice_prefixes_for)
-from tts_cli.engine.prefill import COLUMNS, VOICE_COLUMNS, Prefill
+                            prefill_head_rows, prefill_tiles_for, tail_rows_for,
+                            voice_prefixes_for)
+from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep, PaddedGEMMs
 from tts_cli.errors import NonFiniteError, RequestError, SynthesisCancelled
@@ -245,10 +246,9 @@ class Engine:
                  voice_prefixes: bool | None = None):
         """tail_rows: the row counts of the tail steps, largest first (module doc); None: on CUDA with
         the codec in line, tts_cli.engine.tail_rows_for's. prefill_tiles: the prefill's tile sizes in
-        prompts, largest first (prefill.py); None: tts_cli.engine.prefill_tiles_for's.
-        voice_prefixes: a request's voice_prefix computed once and its prefill's tiles started after
-        it, tiles of their own in chunks of prefill.VOICE_COLUMNS (prefill.py); None:
-        tts_cli.engine.voice_prefixes_for's."""
+        tokens, largest first (prefill.py); None: tts_cli.engine.prefill_tiles_for's.
+        voice_prefixes: a request's voice_prefix computed once and its prompt's chunks started after
+        it (prefill.py); None: tts_cli.engine.voice_prefixes_for's."""
         if rows < 1:   # else its loop would wait forever for a free slot
             raise ValueError(f"an engine needs at least one row slot, got rows={rows}")
         device = model.talker.codec_embedding.weight.device
@@ -314,19 +314,16 @@ class Engine:
         self._level = self._levels[0]   # the step launched now
         if prefill_tiles is None:
             prefill_tiles = prefill_tiles_for(rows, device.type == "cuda")
-        if device.type == "cuda" and len(prefill_tiles) > 1 and prefill_tiles[-1] * COLUMNS < INVARIANT_GEMM_ROWS:
-            raise ValueError(f"prefill tiles below {INVARIANT_GEMM_ROWS // COLUMNS} prompts on CUDA: there a prompt's "
-                             f"numbers may differ from a full tile's (tts_cli.engine.INVARIANT_GEMM_ROWS), got "
-                             f"{prefill_tiles}")
-        self.prefill = Prefill(model, self.state, prefill_tiles, use_graphs)
+        if device.type == "cuda" and len(prefill_tiles) > 1 and prefill_tiles[-1] < INVARIANT_GEMM_ROWS:
+            raise ValueError(f"prefill tiles below {INVARIANT_GEMM_ROWS} tokens on CUDA: there a prompt's numbers may "
+                             f"differ from a full tile's (tts_cli.engine.INVARIANT_GEMM_ROWS), got {prefill_tiles}")
+        self.prefill = Prefill(model, self.state, prefill_tiles, prefill_head_rows(rows), use_graphs)
         if voice_prefixes is None:
             voice_prefixes = voice_prefixes_for(rows, device.type == "cuda")
-        # the prompts with a voice prefix: their own tiles, of 16-column chunks
-        self.voice_prefill = Prefill(model, self.state, prefill_tiles_for(rows, device.type == "cuda", VOICE_COLUMNS),
-                                     use_graphs, VOICE_COLUMNS, whole=self.prefill) if voice_prefixes else None
+        self.voice_prefixes = voice_prefixes
         if voice_prefixes:
             log.info("engine: a named voice's leading prompt positions are computed once (voice prefixes)")
-        log.info("engine: %d rows; the codec every %d steps, %s; the ragged end on %s; prefill tiles (prompts): %s",
+        log.info("engine: %d rows; the codec every %d steps, %s; the ragged end on %s; prefill tiles (tokens): %s",
                  rows, codec_window, "on its own CUDA stream beside the next window's steps" if codec_stream else
                  f"in line after the steps ({CODEC_STREAM_RULE} by default)",
                  f"steps of {' then '.join(map(str, tail_rows))} rows" if tail_rows else
@@ -398,7 +395,7 @@ class Engine:
                 self._copy_codec_rows(primed_slots, [p[0] for p in primes if p is not None])
         if self.codec_stream is not None:
             on_device.record_stream(self.codec_stream)
-        last_hidden, last_logits = self._prefill_tiles(requests, slots, lengths)
+        last_hidden, last_logits = self._prefill_tiles(requests, [slot for slot, _ in admitted])
         talker = RowSampling.stack([r.talker or self.talker_defaults for r in requests], self.device)
         cp = RowSampling.stack([r.cp or self.cp_defaults for r in requests], self.device)
         seen = torch.zeros(len(requests), self.model.cfg.codec_vocab_size, dtype=torch.bool, device=self.device)
@@ -414,43 +411,20 @@ class Engine:
                          trailing_text=trailing, trailing_lengths=trailing_lengths)
         return [None if p is None else p[1] for p in primes]
 
-    def prefill_route(self, request: EngineRequest) -> tuple[Prefill, int]:
-        """The prefill that runs the request's prompt and the position it starts from: with voice
-        prefixes and a voice prefix, from the prefix's end, in voice_prefill's tiles (16-column
-        chunks) if the rest fits one chunk, else in the 32-column tiles; otherwise from 0 in those.
-        Also from 0 where the rest's 32-column chunks from the prefix's end would pass the slot's
-        context (a prompt within 24 positions of it): their padding would be written past the slot."""
-        if self.voice_prefill is None or request.voice_prefix is None:
-            return self.prefill, 0
-        start = len(request.voice_prefix[0])
-        rest = request.prompt_length - start
-        if rest <= self.voice_prefill.columns:
-            return self.voice_prefill, start
-        if start + -(-rest // self.prefill.columns) * self.prefill.columns > self.context:
-            return self.prefill, 0
-        return self.prefill, start
+    def prefill_start(self, request: EngineRequest) -> int:
+        """Where the request's prompt's prefill starts: after its voice prefix where the engine uses
+        voice prefixes and it has one, else at 0."""
+        return len(request.voice_prefix[0]) if self.voice_prefixes and request.voice_prefix is not None else 0
 
-    def _prefill_tiles(self, requests: list[EngineRequest], slots: torch.Tensor, lengths: torch.Tensor):
-        """The prefill's tiles over the requests' prompts (prefill_route) -> (last hidden [n, H],
-        logits [n, V]), their voice prefixes' keys and values copied into their slots first."""
-        routes = {}   # (prefill, start) -> the requests' indices
-        for i, r in enumerate(requests):
-            routes.setdefault(self.prefill_route(r), []).append(i)
-        if list(routes) == [(self.prefill, 0)]:
-            return self.prefill([r.prompt_embeds for r in requests], slots, lengths)
-        after_prefix = [i for (_, start), group in routes.items() if start for i in group]
-        for key in dict.fromkeys(requests[i].voice_prefix for i in after_prefix):
-            group = [i for i in after_prefix if requests[i].voice_prefix == key]
-            self.voice_prefill.voice_prefix(key, requests[group[0]].prompt_embeds[:len(key[0])],
-                                            slots[to_device(group, self.device)])
-        hidden = logits = None
-        for (prefill, start), group in routes.items():
-            rows = to_device(group, self.device)
-            h, l = prefill([requests[i].prompt_embeds[start:] for i in group], slots[rows], lengths[rows], start)
-            if hidden is None:
-                hidden, logits = h.new_empty(len(requests), h.shape[1]), l.new_empty(len(requests), l.shape[1])
-            hidden[rows], logits[rows] = h, l
-        return hidden, logits
+    def _prefill_tiles(self, requests: list[EngineRequest], slots: list[int]):
+        """The prefill's tiles over the requests' prompts (prefill.py) -> (last hidden [n, H], logits
+        [n, V]), their voice prefixes' keys and values copied into their slots first."""
+        starts = [self.prefill_start(r) for r in requests]
+        for key in dict.fromkeys(r.voice_prefix for r, start in zip(requests, starts) if start):
+            group = [i for i, (r, start) in enumerate(zip(requests, starts)) if start and r.voice_prefix == key]
+            self.prefill.voice_prefix(key, requests[group[0]].prompt_embeds[:starts[group[0]]],
+                                      [slots[i] for i in group])
+        return self.prefill([r.prompt_embeds[start:] for r, start in zip(requests, starts)], slots, starts)
 
     def _trailing_length(self, request: EngineRequest) -> int:
         """The trailing text vectors its slot takes: no more than a slot has positions (a request

@@ -104,13 +104,16 @@ class StaticKV:
     (the same offset for every row: the code predictor's frame, a prefill) or a [B] tensor (one
     token per row, each at its own position; the engine's talker step). `rows` [B] maps batch rows
     to cache rows (None: batch row i is cache row i; see for_rows). The caller's mask hides
-    unwritten slots; it must be causal by cache position (what the fused path assumes)."""
+    unwritten slots; it must be causal by cache position (what the fused path assumes).
+    `segments` (for_segments): a packed prefill tile, whose batch row b is not a row of the input
+    but its count[b] tokens from token first[b] on, written from position at[b] on."""
 
     def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int, device, dtype):
         self.k = torch.zeros(batch, kv_heads, capacity, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros_like(self.k)
         self.at: int | torch.Tensor = 0
         self.rows: torch.Tensor | None = None
+        self.segments: tuple[torch.Tensor, torch.Tensor] | None = None
         self.all_rows = torch.arange(batch, device=device)
 
     def for_rows(self, rows: torch.Tensor, at: int = 0) -> "StaticKV":
@@ -118,6 +121,14 @@ class StaticKV:
         `at` on (a prefill of some slots)."""
         view = copy.copy(self)
         view.rows, view.at = rows, at
+        return view
+
+    def for_segments(self, rows: torch.Tensor, at: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
+                     most: int) -> "StaticKV":
+        """The same buffers for a packed tile (class doc) whose segments hold at most `most` tokens:
+        segment b's go to cache row rows[b]."""
+        view = self.for_rows(rows)
+        view.at, view.segments, view.segment_tokens = at, (first, count), most
         return view
 
     def first_rows(self, rows: int) -> "StaticKV":
@@ -173,26 +184,55 @@ class Attention(nn.Module):
     def forward(self, x, cos, sin, mask, cache: GrowingKV | StaticKV | None):
         """x [B, S, D]; cos/sin [B, S, hd]; mask [B, 1, S, keys] bool (True = may attend)."""
         b, s, _ = x.shape
-        hd, kv_heads = self.cfg.head_dim, self.cfg.num_kv_heads
-        groups = self.cfg.num_heads // kv_heads
+        hd = self.cfg.head_dim
         q = self.q_norm(self.q_proj(x).view(b, s, -1, hd)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, s, -1, hd)).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, hd).transpose(1, 2)
         cos, sin = cos[:, None], sin[:, None]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if isinstance(cache, StaticKV) and cache.segments is not None:
+            return self.o_proj(self._attend_segments(q, k, v, cache))
         if cache is not None:
             k, v = cache.update(k, v)
-            k, v = k.to(q.dtype), v.to(q.dtype)   # the engine keeps 16-bit caches under fp32 activations
+        return self.o_proj(self._attend(q, k, v, mask))
+
+    def _attend(self, q, k, v, mask):
+        """q [B, heads, S, hd], keys and values [B, kv_heads, keys, hd], mask [B, 1, S, keys] -> [B, S, heads * hd]."""
+        b, _, s, hd = q.shape
+        k, v = k.to(q.dtype), v.to(q.dtype)   # the engine keeps 16-bit caches under fp32 activations
         # Grouped-query attention without copying keys: the query heads that share a kv head
         # (consecutive heads, as in repeat_interleave) are stacked along the query axis.
         # (SDPA here was no faster on the H200 and its fp32 GPU kernels broke exact equality
         # with the plain path: measured 2026-11-29.)
-        q = q.reshape(b, kv_heads, groups * s, hd)
+        kv_heads = self.cfg.num_kv_heads
+        q = q.reshape(b, kv_heads, -1, hd)
         scores = (q @ k.transpose(2, 3)) * hd ** -0.5
-        scores = scores.masked_fill(~mask.repeat(1, 1, groups, 1), float("-inf"))
+        scores = scores.masked_fill(~mask.repeat(1, 1, q.shape[2] // s, 1), float("-inf"))
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = (probs @ v).view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1)
-        return self.o_proj(out)
+        return (probs @ v).view(b, self.cfg.num_heads, s, hd).transpose(1, 2).reshape(b, s, -1)
+
+    def _attend_segments(self, q, k, v, cache: StaticKV):
+        """A packed tile (StaticKV.for_segments; the batch is one row of all its tokens): each
+        segment's keys and values into its cache row, its queries against that row's keys up to
+        their own positions. The other tokens' outputs are zeros. Each segment's products have the
+        shape of a full one (its queries zero-padded to segment_tokens, the keys that far), so that
+        a token's sums do not depend on how many tokens its segment has (CPU GEMMs choose their
+        kernels, and so their order of summation, by shape)."""
+        out = q.new_zeros(q.shape[2], q.shape[1] * q.shape[3])
+        first, count = cache.segments
+        most = cache.segment_tokens
+        for row, at, first, count in zip(*(t.tolist() for t in (cache.rows, cache.at, first, count))):
+            if count:
+                tokens = slice(first, first + count)
+                cache.for_rows(cache.rows.new_tensor([row]), at).update(k[:, :, tokens], v[:, :, tokens])
+                queries = q.new_zeros(*q.shape[:2], most, q.shape[3])
+                queries[:, :, :count] = q[:, :, tokens]
+                end = min(at + most, cache.k.shape[2])
+                mask = torch.ones(most, end, dtype=torch.bool, device=q.device).tril(at)
+                heads = self._attend(queries, cache.k[row:row + 1, :, :end], cache.v[row:row + 1, :, :end],
+                                     mask[None, None])
+                out[tokens] = heads[0, :count]
+        return out[None]
 
 
 def merge_linears(linears: list[nn.Linear], merged: tuple | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -305,6 +345,7 @@ class Decoder(nn.Module):
             stream = x.reshape(b * s, width).contiguous()   # the residual stream: the input (never written)
         else:
             (b, width), s, stream = (x_rows.shape[0], x.shape[-1]), 1, x.contiguous()   # its rows x_rows
+        per_row = s if cache.segments is None else cache.segment_tokens
         x = torch.empty(b * s, width, device=stream.device, dtype=torch.float32)   # the stream from the first add on
         delta = None   # the last projection's output, not yet added to the stream
         for layer, cache in zip(self.layers, caches):
@@ -315,8 +356,8 @@ class Decoder(nn.Module):
             # the q/k/v output attention, which does too
             qkv = project(attn_input, *attn.qkv, partial_sums=True)
             heads = cached_attention(qkv, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, attn.q_norm.weight,
-                                     attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, s,
-                                     cfg.head_dim ** -0.5, dtype)
+                                     attn.k_norm.weight, eps, cos, sin, cache.k, cache.v, rows, start, per_row,
+                                     cfg.head_dim ** -0.5, dtype, segments=cache.segments, tokens=b * s)
             delta = project(heads, attn.o_proj.weight, attn.o_proj.bias, partial_sums=True)
             gate_up_input = split(stream, dtype, layer.post_attention_layernorm.weight, eps, delta=delta,
                                   residual=x, x_rows=x_rows)

@@ -704,7 +704,7 @@ def test_a_prompt_prefills_to_the_same_numbers_in_every_tile_size_at_512_rows(vo
             for a, b in zip([*got[:2], *got[2]], [*alone[:2], *alone[2]]):
                 assert torch.equal(a, b), f"{n} prompts, the probe's place {probe_at}"
     print("tile sizes run:", sorted(set(sizes)))
-    assert {256, 512, 1024, 2048} <= set(sizes)
+    assert len(set(sizes)) >= 5 and {256, 2048} <= set(sizes)
 
 
 @pytest.mark.parametrize("rows", [1024, 512, 128])

@@ -87,7 +87,7 @@ class Prefill:
         self.use_graphs = use_graphs and self.talker.decoder.fused
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
         self.pool = None
-        self.voices: dict[tuple, list[tuple[torch.Tensor, torch.Tensor]]] = {}   # voice_prefix's
+        self.voices: dict[tuple, torch.Tensor] = {}   # voice_prefix's keys and values, every layer's
 
     @torch.no_grad()
     def __call__(self, prompts: list[torch.Tensor], slots: list[int], starts: list[int]):
@@ -110,15 +110,13 @@ class Prefill:
         """The keys and values of a voice prefix (`embeds` [P, H], positions 0 .. P - 1) into the
         caches of `slots`: computed by the first call with this key, as a prompt of its own into the
         first slot (whose prompt's prefill then writes what follows), copied by every call."""
+        cache = self.state.talker_cache   # [2, layers, slots, kv heads, positions, head_dim]
         if key not in self.voices:
             p, first = embeds.shape[0], slots[0]
             self([embeds], [first], [0])
-            self.voices[key] = [(kv.k[first, :, :p].clone(), kv.v[first, :, :p].clone())
-                                for kv in self.state.talker_kv]
-        rows = to_device(slots, embeds.device)
-        for kv, (k, v) in zip(self.state.talker_kv, self.voices[key]):
-            kv.k[rows, :, :k.shape[1]] = k
-            kv.v[rows, :, :v.shape[1]] = v
+            self.voices[key] = cache[:, :, first, :, :p].clone()
+        prefix = self.voices[key]
+        cache[:, :, to_device(slots, embeds.device), :, :prefix.shape[3]] = prefix[:, :, None]   # one copy
 
     @torch.no_grad()
     def warm_up(self, embeds: torch.Tensor, slot: int) -> None:

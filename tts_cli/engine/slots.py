@@ -76,8 +76,12 @@ class SlotState:
         self.seen = torch.zeros(rows, cfg.codec_vocab_size, dtype=torch.bool, device=device)
         self.talker_sampling = RowSampling.uniform(talker_defaults, rows, device)
         self.cp_sampling = RowSampling.uniform(cp_defaults, rows, device)
-        self.talker_kv = [StaticKV(rows, t.num_kv_heads, context, t.head_dim, device, kv_dtype)
-                          for _ in range(t.num_layers)]
+        # every layer's keys and values in one buffer, so that one copy writes a voice prefix into all
+        self.talker_cache = torch.zeros(2, t.num_layers, rows, t.num_kv_heads, context, t.head_dim, device=device,
+                                        dtype=kv_dtype)
+        self.talker_kv = [StaticKV(rows, t.num_kv_heads, context, t.head_dim, device, kv_dtype,
+                                   buffers=(self.talker_cache[0, i], self.talker_cache[1, i]))
+                          for i in range(t.num_layers)]
         self.cp_kv = [StaticKV(rows, cp.num_kv_heads, cfg.num_code_groups, cp.head_dim, device, kv_dtype)
                       for _ in range(cp.num_layers)]
         self.key_positions = torch.arange(context, device=device)

@@ -108,9 +108,11 @@ class StaticKV:
     `segments` (for_segments): a packed prefill tile, whose batch row b is not a row of the input
     but its count[b] tokens from token first[b] on, written from position at[b] on."""
 
-    def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int, device, dtype):
-        self.k = torch.zeros(batch, kv_heads, capacity, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
+    def __init__(self, batch: int, kv_heads: int, capacity: int, head_dim: int, device, dtype,
+                 buffers: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """buffers: the keys' and values' (views of a buffer of every layer's), else new zeros."""
+        self.k, self.v = buffers if buffers is not None else (
+            torch.zeros(batch, kv_heads, capacity, head_dim, device=device, dtype=dtype) for _ in range(2))
         self.at: int | torch.Tensor = 0
         self.rows: torch.Tensor | None = None
         self.segments: tuple[torch.Tensor, torch.Tensor] | None = None

@@ -32,7 +32,7 @@ def random_reference(cfg, frames: int | None, seed: int, text: str = "Hello ther
 def clone_requests(cfg, long_frames: int) -> list[Request]:
     """Every kind of Base row, mixed: ICL and x-vector only, each in both text modes (None: the
     official default, the streaming text mode), a short ICL reference and a long one (whose prompt
-    spans several prefill tiles), two rows sharing each reference."""
+    spans several of the prefill's rounds), two rows sharing each reference."""
     short = random_reference(cfg, SHORT_REFERENCE, 1, name="short")
     long = random_reference(cfg, long_frames, 2, text="A longer reference, read slowly and with care, "
                                                       "sentence after sentence.", name="long")

@@ -664,7 +664,7 @@ def test_prefill_tiles_of_several_sizes_give_each_request_the_codes_and_audio_of
         return tiles, engine.run(requests)
     one_tiles, one = run(None)
     tiles, sized = run((128, 96, 64, 32))
-    assert set(one_tiles) == {64} and set(tiles) == {128, 96, 64}
+    assert set(tiles) == {128, 96, 64}
     assert len(tiles) < len(one_tiles) and sum(tiles) < sum(one_tiles)
     for i, (a, b) in enumerate(zip(sized, one)):
         assert len(a.codes) == frames[i]
@@ -707,16 +707,21 @@ def test_voice_prefixes_give_the_codes_and_audio_of_whole_prompts(synth):
     def run(voice_prefixes):
         engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
                         cp_defaults=code_predictor_settings(sampling), codec_window=4, voice_prefixes=voice_prefixes)
-        starts = []
-        start = engine.prefill_start
+        starts, tokens = [], []
+        start, inputs = engine.prefill_start, engine.prefill._inputs
         engine.prefill_start = lambda request: (starts.append(start(request)), starts[-1])[1]
+        engine.prefill._inputs = lambda size, tile, *rest: (tokens.append(sum(c.count for c in tile)),
+                                                            inputs(size, tile, *rest))[1]
         results = engine.run(requests)
-        return engine, set(starts), results
-    plain_engine, plain_starts, plain = run(False)
-    engine, starts, voiced = run(True)
+        return engine, set(starts), sum(tokens), results
+    plain_engine, plain_starts, plain_tokens, plain = run(False)
+    engine, starts, tokens, voiced = run(True)
     assert not plain_engine.prefill.voices and plain_starts == {0}
     assert starts == {0, 8, 9}
     assert len(engine.prefill.voices) == len({p.voice_prefix() for p in prompts})
+    # the prompts' positions less their prefixes', plus each prefix's once
+    prefixes = [len(r.voice_prefix[0]) for r in requests if r.voice_prefix is not None]
+    assert tokens == plain_tokens - sum(prefixes) + sum(len(key[0]) for key in engine.prefill.voices)
     for i, (a, b) in enumerate(zip(voiced, plain)):
         assert len(a.codes) == frames[i]
         assert np.array_equal(a.codes, b.codes), f"request {i}"
@@ -770,6 +775,22 @@ def test_a_prompt_after_its_voice_prefix_prefills_to_the_numbers_of_the_whole_pr
         for kv in engine.state.talker_kv:
             assert torch.equal(kv.k[6 + i, :, :length], kv.k[i, :, :length]), f"prompt {i}"
             assert torch.equal(kv.v[6 + i, :, :length], kv.v[i, :, :length]), f"prompt {i}"
+
+
+def test_a_prompt_that_is_only_its_voice_prefix_prefills_whole_and_an_empty_prompt_is_refused(synth):
+    """The prefill's last position must be the prompt's own: a prompt no longer than its voice prefix
+    starts at 0 (its hidden state and logits then come from its last position, not from nothing)."""
+    prompt = synth.prompt(Request(id="p", text=TEXTS[0][0], speaker="vivian"))
+    embeds, prefix = prompt_embeddings(synth.model.talker, prompt), prompt.voice_prefix()
+    sampling = synth.ckpt.sampling
+    engine = Engine(synth.model, synth.codec, rows=16, context=192, talker_defaults=talker_settings(sampling),
+                    cp_defaults=code_predictor_settings(sampling), voice_prefixes=True)
+    whole = EngineRequest(key=0, prompt_embeds=embeds, seed=0, max_frames=4, voice_prefix=prefix)
+    only = EngineRequest(key=1, prompt_embeds=embeds[:len(prefix[0])], seed=0, max_frames=4, voice_prefix=prefix)
+    assert engine.prefill_start(whole) == len(prefix[0]) == 8 and engine.prefill_start(only) == 0
+    assert [len(r.codes) for r in engine.run([whole, only])] == [4, 4]
+    with pytest.raises(ValueError, match="at least one position from their start, got \\[5, 0\\]"):
+        engine.prefill([embeds[:5], embeds[:0]], [0, 1], [0, 8])
 
 
 def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):

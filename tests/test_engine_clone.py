@@ -22,7 +22,7 @@ from tts_cli.model.prompt import trailing_text_embeddings
 from tts_cli.request import Request
 from tts_cli.synthesizer import Synthesizer, code_predictor_settings, icl_cut, icl_codes, talker_settings
 
-LONG_REFERENCE = 70   # frames: the ICL prompt spans 3+ prefill tiles of 32 positions
+LONG_REFERENCE = 70   # frames: the ICL prompt spans 3+ of the prefill's chunks of 32 positions (rounds)
 
 
 @pytest.fixture(scope="module")

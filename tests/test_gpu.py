@@ -926,8 +926,8 @@ def test_engine_loop_never_makes_the_host_wait_for_the_gpu():
     only on events: the step before's, and at a window boundary the flags of the window's last
     step. 6 requests of different lengths through 4 slots: admissions into freed slots, releases
     of slots nobody takes. Half of them come as a PromptSource, whose vectors the engine builds
-    while it waits for the GPU; all have voice prefixes (copied into their slots, the rest in tiles
-    of 16 or 32 columns)."""
+    while it waits for the GPU; all have voice prefixes (copied into their slots, the rest prefilled
+    in packed tiles)."""
     synth = Synthesizer.from_pretrained(TINY, device="cuda")
     sampling = synth.ckpt.sampling
     frames = [12, 30, 7, 20, 27, 11]

@@ -21,7 +21,7 @@ tts_cli.engine.TAIL_MIN_ROWS, or --tail-min-rows), and the bound max(longest, ce
 step's wall time by rows) it also prices the tail steps. With --prefill, the prompts' positions
 the admissions prefill and the token rows and calls of the engine's packed tiles on CUDA
 (tts_cli/engine/prefill.py) over them: whole, and after the leading positions every bench prompt
-shares (its voice prefixes, from 256 slots on CUDA: tts_cli.engine.voice_prefixes_for).
+shares (its voice prefixes, from 64 slots on CUDA: tts_cli.engine.voice_prefixes_for).
 
     python tools/slot_occupancy.py [--concurrency 64,128,256,512] [--requests N] [--window 4]
                                    [--step-ms 64:6.28,128:9.34,256:13.8,512:24.6] [--prefill]
@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--step-ms", help="'ROWS:MS,...': a step's wall time by its rows (every c and its tails'), "
                         "to price the tail steps in audio-s/s (80 ms of audio a frame)")
-    parser.add_argument("--prefill", action="store_true", help="the prompt rows of the prefill's tiles")
+    parser.add_argument("--prefill", action="store_true", help="the prompts' positions and the prefill's packed tiles over them")
     parser.add_argument("--tail-min-rows", type=int, default=TAIL_MIN_ROWS,
                         help="the fewest rows a tail step runs (a rule for the engine to try; its own: %(default)s)")
     args = parser.parse_args()

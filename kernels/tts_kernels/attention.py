@@ -10,7 +10,7 @@ step: tools/step_profile.py). For one token per row against a short cache (the c
 frame) from 64 rows, _decode_attention does the same in one warp per program (takes_decode_kernel).
 
 A row's S new tokens go to cache positions start, start + 1, ...: `start` is one int for every row
-(the code predictor, a prefill chunk) or a [B] tensor (the talker step). RoPE uses the same
+(the code predictor) or a [B] tensor (the talker step, a packed prefill tile). RoPE uses the same
 positions, read from cos/sin tables [capacity, head_dim]: no per-call position or mask tensors.
 In a packed prefill tile (`segments`) a row is a chunk of a prompt: up to S tokens from a token of its
 own, at a start of its own.
@@ -330,9 +330,11 @@ def cached_attention(qkv: torch.Tensor, q_heads: int, kv_heads: int, head_dim: i
     count 0 with start 0 writes and reads nothing); the output rows of other tokens are left unwritten."""
     s, rows = tokens_per_row, rows.contiguous()
     b = rows.shape[0]
-    tokens = b * s if tokens is None else tokens
-    if segments is None and tokens != b * s:
+    if segments is None and tokens not in (None, b * s):
         raise ValueError(f"{tokens} tokens in {b} rows of {s} need the rows' segments (a packed tile)")
+    if segments is not None and (tokens is None or any(t.shape != rows.shape for t in segments)):
+        raise ValueError(f"a packed tile needs its tokens and each of its {b} rows' first token and count")
+    tokens = b * s if tokens is None else tokens
     groups = q_heads // kv_heads
     start_ptr, start_value = (start.contiguous(), 0) if torch.is_tensor(start) else (rows, start)
     first, count = (t.contiguous() for t in segments) if segments is not None else (rows, rows)

@@ -106,7 +106,7 @@ def prefill_head_rows(rows: int) -> int:
 # and prefills those prompts from after them (prefill.py, "Voice prefixes"). On the bench's admissions
 # the packed tiles then take 0.85x (64 slots), 0.76x (128), 0.71x (256) and 0.68x (512) the token rows
 # of whole prompts (tools/slot_occupancy.py --prefill), for one copy of the prefix's keys and values
-# per layer and admission. Fewer slots admit a prompt or two at a time, in one tile either way.
+# (every layer's) per admission. Fewer slots admit a prompt or two at a time, in one tile either way.
 VOICE_PREFIX_MIN_ROWS = 64
 
 

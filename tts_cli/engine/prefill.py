@@ -79,12 +79,13 @@ def pack(chunks: list[Chunk], sizes: tuple[int, ...]) -> list[tuple[int, list[Ch
 class Prefill:
     def __init__(self, model, state: SlotState, sizes: tuple[int, ...], head_rows: int, use_graphs: bool):
         """sizes: the tiles' token counts, largest first; head_rows: the prompts of one codebook-0
-        head call; use_graphs: CUDA graphs, where the talker runs its kernels."""
+        head call; use_graphs: CUDA graphs, where the talker runs its kernels (asked at each tile: the
+        model's kernels may be switched by a later engine)."""
         if not sizes or list(sizes) != sorted(set(sizes), reverse=True) or sizes[-1] < COLUMNS:
             raise ValueError(f"the prefill's tile sizes must decrease from the largest and hold a chunk of "
                              f"{COLUMNS} positions, got {sizes}")
         self.talker, self.state, self.sizes, self.head_rows = model.talker, state, tuple(sizes), head_rows
-        self.use_graphs = use_graphs and self.talker.decoder.fused
+        self.use_graphs = use_graphs
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
         self.pool = None
         self.voices: dict[tuple, torch.Tensor] = {}   # voice_prefix's keys and values, every layer's
@@ -94,6 +95,9 @@ class Prefill:
         """prompts: [L_i - start_i, H] each, the positions from starts[i] on (those before are in the
         slots' caches: voice_prefix); slots: each prompt's.
         -> (hidden [n, H], logits [n, V] fp32) at each prompt's last position."""
+        if not prompts or min(p.shape[0] for p in prompts) == 0:
+            raise ValueError("the prefill takes one or more prompts of at least one position from their start, got "
+                             f"{[p.shape[0] for p in prompts]}")
         n, device = len(prompts), prompts[0].device
         hidden = prompts[0].new_empty(n + 1, self.talker.decoder.cfg.hidden_size, dtype=torch.float32)  # + scratch
         for chunks in chunk_rounds([p.shape[0] for p in prompts]):
@@ -131,7 +135,8 @@ class Prefill:
     def _inputs(self, size: int, tile: list[Chunk], prompts, slots, starts) -> dict[str, torch.Tensor]:
         """A tile's tensors: its tokens' vectors and positions, each chunk's slot, first position, first
         token and count (unused chunk rows: nothing), and where each prompt ending here finds its last
-        hidden state (table rows 4 and 5: the token; the prompt, unused ones the scratch row n)."""
+        hidden state (table rows 4 and 5: the token; the prompt, unused ones the scratch row n); `host`:
+        the table's first four rows as lists, which the torch path's attention reads."""
         rows = size // MIN_CHUNK_TOKENS
         table = [[0] * rows for _ in range(4)] + [[0] * rows, [len(prompts)] * rows]
         positions, token = [0] * size, 0
@@ -146,27 +151,28 @@ class Prefill:
         parts = [prompts[c.prompt][c.first:c.first + c.count] for c in tile]
         embeds = torch.cat(parts + [parts[0].new_zeros(size - token, parts[0].shape[1])])
         on_device = to_device([v for column in table for v in column] + positions, embeds.device)   # one copy
-        return {"embeds": embeds, "table": on_device[:6 * rows].view(6, rows), "positions": on_device[6 * rows:]}
+        return {"embeds": embeds, "table": on_device[:6 * rows].view(6, rows), "positions": on_device[6 * rows:],
+                "host": table[:4]}
 
     def _tile(self, size: int, inputs: dict) -> torch.Tensor:
-        if not self.use_graphs:
+        if not (self.use_graphs and self.talker.decoder.fused):
             return self._forward(**inputs)
         if size not in self.graphs:
             self.graphs[size] = self._capture(inputs)
         graph, buffers, hidden = self.graphs[size]
-        for name, t in inputs.items():
-            buffers[name].copy_(t)
+        for name, t in buffers.items():
+            t.copy_(inputs[name])
         graph.replay()
         return hidden
 
-    def _forward(self, embeds, positions, table) -> torch.Tensor:
+    def _forward(self, embeds, positions, table, host=None) -> torch.Tensor:
         """The talker over one tile -> hidden [size, H]."""
         slots, at, first, count = table[:4]
-        caches = [kv.for_segments(slots, at, first, count, COLUMNS) for kv in self.state.talker_kv]
+        caches = [kv.for_segments(slots, at, first, count, COLUMNS, host) for kv in self.state.talker_kv]
         return self.talker.decoder(embeds[None], positions[None], None, caches)[0]
 
     def _capture(self, inputs: dict):
-        buffers = {name: t.clone() for name, t in inputs.items()}
+        buffers = {name: t.clone() for name, t in inputs.items() if name != "host"}   # the kernels' path
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):

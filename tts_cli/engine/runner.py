@@ -413,8 +413,11 @@ class Engine:
 
     def prefill_start(self, request: EngineRequest) -> int:
         """Where the request's prompt's prefill starts: after its voice prefix where the engine uses
-        voice prefixes and it has one, else at 0."""
-        return len(request.voice_prefix[0]) if self.voice_prefixes and request.voice_prefix is not None else 0
+        voice prefixes and it has one that leaves a position of the prompt after it, else at 0."""
+        if not self.voice_prefixes or request.voice_prefix is None:
+            return 0
+        prefix = len(request.voice_prefix[0])
+        return prefix if prefix < request.prompt_length else 0
 
     def _prefill_tiles(self, requests: list[EngineRequest], slots: list[int]):
         """The prefill's tiles over the requests' prompts (prefill.py) -> (last hidden [n, H], logits

@@ -116,6 +116,7 @@ class StaticKV:
         self.at: int | torch.Tensor = 0
         self.rows: torch.Tensor | None = None
         self.segments: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.segments_host: list[list[int]] | None = None
         self.all_rows = torch.arange(batch, device=device)
 
     def for_rows(self, rows: torch.Tensor, at: int = 0) -> "StaticKV":
@@ -126,11 +127,13 @@ class StaticKV:
         return view
 
     def for_segments(self, rows: torch.Tensor, at: torch.Tensor, first: torch.Tensor, count: torch.Tensor,
-                     most: int) -> "StaticKV":
+                     most: int, host: list[list[int]] | None = None) -> "StaticKV":
         """The same buffers for a packed tile (class doc) whose segments hold at most `most` tokens:
-        segment b's go to cache row rows[b]."""
+        segment b's go to cache row rows[b]. host: rows, at, first and count as lists, for the torch
+        path, which walks the segments on the host (else it reads them from the device)."""
         view = self.for_rows(rows)
         view.at, view.segments, view.segment_tokens = at, (first, count), most
+        view.segments_host = host
         return view
 
     def first_rows(self, rows: int) -> "StaticKV":
@@ -221,9 +224,9 @@ class Attention(nn.Module):
         a token's sums do not depend on how many tokens its segment has (CPU GEMMs choose their
         kernels, and so their order of summation, by shape)."""
         out = q.new_zeros(q.shape[2], q.shape[1] * q.shape[3])
-        first, count = cache.segments
+        host = cache.segments_host or [t.tolist() for t in (cache.rows, cache.at, *cache.segments)]
         most = cache.segment_tokens
-        for row, at, first, count in zip(*(t.tolist() for t in (cache.rows, cache.at, first, count))):
+        for row, at, first, count in zip(*host):
             if count:
                 tokens = slice(first, first + count)
                 cache.for_rows(cache.rows.new_tensor([row]), at).update(k[:, :, tokens], v[:, :, tokens])

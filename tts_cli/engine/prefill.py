@@ -132,7 +132,7 @@ class Prefill:
             if size not in self.graphs:
                 self._tile(size, self._inputs(size, [chunk], [embeds], [slot], [0]))
 
-    def _inputs(self, size: int, tile: list[Chunk], prompts, slots, starts) -> dict[str, torch.Tensor]:
+    def _inputs(self, size: int, tile: list[Chunk], prompts, slots, starts) -> dict:
         """A tile's tensors: its tokens' vectors and positions, each chunk's slot, first position, first
         token and count (unused chunk rows: nothing), and where each prompt ending here finds its last
         hidden state (table rows 4 and 5: the token; the prompt, unused ones the scratch row n); `host`:
@@ -142,8 +142,8 @@ class Prefill:
         positions, token = [0] * size, 0
         for j, c in enumerate(tile):
             at = starts[c.prompt] + c.first
-            for column, value in enumerate((slots[c.prompt], at, token, c.count)):
-                table[column][j] = value
+            for field, value in enumerate((slots[c.prompt], at, token, c.count)):
+                table[field][j] = value
             positions[token:token + c.count] = range(at, at + c.count)
             if c.last:
                 table[4][j], table[5][j] = token + c.count - 1, c.prompt

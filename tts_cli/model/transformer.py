@@ -226,10 +226,10 @@ class Attention(nn.Module):
         out = q.new_zeros(q.shape[2], q.shape[1] * q.shape[3])
         host = cache.segments_host or [t.tolist() for t in (cache.rows, cache.at, *cache.segments)]
         most = cache.segment_tokens
-        for row, at, first, count in zip(*host):
+        for i, (row, at, first, count) in enumerate(zip(*host)):
             if count:
                 tokens = slice(first, first + count)
-                cache.for_rows(cache.rows.new_tensor([row]), at).update(k[:, :, tokens], v[:, :, tokens])
+                cache.for_rows(cache.rows[i:i + 1], at).update(k[:, :, tokens], v[:, :, tokens])
                 queries = q.new_zeros(*q.shape[:2], most, q.shape[3])
                 queries[:, :, :count] = q[:, :, tokens]
                 end = min(at + most, cache.k.shape[2])

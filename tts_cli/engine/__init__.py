@@ -85,8 +85,8 @@ def tail_rows_for(rows: int, cuda: bool) -> tuple[int, ...]:
 PREFILL_COLUMNS = 32
 
 
-# The prefill's packed tiles (prefill.py) hold rows x 4 tokens (rows / 8 prompts of PREFILL_COLUMNS
-# positions, as its tiles of whole prompts did before `packed prefill`), at least a chunk's, at most
+# The prefill's packed tiles (prefill.py) hold rows x 4 tokens (the token rows of its earlier tiles of
+# rows / 8 whole prompts of PREFILL_COLUMNS positions), at least a chunk's, at most
 # MAX_PREFILL_GEMM_ROWS. On CUDA a round's last tile may also hold any multiple of INVARIANT_GEMM_ROWS
 # below that, so that a few prompts run a small tile; its GEMMs still have INVARIANT_GEMM_ROWS rows or more.
 def prefill_tiles_for(rows: int, cuda: bool) -> tuple[int, ...]:

@@ -57,8 +57,7 @@ import torch
 
 from tts_cli.engine import (CODEC_PRECISIONS, CODEC_STREAM_RULE, DEFAULT_CODEC_PRECISION, DEFAULT_DEPTH,
                             INVARIANT_GEMM_ROWS, TAIL_MIN_ROWS, codec_gemm_scale, codec_stream_for, codec_window_for,
-                            prefill_head_rows, prefill_tiles_for, tail_rows_for,
-                            voice_prefixes_for)
+                            prefill_head_rows, prefill_tiles_for, tail_rows_for, voice_prefixes_for)
 from tts_cli.engine.prefill import Prefill
 from tts_cli.engine.slots import SlotState
 from tts_cli.engine.step import STAGES, DecodeStep, PaddedGEMMs

@@ -162,7 +162,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--step-ms", help="'ROWS:MS,...': a step's wall time by its rows (every c and its tails'), "
                         "to price the tail steps in audio-s/s (80 ms of audio a frame)")
-    parser.add_argument("--prefill", action="store_true", help="the prompts' positions and the prefill's packed tiles over them")
+    parser.add_argument("--prefill", action="store_true",
+                        help="the prompts' positions and the prefill's packed tiles over them")
     parser.add_argument("--tail-min-rows", type=int, default=TAIL_MIN_ROWS,
                         help="the fewest rows a tail step runs (a rule for the engine to try; its own: %(default)s)")
     args = parser.parse_args()

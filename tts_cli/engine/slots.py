@@ -133,13 +133,13 @@ class SlotState:
             self.trailing_length[slots] = trailing_lengths
 
     def _slot_tensors(self) -> list[torch.Tensor]:
-        """Every tensor that holds per-slot state, slots along dim 0 (outputs and scratch excluded)."""
+        """Every tensor that holds per-slot state with slots along dim 0 (outputs and scratch excluded);
+        the talker's caches (`talker_cache`, slots along dim 2) aside."""
         tensors = [self.g0, self.hidden, self.position, self.frame, self.cap, self.min_new_tokens, self.seeds,
                    self.active, self.seen, self.trailing_length, self.window_codes, self.codec.position,
                    *self.codec.history.values()]
         tensors += [getattr(sampling, f.name) for sampling in (self.talker_sampling, self.cp_sampling)
                     for f in fields(sampling)]
-        tensors += [t for kv in self.talker_kv for t in (kv.k, kv.v)]
         if self.trailing_text is not None:
             tensors.append(self.trailing_text)
         return tensors
@@ -150,6 +150,7 @@ class SlotState:
         them before reading."""
         for t in self._slot_tensors():
             t.index_copy_(0, target, t.index_select(0, source))
+        self.talker_cache.index_copy_(2, target, self.talker_cache.index_select(2, source))   # every layer's
         self.active.index_fill_(0, source, False)
 
     def head(self, rows: int) -> "SlotState":
@@ -179,8 +180,8 @@ class SlotState:
         state could otherwise reach the next run (a window left half-filled at its column; a row's NaN
         in its slot's hidden state and caches, which the next run's steps, computing every slot,
         would count as its own)."""
-        for t in [*self._slot_tensors(), *(t for kv in self.cp_kv for t in (kv.k, kv.v)), self.window_column,
-                  self.codec_codes, self.out_codes, self.out_pcm, self.out_emit, self.nonfinite]:
+        for t in [*self._slot_tensors(), self.talker_cache, *(t for kv in self.cp_kv for t in (kv.k, kv.v)),
+                  self.window_column, self.codec_codes, self.out_codes, self.out_pcm, self.out_emit, self.nonfinite]:
             t.zero_()
 
     def release(self, slot: int) -> None:

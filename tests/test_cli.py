@@ -238,8 +238,8 @@ def test_rows_auto_is_the_default_and_a_bad_rows_value_is_one_red_line(fake, tmp
     result = _invoke("synth", manifest, "--out", tmp_path / "out", "--model", tmp_path / "model", "--device", "cuda")
     assert result.exit_code == 0, result.output
     assert fake.loaded_with["engine_rows"] is None   # the synthesizer chooses per call
-    assert fake.max_rows == [16 * 2048]              # calls sized for the most slots auto may choose
-    assert "rows: auto (the most slots of 2048, 1024, 512, 256, 128, 64" in result.stderr
+    assert fake.max_rows == [16 * 1024]              # calls sized for the most slots auto may choose
+    assert "rows: auto (the most slots of 1024, 512, 256, 128, 64" in result.stderr
     fake.notes.append("--rows auto: 64 engine slots for calls of 1 segments (up to 60 talker positions)")
     result = _invoke("synth", manifest, "--out", tmp_path / "out1", "--model", tmp_path / "model", "--device", "cuda")
     notes = json.loads((tmp_path / "out1" / "report.json").read_text())["notes"]

@@ -612,7 +612,7 @@ def test_synthesizer_refuses_a_request_its_kv_budget_cannot_hold(synth):
 
 
 def test_rows_auto_takes_the_most_slots_the_call_fills_and_the_memory_holds():
-    # `--rows auto`: per call, the first of AUTO_ROWS (2048, 1024, 512, 256, 128, 64) that the call's
+    # `--rows auto`: per call, the first of AUTO_ROWS (1024, 512, 256, 128, 64) that the call's
     # segments fill with at most one 64-row tile empty and whose keys and values the budget holds.
     through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
     per_position = talker_kv_bytes(through_engine.cfg, 1, 1, torch.float32)
@@ -621,13 +621,12 @@ def test_rows_auto_takes_the_most_slots_the_call_fills_and_the_memory_holds():
     assert through_engine._slots(segments=65, need=100) == 128
     assert through_engine._slots(segments=300, need=100) == 256   # fills 320: not 512
     assert through_engine._slots(segments=600, need=100) == 512   # fills 640: not 1024
-    assert through_engine._slots(segments=5000, need=60) == 2048   # 2048 x 64 positions fit
-    assert through_engine._slots(segments=5000, need=100) == 1024   # 2048 x 128 do not, 1024 x 128 do
+    assert through_engine._slots(segments=5000, need=100) == 1024   # 1024 x 128 positions fit
     assert through_engine._slots(segments=5000, need=200) == 512   # 1024 x 256 do not, 512 x 256 do
     assert through_engine._slots(segments=5000, need=300) == 256   # 512 x 512 positions do not
     assert through_engine._slots(segments=5000, need=2000) == 64   # 128 x 1024 do not, 64 x 2048 do
     assert through_engine.notes[0] == "--rows auto: 64 engine slots for calls of 10 segments (up to 100 talker positions)"
-    assert len(through_engine.notes) == 9
+    assert len(through_engine.notes) == 8
     # and whose steps' working set the rest of the memory holds
     through_engine.step_budget_bytes = 1023 * STEP_BYTES_PER_SLOT
     assert through_engine._slots(segments=5000, need=100) == 512   # the KV would hold 1024 x 128 positions

@@ -289,7 +289,7 @@ def synth(
         "rows", metavar="auto|N",
         help=f"On cuda: the engine's slots, the rows every decode step runs whatever a call holds. auto: "
              f"{AUTO_ROWS_RULE}, per call (more rows, more throughput for long corpora: tts bench, H100, "
-             f"random 1.7B weights, 1024 rows 1.1x the audio-s/s of 512 and 2.6x that of 64, 2026-12-05/06; H200, 2048 rows 1.05x 1024; "
+             f"random 1.7B weights, 1024 rows 1.1x the audio-s/s of 512 and 2.6x that of 64, 2026-12-05/06; "
              f"docs/bench.md); the choice is a note of the report. N fixes it, so that a seeded row's audio does "
              f"not depend on its batch mates (for one --rows setting); fewer only when CUDA out-of-memory halvings "
              f"bring the segments per call below it."),

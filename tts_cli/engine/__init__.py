@@ -123,10 +123,12 @@ DEFAULT_ENGINE_ROWS = 64
 # `--rows auto` (the default of `tts synth` on CUDA): per call, the first of these slot counts that the
 # call's segments fill (at most 64 slots left over) and whose talker KV cache the GPU memory budget
 # holds, else the last. The order is that of measured throughput, random 1.7B fp16 weights, forced
-# lengths: H200, 88da7d4 (2026-12-06), tts bench: 2048 slots 1963.9 audio-s/s, 1024 1866.0, 512 1713.7;
-# H100, 6d30cb4 (2026-12-06), tts synth of 4096 Harvard rows x 100 frames, alternated: 1024 slots 1796.1
-# and 1809.9, 512 1534.7 and 1737.4 (byte-identical WAVs); H200 (2026-12-02): 128 928.5, 64 741.8.
-AUTO_ROWS = (2048, 1024, 512, 256, 128, 64)
+# lengths: H100, 6d30cb4 (2026-12-06), tts synth of 4096 Harvard rows x 100 frames, alternated: 1024
+# slots 1796.1 and 1809.9 audio-s/s, 512 1534.7 and 1737.4 (byte-identical WAVs); H200 (docs/bench.md,
+# 2026-12-03), 2048 requests: 512 slots 1303.9, 256 1231.7; 800 requests (2026-12-02): 128 928.5, 64 741.8.
+# Not 2048 (tts bench on the H200 at 88da7d4: 1963.9 against 1866.0 at 1024): in `tts synth` of that corpus on an
+# H100 80GB its engine ran out of memory though STEP_BYTES_PER_SLOT x 2048 fit the free memory (2026-12-06).
+AUTO_ROWS = (1024, 512, 256, 128, 64)
 AUTO_ROWS_RULE = (f"the most slots of {', '.join(map(str, AUTO_ROWS))} that a call's segments fill and the GPU "
                   "memory holds")
 # How the code predictor's 16 positions run in a decode step: `loop` (one CUDA-graphed kernel

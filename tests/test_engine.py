@@ -332,7 +332,7 @@ def test_slots_past_the_kernels_int32_offsets_are_refused(synth, monkeypatch):
     through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
     through_engine.kv_budget_bytes = 10**12   # the memory would hold far more
     monkeypatch.setattr(synthesizer, "most_positions", lambda cfg, rows, trailing_text=False: 100)
-    assert through_engine._most_context(2) == 96   # the offsets' 100, in whole 32-position tile columns
+    assert through_engine._most_context(2, False, None) == 96   # the offsets' 100, in whole 32-position tile columns
 
 
 class _GEMMShapes(TorchFunctionMode):
@@ -632,6 +632,40 @@ def test_rows_auto_takes_the_most_slots_the_call_fills_and_the_memory_holds():
     assert through_engine._slots(segments=5000, need=100) == 512   # the KV would hold 1024 x 128 positions
     fixed = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=32)
     assert fixed._slots(segments=5000, need=100) == 32 and fixed.notes == []
+
+
+def test_free_gpu_memory_is_read_once_per_choice_after_released_engines_are_collected(monkeypatch):
+    """An engine's buffers and CUDA graphs sit in reference cycles, freed by a collection only: read
+    before one, the free memory left out what an engine that had run out of it held, and `--rows
+    auto` chose 64 slots for the retry (H100, 2026-12-06)."""
+    import gc
+
+    from tts_cli import synthesizer
+
+    collected = []
+
+    class InACycle:   # as a released engine
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            collected.append(True)
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30 * len(collected), 2**31))
+    was_enabled = gc.isenabled()
+    gc.disable()   # (else an automatic collection might come first)
+    try:
+        InACycle()
+        assert synthesizer.free_gpu_bytes(torch.device("cuda")) == 2**30
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert synthesizer.free_gpu_bytes(torch.device("cpu")) is None
+    reads = []
+    monkeypatch.setattr(synthesizer, "free_gpu_bytes", lambda device: reads.append(device))
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
+    assert through_engine._slots(segments=5000, need=100) == 1024 and len(reads) == 1   # 5 choices weighed
 
 
 def test_rows_auto_synthesizes_as_the_chosen_rows_do(synth):

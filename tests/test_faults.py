@@ -58,6 +58,27 @@ def test_a_row_out_of_memory_even_alone_fails_and_the_others_are_kept(bundled):
                for o in outcomes)
 
 
+def test_an_engine_that_ran_out_of_memory_is_built_anew_for_the_retry(bundled):
+    """Through the engine (2 slots, calls of 4 rows), an out-of-memory in the first call's prefill: the
+    retry (calls of 2) builds a new engine instead of keeping the one that failed, whose memory its
+    choice of slots and positions must count as free (kept, it left `--rows auto` 64 slots on an
+    H100, 2026-12-06), and every row gets the audio of a run without the fault."""
+    from tts_cli.synthesizer import Synthesizer
+
+    synth = Synthesizer.from_pretrained(cli.BUNDLED_MODEL_DIR, engine=True, engine_rows=2)
+    requests = [Request(f"r{i}", text, "vivian", seed=i) for i, text in enumerate(
+        ["Hello there.", "The birch canoe slid.", "Rice is often served.", "Four."])]
+    clean = _outcomes(synth, requests, greedy=False, max_frames=5, limit=RowLimit(4))
+    failed = synth._engine_now
+    limit = RowLimit(4)
+    with out_of_memory_in(synth.model.talker.decoder, min_rows=1, times=1) as injected:
+        survived = _outcomes(synth, requests, greedy=False, max_frames=5, limit=limit)
+    assert injected["raised"] == 1 and (limit.rows, limit.shrinks) == (2, 1)
+    assert synth._engine_now is not failed and synth._engine_now.rows == 2
+    for a, b in zip(clean, survived):
+        assert a.frames == b.frames and np.array_equal(a.audio, b.audio)
+
+
 def _synth_fake(tmp_path, rows: str, batch_size: int):
     """`tts synth` of the manifest lines `rows` on the fake synthesizer; (the CLI's result, its --out)."""
     manifest, out = tmp_path / "m.txt", tmp_path / "out"

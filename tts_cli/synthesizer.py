@@ -11,6 +11,7 @@ streaming text mode's trailing text per slot, an ICL row's codec state primed wi
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import math
 import time
@@ -61,6 +62,18 @@ KV_MEMORY_FRACTION = 0.5
 # 7 GiB more KV (128 positions a slot); `tts synth` of 4096 rows at 421e220 peaked at 23.56 and 43.07 GiB, of
 # which 14 GiB more KV (256 positions): ~11 MiB. 16 leaves room for other prefill tiles' CUDA graphs.
 STEP_BYTES_PER_SLOT = 16 * 2**20
+
+
+def free_gpu_bytes(device: torch.device) -> int | None:
+    """The memory free on `device` now, with what released engines held: an engine's buffers and CUDA
+    graphs sit in reference cycles, freed by a collection only (read before one, the memory of an
+    engine that had run out of it left `--rows auto` 64 slots for the retry: H100, 2026-12-06).
+    None off CUDA."""
+    if device.type != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)[0]
 
 
 @dataclass
@@ -421,8 +434,12 @@ class Synthesizer:
             self.timing.prompt_seconds += time.perf_counter() - start
             slots = self._slots(len(prompts), max(len(p) + cap + 1 for p, cap in zip(prompts, caps)),
                                 any(p.trailing_text_ids for p in prompts))
-            return self._synthesize_with_engine(requests, prompts, caps, sampling, min_new_tokens,
-                                                min(slots, max_rows or slots), on_result, cancel)
+            try:
+                return self._synthesize_with_engine(requests, prompts, caps, sampling, min_new_tokens,
+                                                    min(slots, max_rows or slots), on_result, cancel)
+            except torch.cuda.OutOfMemoryError:
+                self._engine_now = None   # not kept: the retry's choice counts its memory as free
+                raise
         rows = [self.row_input(r, max_frames) for r in requests]
         outs = generate(self.model, rows, talker_settings(sampling), code_predictor_settings(sampling),
                         min_new_tokens=min_new_tokens, cancel=cancel)
@@ -508,34 +525,32 @@ class Synthesizer:
         if engine is not None and engine.rows <= fill and engine.context >= need:
             return engine.rows   # keeping the engine built for an earlier call costs nothing
         self._engine_now = None   # its memory counts as free for the choice
-        rows = next((r for r in AUTO_ROWS if r <= fill and self._holds(r, need, trailing_text)), tile)
+        free = free_gpu_bytes(self._device)
+        rows = next((r for r in AUTO_ROWS if r <= fill and self._holds(r, need, trailing_text, free)), tile)
         note = f"--rows auto: {rows} engine slots for calls of {segments} segments (up to {need} talker positions)"
         if note not in self.notes:
             self.notes.append(note)
             log.info("%s", note)
         return rows
 
-    def _holds(self, rows: int, need: int, trailing_text: bool) -> bool:
+    def _holds(self, rows: int, need: int, trailing_text: bool, free: int | None) -> bool:
         """Whether the GPU memory holds `rows` slots: their KV cache for `need` positions within the KV
-        budget, and their step's working set (STEP_BYTES_PER_SLOT each) within the rest."""
+        budget, and their step's working set (STEP_BYTES_PER_SLOT each) within the rest. free: the
+        GPU's free bytes (free_gpu_bytes)."""
         step_budget = self.step_budget_bytes
-        if step_budget is None and (free := self._free_gpu_bytes()) is not None:
+        if step_budget is None and free is not None:
             step_budget = int(free * (1 - KV_MEMORY_FRACTION))
         if step_budget is not None and rows * STEP_BYTES_PER_SLOT > step_budget:
             return False
         try:
-            most = self._most_context(rows, trailing_text)
+            most = self._most_context(rows, trailing_text, free)
         except TTSError:   # not even one prefill tile's positions
             return False
         return most is None or most >= need
 
-    def _free_gpu_bytes(self) -> int | None:
-        """The GPU memory free now, what a released engine held included; None on CPU."""
-        device = self.model.talker.codec_embedding.weight.device
-        if device.type != "cuda":
-            return None
-        torch.cuda.empty_cache()
-        return torch.cuda.mem_get_info(device)[0]
+    @property
+    def _device(self) -> torch.device:
+        return self.model.talker.codec_embedding.weight.device
 
     def _engine(self, rows: int, context: int, trailing_text: bool = False) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released
@@ -549,7 +564,7 @@ class Synthesizer:
             return engine
         self._engine_now = engine = None
         context = ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP)
-        most = self._most_context(rows, trailing_text)
+        most = self._most_context(rows, trailing_text, free_gpu_bytes(self._device))
         if most is not None:
             context = min(context, most)
         s = self.ckpt.sampling
@@ -560,14 +575,14 @@ class Synthesizer:
                                   time_stages=True, tail_rows=SYNTH_TAIL_ROWS)
         return self._engine_now
 
-    def _most_context(self, rows: int, trailing_text: bool = False) -> int | None:
+    def _most_context(self, rows: int, trailing_text: bool, free: int | None) -> int | None:
         """The talker positions per slot that the KV budget holds for `rows` slots (a multiple of
         the prefill's tile width), with their trailing text vectors where asked, and the kernels'
         offsets address (slots.most_positions), or None without a budget (CPU, unless
-        kv_budget_bytes is set)."""
+        kv_budget_bytes is set). free: the GPU's free bytes (free_gpu_bytes)."""
         weight = self.model.talker.codec_embedding.weight
         budget = self.kv_budget_bytes
-        if budget is None and (free := self._free_gpu_bytes()) is not None:
+        if budget is None and free is not None:
             budget = int(free * KV_MEMORY_FRACTION)
         if budget is None:
             return None

@@ -56,12 +56,12 @@ SYNTH_TAIL_ROWS = ()
 # is for CUDA graphs, activations and the codec's state.
 KV_MEMORY_FRACTION = 0.5
 # What an engine's step needs per slot besides the KV cache (activations, the codec's state and
-# window, the code predictor's caches, the CUDA graphs' pools): `--rows auto` chooses no more slots
-# than the rest of the free memory holds at this rate. Measured ~12.6 MiB: `tts bench` of random 1.7B
-# fp16 weights on an H100 (6d30cb4, 2026-12-06) peaked at 17.38 GiB at c512 and 30.7 at c1024, of which
-# 7 GiB more KV (128 positions a slot); `tts synth` of 4096 rows at 421e220 peaked at 23.56 and 43.07 GiB, of
-# which 14 GiB more KV (256 positions): ~11 MiB. 16 leaves room for other prefill tiles' CUDA graphs.
-STEP_BYTES_PER_SLOT = 16 * 2**20
+# window, the code predictor's caches, the CUDA graphs' pools), as the allocator reserves it: `--rows
+# auto` chooses no more slots than the rest of the free memory holds at this rate. `tools/slot_memory.py
+# --rows 512,1024,2048 --frames 100` (random 1.7B fp16 weights, H100 80GB, 2026-12-06): 12.09 and 11.56
+# MiB a slot allocated at 512 and 1024 slots, 24.87 and 23.29 reserved; 2048 slots ran out of memory
+# (its vocoder's activations 2.8 GiB each), which at 16 MiB this rule had let `--rows auto` try.
+STEP_BYTES_PER_SLOT = 25 * 2**20
 
 
 def free_gpu_bytes(device: torch.device) -> int | None:

@@ -4,6 +4,7 @@ full decode of those codes, and decoding every K steps over K frames gives what 
 import copy
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -606,9 +607,38 @@ def test_synthesizer_refuses_a_request_its_kv_budget_cannot_hold(synth):
     long = Request(id="long", text="Hi.", speaker="vivian", seed=2)
     assert len(through_engine.synthesize([short], max_frames=10, min_new_tokens=11)[0].codes) == 10
     assert through_engine._engine_now.context == 64   # the call's 256-position bucket, cut to the budget
+    engine = through_engine._engine_now
     with pytest.raises(RequestError, match=r"long: its prompt and frame cap need \d+ talker positions; within "
                                            r"the GPU memory budget 2 slots hold 64 each"):
         through_engine.synthesize([long], max_frames=100)
+    assert through_engine._engine_now is engine   # not rebuilt: its 64 positions are all the budget holds
+    # With on_result, the call's other rows are synthesized and delivered first (job.py then retries the
+    # refused one alone), not the whole call refused (its rows would each run alone).
+    delivered = {}
+    wordy = Request(id="wordy", text="The birch canoe slid on the smooth planks. " * 6, speaker="vivian", seed=3)
+    with pytest.raises(RequestError, match="wordy: its prompt and frame cap need"):
+        through_engine.synthesize([short, wordy, short], max_frames=10, min_new_tokens=11,
+                                  on_result=lambda i, result: delivered.setdefault(i, result))
+    assert sorted(delivered) == [0, 2] and all(len(r.codes) == 10 for r in delivered.values())
+    assert through_engine._engine_now is engine
+
+
+def test_a_segment_its_slots_cannot_hold_fails_alone_and_the_call_runs_the_rest_together():
+    """Through the job's batches (job.synthesize_batch): the segment that needs more talker positions than
+    the engine holds fails with its reason, the others are made in one engine run, not one run each."""
+    from tts_cli.job import RowLimit, Segment, synthesize_batch
+
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=2)
+    through_engine.kv_budget_bytes = 64 * talker_kv_bytes(through_engine.cfg, 2, 1, torch.float32)
+    requests = [Request(id="a", text="Hi.", speaker="vivian", seed=1),
+                Request(id="wordy", text="The birch canoe slid on the smooth planks. " * 6, speaker="vivian", seed=3),
+                Request(id="b", text="Glue the sheet.", speaker="vivian", seed=2)]
+    found = {}
+    synthesize_batch(through_engine, requests, greedy=False, max_frames=10, limit=RowLimit(3),
+                     on_outcome=found.__setitem__)
+    assert isinstance(found[0], Segment) and isinstance(found[2], Segment) and found[0].frames == 10
+    assert "wordy: its prompt and frame cap need" in str(found[1])
+    assert through_engine.timing.calls == 1
 
 
 def test_rows_auto_takes_the_most_slots_the_call_fills_and_the_memory_holds():
@@ -617,21 +647,30 @@ def test_rows_auto_takes_the_most_slots_the_call_fills_and_the_memory_holds():
     through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
     per_position = talker_kv_bytes(through_engine.cfg, 1, 1, torch.float32)
     through_engine.kv_budget_bytes = 256 * 512 * per_position   # 256 slots x 512 positions
-    assert through_engine._slots(segments=10, need=100) == 64
-    assert through_engine._slots(segments=65, need=100) == 128
-    assert through_engine._slots(segments=300, need=100) == 256   # fills 320: not 512
-    assert through_engine._slots(segments=600, need=100) == 512   # fills 640: not 1024
-    assert through_engine._slots(segments=5000, need=100) == 1024   # 1024 x 128 positions fit
-    assert through_engine._slots(segments=5000, need=200) == 512   # 1024 x 256 do not, 512 x 256 do
-    assert through_engine._slots(segments=5000, need=300) == 256   # 512 x 512 positions do not
-    assert through_engine._slots(segments=5000, need=2000) == 64   # 128 x 1024 do not, 64 x 2048 do
+    assert through_engine._slots(segments=10, needs=[100]) == 64
+    assert through_engine._slots(segments=65, needs=[100]) == 128
+    assert through_engine._slots(segments=300, needs=[100]) == 256   # fills 320: not 512
+    assert through_engine._slots(segments=600, needs=[100]) == 512   # fills 640: not 1024
+    assert through_engine._slots(segments=5000, needs=[100]) == 1024   # 1024 x 128 positions fit
+    assert through_engine._slots(segments=5000, needs=[200]) == 512   # 1024 x 256 do not, 512 x 256 do
+    assert through_engine._slots(segments=5000, needs=[300]) == 256   # 512 x 512 positions do not
+    assert through_engine._slots(segments=5000, needs=[2000]) == 64   # 128 x 1024 do not, 64 x 2048 do
+    # segments that not even 64 slots hold fail on their own: they do not choose the slots
+    assert through_engine._slots(segments=5000, needs=[100] * 4999 + [3000]) == 1024
     assert through_engine.notes[0] == "--rows auto: 64 engine slots for calls of 10 segments (up to 100 talker positions)"
     assert len(through_engine.notes) == 8
     # and whose steps' working set the rest of the memory holds
     through_engine.step_budget_bytes = 1023 * STEP_BYTES_PER_SLOT
-    assert through_engine._slots(segments=5000, need=100) == 512   # the KV would hold 1024 x 128 positions
+    assert through_engine._slots(segments=5000, needs=[100]) == 512   # the KV would hold 1024 x 128 positions
+    # An earlier call's engine is kept while a call fills no more slots than it was chosen for: after a
+    # row retried alone (64 slots), a large call chooses again.
+    through_engine.step_budget_bytes = None
+    assert through_engine._slots(segments=1, needs=[100]) == 64
+    through_engine._engine_now = kept = SimpleNamespace(rows=64, context=128)
+    assert through_engine._slots(segments=40, needs=[100]) == 64 and through_engine._engine_now is kept
+    assert through_engine._slots(segments=5000, needs=[100]) == 1024 and through_engine._engine_now is None
     fixed = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=32)
-    assert fixed._slots(segments=5000, need=100) == 32 and fixed.notes == []
+    assert fixed._slots(segments=5000, needs=[100]) == 32 and fixed.notes == []
 
 
 def test_free_gpu_memory_is_read_once_per_choice_after_released_engines_are_collected(monkeypatch):
@@ -665,7 +704,7 @@ def test_free_gpu_memory_is_read_once_per_choice_after_released_engines_are_coll
     reads = []
     monkeypatch.setattr(synthesizer, "free_gpu_bytes", lambda device: reads.append(device))
     through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
-    assert through_engine._slots(segments=5000, need=100) == 1024 and len(reads) == 1   # 5 choices weighed
+    assert through_engine._slots(segments=5000, needs=[100]) == 1024 and len(reads) == 1   # 5 choices weighed
 
 
 def test_rows_auto_synthesizes_as_the_chosen_rows_do(synth):

@@ -76,6 +76,12 @@ def free_gpu_bytes(device: torch.device) -> int | None:
     return torch.cuda.mem_get_info(device)[0]
 
 
+def _held(needs: list[int], most: int | None) -> int:
+    """The most talker positions that the segments of `needs` which fit in `most` positions need (all
+    of them where most is None, the largest where none fits)."""
+    return max((n for n in needs if most is None or n <= most), default=max(needs))
+
+
 @dataclass
 class SynthesisTiming:
     """Where the engine path's calls spent their time, summed over the calls, for the report."""
@@ -304,6 +310,8 @@ class Synthesizer:
         self.kv_budget_bytes: int | None = None   # None: KV_MEMORY_FRACTION of the free GPU memory
         self.step_budget_bytes: int | None = None   # None: the rest of it (`--rows auto`'s choice)
         self._engine_now: Engine | None = None
+        self._engine_capped = False   # its context is the most the KV budget held at its build
+        self._chosen_for: tuple[int, int | None] = (0, None)   # `--rows auto`'s choice: (fill, smallest's most)
         self.notes: list[str] = []   # what `--rows auto` chose, once per distinct choice
         self.timing = SynthesisTiming()
 
@@ -419,11 +427,13 @@ class Synthesizer:
                    on_result: Callable[[int, Result], None] | None = None, cancel=None) -> list[Result | None]:
         """All requests of one call: on the plain path as one lockstep batch; through the engine,
         queued into its engine_rows slots (at most max_rows: the out-of-memory fallback). Raises
-        RequestError for an invalid request. on_result(index, result) sees each engine row as it
-        ends; cancel (a threading.Event): once set, SynthesisCancelled is raised at the engine's next
-        window boundary, or before the plain path's next frame. Returns one entry per request: its
-        Result, or None where on_result had it (nothing here keeps its audio then: a call of thousands
-        of rows would hold them all to its end), so without on_result every entry is a Result."""
+        RequestError for an invalid request; through the engine with on_result, for segments that need
+        more talker positions than its slots hold only once the call's other rows are delivered.
+        on_result(index, result) sees each engine row as it ends; cancel (a threading.Event): once set,
+        SynthesisCancelled is raised at the engine's next window boundary, or before the plain path's
+        next frame. Returns one entry per request: its Result, or None where on_result had it (nothing
+        here keeps its audio then: a call of thousands of rows would hold them all to its end), so
+        without on_result every entry is a Result."""
         for r in requests:
             self.validate(r)
         sampling = self.ckpt.sampling.greedy() if greedy else self.ckpt.sampling
@@ -432,7 +442,7 @@ class Synthesizer:
             prompts = [self.prompt(r) for r in requests]   # token ids; their vectors the engine builds
             caps = [self.frame_cap(p, max_frames) for p in prompts]
             self.timing.prompt_seconds += time.perf_counter() - start
-            slots = self._slots(len(prompts), max(len(p) + cap + 1 for p, cap in zip(prompts, caps)),
+            slots = self._slots(len(prompts), [len(p) + cap + 1 for p, cap in zip(prompts, caps)],
                                 any(p.trailing_text_ids for p in prompts))
             try:
                 return self._synthesize_with_engine(requests, prompts, caps, sampling, min_new_tokens,
@@ -464,11 +474,15 @@ class Synthesizer:
         start = time.perf_counter()
         engine = self._engine(slots, max(needs), any(p.trailing_text_ids for p in prompts))
         self.timing.engine_build_seconds += time.perf_counter() - start
-        for request, need in zip(requests, needs):
-            if need > engine.context:
-                raise RequestError(f"{request.id}: its prompt and frame cap need {need} talker positions; within the "
-                                   f"GPU memory budget {slots} slots hold {engine.context} each (fewer --rows, "
-                                   f"a lower --max-frames or --segment-chars make room)")
+        too_long = [i for i, need in enumerate(needs) if need > engine.context]
+        if too_long:
+            first = too_long[0]
+            error = RequestError(f"{requests[first].id}: its prompt and frame cap need {needs[first]} talker "
+                                 f"positions; within the GPU memory budget {slots} slots hold {engine.context} each "
+                                 f"(fewer --rows, a lower --max-frames or --segment-chars make room)")
+            if on_result is None or len(too_long) == len(requests):
+                raise error
+            engine_requests = [r for i, r in enumerate(engine_requests) if needs[i] <= engine.context]
         spf = self.codec.samples_per_frame
 
         def result(res: EngineResult) -> Result:
@@ -490,6 +504,8 @@ class Synthesizer:
             self._add_timing(engine, stages=False)   # reading the events could raise over the run's error
             raise
         self._add_timing(engine)
+        if too_long:
+            raise error   # once the others are delivered: the caller retries these alone (job.py)
         return results
 
     def _add_timing(self, engine: Engine, stages: bool = True) -> None:
@@ -513,20 +529,29 @@ class Synthesizer:
             for name, ms in [*stats.stage_ms.items(), ("prefill", stats.prefill_ms)]:
                 timing.stage_ms[name] = timing.stage_ms.get(name, 0.0) + ms
 
-    def _slots(self, segments: int, need: int, trailing_text: bool = False) -> int:
-        """The engine's slots for a call of `segments` segments needing up to `need` talker positions:
+    def _slots(self, segments: int, needs: list[int], trailing_text: bool = False) -> int:
+        """The engine's slots for a call of `segments` segments needing `needs` talker positions:
         engine_rows, or with `--rows auto` the first of AUTO_ROWS that the call fills (at most one
-        64-row tile left empty) and whose KV cache (and trailing text) the memory budget holds for
-        `need` positions."""
+        64-row tile left empty) and whose KV cache (and trailing text) the memory budget holds for the
+        segments' positions, those that not even AUTO_ROWS[-1] slots hold aside (they fail on their
+        own). An earlier call's engine is kept while it holds this call's segments and the call fills
+        no more slots than the one it was chosen for (after a few rows alone, a large call chooses again)."""
         if self.engine_rows is not None:
             return self.engine_rows
         engine, tile = self._engine_now, AUTO_ROWS[-1]
         fill = tile * math.ceil(segments / tile)
-        if engine is not None and engine.rows <= fill and engine.context >= need:
+        chosen_fill, smallest = self._chosen_for
+        if engine is not None and engine.rows <= fill <= chosen_fill and engine.context >= _held(needs, smallest):
             return engine.rows   # keeping the engine built for an earlier call costs nothing
         self._engine_now = None   # its memory counts as free for the choice
         free = free_gpu_bytes(self._device)
+        try:
+            smallest = self._most_context(tile, trailing_text, free)
+        except TTSError:   # not even one prefill tile's positions: every segment fails
+            smallest = 0
+        need = _held(needs, smallest)
         rows = next((r for r in AUTO_ROWS if r <= fill and self._holds(r, need, trailing_text, free)), tile)
+        self._chosen_for = (fill, smallest)
         note = f"--rows auto: {rows} engine slots for calls of {segments} segments (up to {need} talker positions)"
         if note not in self.notes:
             self.notes.append(note)
@@ -555,16 +580,18 @@ class Synthesizer:
     def _engine(self, rows: int, context: int, trailing_text: bool = False) -> Engine:
         """One engine (and its CUDA graphs), kept while calls fit it; rebuilt, the old one released
         first, for another slot count, a longer context, another codec precision or trailing text
-        where it has none. Its context: the call's rounded up, at most what the KV budget holds
-        (requests needing more are refused, each with its reason)."""
+        where it has none (not for a longer context where its own was all the KV budget held). Its
+        context: the call's rounded up, at most what the KV budget holds (requests needing more are
+        refused, each with its reason)."""
         engine = self._engine_now
-        if (engine is not None and engine.rows == rows and engine.context >= context
+        if (engine is not None and engine.rows == rows and (engine.context >= context or self._engine_capped)
                 and engine.codec_precision == self.codec_precision
                 and (engine.state.trailing_text is not None or not trailing_text)):
-            return engine
+            return engine   # (capped: another engine of these rows would hold no more positions)
         self._engine_now = engine = None
         context = ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP)
         most = self._most_context(rows, trailing_text, free_gpu_bytes(self._device))
+        self._engine_capped = most is not None and most < context
         if most is not None:
             context = min(context, most)
         s = self.ckpt.sampling

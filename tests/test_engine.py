@@ -868,8 +868,10 @@ def test_a_prompt_that_is_only_its_voice_prefix_prefills_whole_and_an_empty_prom
 
 def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):
     """The same speaker and language: one prefix, whatever the text; another speaker or language:
-    another; an instruct or a cloned voice's x-vector: none (tts_cli.model.prompt.Prompt.voice_prefix)."""
-    from tts_cli.model.prompt import assistant_text, build_prompt
+    another; an instruct: none (tts_cli.model.prompt.Prompt.voice_prefix). A cloned voice: its x-vector's
+    (by content) and, with ICL, its transcript's positions too, streamed beside the first reference
+    frames (those by content as well); none for an x-vector the host would wait for (not on the CPU)."""
+    from tts_cli.model.prompt import REFERENCE_FRAME, assistant_text, build_prompt, reference_text
 
     def prefix(text="Rice is often served in round bowls.", **fields):
         return synth.prompt(Request(id="p", text=text, **{"speaker": "vivian", **fields})).voice_prefix()
@@ -877,9 +879,32 @@ def test_a_voice_prefix_is_the_speaker_and_language_part_of_a_prompt(synth):
     assert prefix() != prefix(speaker="ryan") and prefix() != prefix(language="english")
     assert len(prefix()[0]) == len(prefix()[1]) == 8 and len(prefix(language="english")[0]) == 9
     assert prefix(instruct="Speak softly.") is None
-    ids = synth.tokenize(assistant_text("Rice is often served in round bowls."))
-    cloned = build_prompt(synth.cfg, ids, None, "auto", speaker_embedding=torch.zeros(8))
-    assert cloned.voice_prefix() is None
+    g = torch.Generator().manual_seed(0)
+    x_vector, codes = torch.randn(8, generator=g), torch.randint(0, 100, (40, 16), generator=g)
+    transcript = synth.tokenize(reference_text("The juice of lemons makes fine punch."))
+
+    def cloned(text="Rice is often served in round bowls.", vector=x_vector, icl=None, reference_codes=codes):
+        prompt = build_prompt(synth.cfg, synth.tokenize(assistant_text(text)), None, "auto",
+                              non_streaming_mode=icl != "streaming", speaker_embedding=vector,
+                              reference_ids=transcript if icl else None,
+                              reference_codes=reference_codes if icl else None)
+        return prompt, prompt.voice_prefix()
+    prompt, key = cloned()
+    assert len(key[0]) == prompt.voice_positions == 8 and key == cloned(text="Glue the sheet.")[1]
+    assert key != cloned(vector=x_vector + 1)[1] and key == cloned(vector=x_vector.clone())[1]
+    assert cloned(vector=torch.zeros(8, device="meta"))[1] is None
+    for icl in ("whole", "streaming"):
+        prompt, key = cloned(icl=icl)
+        transcript_positions = len(key[0]) - 8
+        assert 5 < transcript_positions < len(transcript) and key == cloned(text="Glue the sheet.", icl=icl)[1]
+        assert prompt.text_ids[8:len(key[0])] == prompt.text_ids[8:8 + transcript_positions]
+        frames = key[1].count(REFERENCE_FRAME)
+        assert frames == (0 if icl == "whole" else transcript_positions - 1)   # (after codec_bos)
+        other = codes.clone()
+        other[-1] += 1   # a frame past the prefix
+        assert key == cloned(icl=icl, reference_codes=other)[1]
+        other[0] += 1    # the first frame, within it when streamed
+        assert (key == cloned(icl=icl, reference_codes=other)[1]) == (icl == "whole")
 
 
 def test_prefill_tiles_on_cuda_are_the_multiples_of_256_tokens_up_to_rows_x_4_and_2048():

@@ -97,6 +97,38 @@ def test_cloned_row_is_bit_identical_whatever_its_batch_mates_and_slot(base):
         assert np.array_equal(other[0].reference_tail, alone[0].reference_tail)
 
 
+def test_cloned_voices_prefixes_give_the_codes_and_audio_of_whole_prompts(base):
+    """With voice prefixes (the engine's from 64 slots on CUDA), a cloned voice's leading positions
+    (its x-vector's, and with ICL its transcript's, streamed beside the first reference frames in the
+    streaming text mode) are computed once per voice, mode and language and copied into each slot that
+    shares them: the codes and reference tails of the engine without voice prefixes, its PCM within
+    float rounding. Each of the six kinds of Base row twice, with other texts."""
+    cloned = clone_requests(base.cfg, LONG_REFERENCE)
+    cloned += [dataclasses.replace(r, id=f"{r.id}-again", text=cloned[(i + 3) % 6].text, seed=30 + i)
+               for i, r in enumerate(cloned)]
+    prompts = [base.prompt(r) for r in cloned]
+    requests = [dataclasses.replace(r, voice_prefix=p.voice_prefix(), max_frames=6 + i % 5, min_new_tokens=7 + i % 5)
+                for i, (r, p) in enumerate(zip(_engine_requests(base, cloned, frames=1), prompts))]
+    keys = {r.voice_prefix for r in requests}
+    assert None not in keys and len(keys) == 6
+    assert max(len(key[0]) for key in keys) > 8   # an ICL transcript's positions
+
+    def run(voice_prefixes):
+        sampling = base.ckpt.sampling
+        engine = Engine(base.model, base.codec, rows=4, context=192, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), top_p=True, codec_window=4,
+                        trailing_text=True, voice_prefixes=voice_prefixes)
+        return engine, engine.run(requests)
+    _, plain = run(False)
+    engine, voiced = run(True)
+    assert set(engine.prefill.voices) == keys
+    for a, b in zip(voiced, plain):
+        assert np.array_equal(a.codes, b.codes), f"request {a.key}"
+        np.testing.assert_allclose(a.pcm, b.pcm, rtol=1e-5, atol=1e-6, err_msg=f"request {a.key}")
+        assert (a.reference_tail is None) == (b.reference_tail is None)
+        assert a.reference_tail is None or np.array_equal(a.reference_tail, b.reference_tail)
+
+
 def test_cloned_rows_moved_into_tail_steps_keep_their_codes_and_audio(base):
     """Streaming-text and ICL rows (trailing text, primed codec states) through 4 slots with tail steps
     of 2 and 1 rows: the longest, a streaming-text row 12 frames into its 17 text vectors, moves from slot

@@ -25,6 +25,7 @@ reference's x-vector, or a reference frame (the sum of its 16 codebook embedding
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
@@ -46,19 +47,32 @@ class Prompt:
     trailing_text_ids: list[int] = field(default_factory=list)   # streaming text: one per decode step
     speaker_embedding: torch.Tensor | None = None   # [H], at the SPEAKER_EMBEDDING position
     reference_codes: torch.Tensor | None = None     # [frames, 16], at the REFERENCE_FRAME positions
-    voice_positions: int = 0    # the leading positions set by the speaker and language alone (voice_prefix)
+    voice_positions: int = 0    # the leading positions set by the voice and language alone (voice_prefix)
 
     def __len__(self) -> int:
         return len(self.text_ids)
 
     def voice_prefix(self) -> tuple | None:
-        """The ids of the positions before the text (the role, the codec control tokens with a named
-        speaker), which every prompt of this speaker and language shares: their keys and values do
-        not depend on what follows, so the engine computes them once. None for a cloned voice (its
-        x-vector sits among them) and for a prompt with an instruct (as many prefixes as instructs)."""
+        """What sets the positions before the text, which every prompt of this voice and language
+        shares (their keys and values do not depend on what follows, so the engine computes them
+        once): their ids (the role, the codec control tokens; a cloned voice's reference transcript
+        and, streamed beside it, its first frames), then for a cloned voice a digest of its x-vector
+        and of those frames. None for a prompt with an instruct (as many prefixes as instructs) and
+        for a cloned voice held on a GPU (its digest would make the host wait for it)."""
         if not self.voice_positions:
             return None
-        return tuple(self.text_ids[:self.voice_positions]), tuple(self.codec_ids[:self.voice_positions])
+        text, codec = tuple(self.text_ids[:self.voice_positions]), tuple(self.codec_ids[:self.voice_positions])
+        if SPEAKER_EMBEDDING not in codec:
+            return text, codec
+        frames = codec.count(REFERENCE_FRAME)
+        tensors = [self.speaker_embedding] + ([self.reference_codes[:frames]] if frames else [])
+        if any(t.device.type != "cpu" for t in tensors):
+            return None
+        digest = hashlib.blake2b(digest_size=16)
+        for t in tensors:
+            digest.update(str((t.dtype, tuple(t.shape))).encode())
+            digest.update(t.contiguous().numpy().tobytes())
+        return text, codec, digest.hexdigest()
 
 
 def assistant_text(text: str) -> str:
@@ -127,12 +141,14 @@ def build_prompt(cfg: ModelConfig, text_ids: list[int], speaker: str | None, lan
     codec = [NO_CODEC] * len(text)
     text += [cfg.tts_pad_id] * (len(control) - 1) + [cfg.tts_bos_id]
     codec += control
-    voice_positions = len(text) if speaker_embedding is None and not instruct_ids else 0
+    voice_positions = 0 if instruct_ids else len(text)
     trailing: list[int] = []
     if reference_codes is not None:
         ref_body = _text_body(cfg, reference_ids or [], 2, "reference text")
         icl_text = ref_body + body + [cfg.tts_eos_id]
         icl_codec = [cfg.codec_bos_id] + [REFERENCE_FRAME] * reference_codes.shape[0]
+        if voice_positions:   # the transcript's positions (beside pads, or streamed beside the first frames)
+            voice_positions += len(ref_body) if non_streaming_mode else min(len(ref_body), len(icl_codec))
         if non_streaming_mode:
             text += icl_text + [cfg.tts_pad_id] * len(icl_codec)
             codec += [cfg.codec_pad_id] * len(icl_text) + icl_codec

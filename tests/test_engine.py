@@ -641,42 +641,65 @@ def test_a_segment_its_slots_cannot_hold_fails_alone_and_the_call_runs_the_rest_
     assert through_engine.timing.calls == 1
 
 
+def test_rows_auto_builds_one_engine_for_a_call_with_segments_no_slots_hold(monkeypatch):
+    """`--rows auto` with a KV budget of 64 slots x 64 positions: two segments need more, and no slot
+    count holds them. The others run together; each of those fails alone on the same engine (it was
+    built, identical, for each before)."""
+    from tts_cli import synthesizer
+    from tts_cli.job import RowLimit, Segment, synthesize_batch
+
+    built = []
+    monkeypatch.setattr(synthesizer, "Engine", lambda *args, **kw: built.append(Engine(*args, **kw)) or built[-1])
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
+    through_engine.kv_budget_bytes = talker_kv_bytes(through_engine.cfg, 64, 64, torch.float32)
+    wordy = "The birch canoe slid on the smooth planks. " * 6
+    requests = [Request(id=str(i), text=wordy if i % 2 else "Glue the sheet.", speaker="vivian", seed=i)
+                for i in range(4)]
+    found = {}
+    synthesize_batch(through_engine, requests, greedy=False, max_frames=10, limit=RowLimit(64),
+                     on_outcome=found.__setitem__)
+    assert [isinstance(found[i], Segment) for i in range(4)] == [True, False, True, False]
+    assert [(engine.rows, engine.context) for engine in built] == [(64, 64)]
+
+
 def test_rows_auto_takes_the_most_slots_the_call_fills_and_the_memory_holds():
     # `--rows auto`: per call, the first of AUTO_ROWS (1024, 512, 256, 128, 64) that the call's
     # segments fill with at most one 64-row tile empty and whose keys and values the budget holds.
     through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
     per_position = talker_kv_bytes(through_engine.cfg, 1, 1, torch.float32)
     through_engine.kv_budget_bytes = 256 * 512 * per_position   # 256 slots x 512 positions
-    assert through_engine._slots(segments=10, needs=[100]) == 64
-    assert through_engine._slots(segments=65, needs=[100]) == 128
-    assert through_engine._slots(segments=300, needs=[100]) == 256   # fills 320: not 512
-    assert through_engine._slots(segments=600, needs=[100]) == 512   # fills 640: not 1024
-    assert through_engine._slots(segments=5000, needs=[100]) == 1024   # 1024 x 128 positions fit
-    assert through_engine._slots(segments=5000, needs=[200]) == 512   # 1024 x 256 do not, 512 x 256 do
-    assert through_engine._slots(segments=5000, needs=[300]) == 256   # 512 x 512 positions do not
-    assert through_engine._slots(segments=5000, needs=[2000]) == 64   # 128 x 1024 do not, 64 x 2048 do
+    assert through_engine._slots(segments=10, needs=[100])[0] == 64
+    assert through_engine._slots(segments=65, needs=[100])[0] == 128
+    assert through_engine._slots(segments=300, needs=[100])[0] == 256   # fills 320: not 512
+    assert through_engine._slots(segments=600, needs=[100])[0] == 512   # fills 640: not 1024
+    assert through_engine._slots(segments=5000, needs=[100])[0] == 1024   # 1024 x 128 positions fit
+    assert through_engine._slots(segments=5000, needs=[200])[0] == 512   # 1024 x 256 do not, 512 x 256 do
+    assert through_engine._slots(segments=5000, needs=[300])[0] == 256   # 512 x 512 positions do not
+    assert through_engine._slots(segments=5000, needs=[2000])[0] == 64   # 128 x 1024 do not, 64 x 2048 do
     # segments that not even 64 slots hold fail on their own: they do not choose the slots
-    assert through_engine._slots(segments=5000, needs=[100] * 4999 + [3000]) == 1024
+    assert through_engine._slots(segments=5000, needs=[100] * 4999 + [3000]) == (1024, 100)
     assert through_engine.notes[0] == "--rows auto: 64 engine slots for calls of 10 segments (up to 100 talker positions)"
     assert len(through_engine.notes) == 8
     # and whose steps' working set the rest of the memory holds
     through_engine.step_budget_bytes = 1023 * STEP_BYTES_PER_SLOT
-    assert through_engine._slots(segments=5000, needs=[100]) == 512   # the KV would hold 1024 x 128 positions
+    assert through_engine._slots(segments=5000, needs=[100])[0] == 512   # the KV would hold 1024 x 128 positions
     # An earlier call's engine is kept while a call fills no more slots than it was chosen for: after a
     # row retried alone (64 slots), a large call chooses again.
     through_engine.step_budget_bytes = None
-    assert through_engine._slots(segments=1, needs=[100]) == 64
+    assert through_engine._slots(segments=1, needs=[100])[0] == 64
     through_engine._engine_now = kept = SimpleNamespace(rows=64, context=128)
-    assert through_engine._slots(segments=40, needs=[100]) == 64 and through_engine._engine_now is kept
-    assert through_engine._slots(segments=5000, needs=[100]) == 1024 and through_engine._engine_now is None
+    assert through_engine._slots(segments=40, needs=[100])[0] == 64 and through_engine._engine_now is kept
+    assert through_engine._slots(segments=1, needs=[3000]) == (64, 0) and through_engine._engine_now is kept
+    assert through_engine._slots(segments=5000, needs=[100])[0] == 1024 and through_engine._engine_now is None
     fixed = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=32)
-    assert fixed._slots(segments=5000, needs=[100]) == 32 and fixed.notes == []
+    assert fixed._slots(segments=5000, needs=[100])[0] == 32 and fixed.notes == []
 
 
 def test_free_gpu_memory_is_read_once_per_choice_after_released_engines_are_collected(monkeypatch):
     """An engine's buffers and CUDA graphs sit in reference cycles, freed by a collection only: read
     before one, the free memory left out what an engine that had run out of it held, and `--rows
-    auto` chose 64 slots for the retry (H100, 2026-12-06)."""
+    auto` chose 64 slots for the retry (H100, 2026-12-06). Here the earlier engine, released by the
+    choice, is the memory beyond 1 GiB: held, the choice would be 64 slots (25 MiB each for the step)."""
     import gc
 
     from tts_cli import synthesizer
@@ -684,6 +707,8 @@ def test_free_gpu_memory_is_read_once_per_choice_after_released_engines_are_coll
     collected = []
 
     class InACycle:   # as a released engine
+        rows, context = 64, 128
+
         def __init__(self):
             self.me = self
 
@@ -691,20 +716,22 @@ def test_free_gpu_memory_is_read_once_per_choice_after_released_engines_are_coll
             collected.append(True)
 
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30 * len(collected), 2**31))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30 + 2**37 * len(collected), 2**38))
+    monkeypatch.setattr(Synthesizer, "_device", property(lambda self: torch.device("cuda")))
+    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
+    through_engine._engine_now, through_engine._chosen_for = InACycle(), (64, None)   # chosen for a row alone
     was_enabled = gc.isenabled()
     gc.disable()   # (else an automatic collection might come first)
     try:
-        InACycle()
-        assert synthesizer.free_gpu_bytes(torch.device("cuda")) == 2**30
+        assert synthesizer.free_gpu_bytes(torch.device("cuda")) == 2**30   # nothing released yet
+        assert through_engine._slots(segments=5000, needs=[100]) == (1024, 100) and collected
     finally:
         if was_enabled:
             gc.enable()
     assert synthesizer.free_gpu_bytes(torch.device("cpu")) is None
     reads = []
     monkeypatch.setattr(synthesizer, "free_gpu_bytes", lambda device: reads.append(device))
-    through_engine = Synthesizer.from_pretrained(TINY, engine=True, engine_rows=None)
-    assert through_engine._slots(segments=5000, needs=[100]) == 1024 and len(reads) == 1   # 5 choices weighed
+    assert through_engine._slots(segments=3000, needs=[100])[0] == 1024 and len(reads) == 1   # 5 choices weighed
 
 
 def test_rows_auto_synthesizes_as_the_chosen_rows_do(synth):

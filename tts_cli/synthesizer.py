@@ -77,9 +77,9 @@ def free_gpu_bytes(device: torch.device) -> int | None:
 
 
 def _held(needs: list[int], most: int | None) -> int:
-    """The most talker positions that the segments of `needs` which fit in `most` positions need (all
-    of them where most is None, the largest where none fits)."""
-    return max((n for n in needs if most is None or n <= most), default=max(needs))
+    """The most talker positions that the segments of `needs` which fit in `most` positions need (all of
+    them where most is None; 0 where none fits)."""
+    return max((n for n in needs if most is None or n <= most), default=0)
 
 
 @dataclass
@@ -442,11 +442,11 @@ class Synthesizer:
             prompts = [self.prompt(r) for r in requests]   # token ids; their vectors the engine builds
             caps = [self.frame_cap(p, max_frames) for p in prompts]
             self.timing.prompt_seconds += time.perf_counter() - start
-            slots = self._slots(len(prompts), [len(p) + cap + 1 for p, cap in zip(prompts, caps)],
-                                any(p.trailing_text_ids for p in prompts))
+            slots, held = self._slots(len(prompts), [len(p) + cap + 1 for p, cap in zip(prompts, caps)],
+                                      any(p.trailing_text_ids for p in prompts))
             try:
                 return self._synthesize_with_engine(requests, prompts, caps, sampling, min_new_tokens,
-                                                    min(slots, max_rows or slots), on_result, cancel)
+                                                    min(slots, max_rows or slots), held, on_result, cancel)
             except torch.cuda.OutOfMemoryError:
                 self._engine_now = None   # not kept: the retry's choice counts its memory as free
                 raise
@@ -460,8 +460,10 @@ class Synthesizer:
                 for r, o, a in zip(requests, outs, audio)]
 
     def _synthesize_with_engine(self, requests: list[Request], prompts: list[Prompt], caps: list[int],
-                                sampling: SamplingConfig, min_new_tokens: int, slots: int, on_result=None,
-                                cancel=None) -> list[Result | None]:
+                                sampling: SamplingConfig, min_new_tokens: int, slots: int, held: int,
+                                on_result=None, cancel=None) -> list[Result | None]:
+        """held: the talker positions the engine is to hold (_slots); segments needing more than it
+        holds are refused (synthesize)."""
         talker, cp = talker_settings(sampling), code_predictor_settings(sampling)
         primes = [icl_codes(r.reference) for r in requests]
         engine_requests = [EngineRequest(key=i, prompt_embeds=None, seed=r.seed, max_frames=cap,
@@ -472,7 +474,7 @@ class Synthesizer:
                            for i, (r, p, cap, prime) in enumerate(zip(requests, prompts, caps, primes))]
         needs = [len(p) + cap + 1 for p, cap in zip(prompts, caps)]
         start = time.perf_counter()
-        engine = self._engine(slots, max(needs), any(p.trailing_text_ids for p in prompts))
+        engine = self._engine(slots, max(held, 1), any(p.trailing_text_ids for p in prompts))
         self.timing.engine_build_seconds += time.perf_counter() - start
         too_long = [i for i, need in enumerate(needs) if need > engine.context]
         if too_long:
@@ -529,21 +531,22 @@ class Synthesizer:
             for name, ms in [*stats.stage_ms.items(), ("prefill", stats.prefill_ms)]:
                 timing.stage_ms[name] = timing.stage_ms.get(name, 0.0) + ms
 
-    def _slots(self, segments: int, needs: list[int], trailing_text: bool = False) -> int:
-        """The engine's slots for a call of `segments` segments needing `needs` talker positions:
-        engine_rows, or with `--rows auto` the first of AUTO_ROWS that the call fills (at most one
-        64-row tile left empty) and whose KV cache (and trailing text) the memory budget holds for the
-        segments' positions, those that not even AUTO_ROWS[-1] slots hold aside (they fail on their
-        own). An earlier call's engine is kept while it holds this call's segments and the call fills
-        no more slots than the one it was chosen for (after a few rows alone, a large call chooses again)."""
+    def _slots(self, segments: int, needs: list[int], trailing_text: bool = False) -> tuple[int, int]:
+        """The engine's slots for a call of `segments` segments needing `needs` talker positions, and the
+        positions its engine is to hold: engine_rows and the most of needs, or with `--rows auto` the
+        first of AUTO_ROWS that the call fills (at most one 64-row tile left empty) and whose KV cache
+        (and trailing text) the memory budget holds for the segments' positions, those that not even
+        AUTO_ROWS[-1] slots hold set aside (they fail on their own). An earlier call's engine is kept
+        while it holds this call's segments and the call fills no more slots than the one it was
+        chosen for (after rows retried alone on 64 slots, a large call chooses again)."""
         if self.engine_rows is not None:
-            return self.engine_rows
-        engine, tile = self._engine_now, AUTO_ROWS[-1]
-        fill = tile * math.ceil(segments / tile)
+            return self.engine_rows, max(needs)
+        tile, fill = AUTO_ROWS[-1], min(AUTO_ROWS[0], AUTO_ROWS[-1] * math.ceil(segments / AUTO_ROWS[-1]))
         chosen_fill, smallest = self._chosen_for
+        engine = self._engine_now
         if engine is not None and engine.rows <= fill <= chosen_fill and engine.context >= _held(needs, smallest):
-            return engine.rows   # keeping the engine built for an earlier call costs nothing
-        self._engine_now = None   # its memory counts as free for the choice
+            return engine.rows, _held(needs, smallest)   # keeping an earlier call's engine costs nothing
+        self._engine_now = engine = None   # its memory counts as free for the choice
         free = free_gpu_bytes(self._device)
         try:
             smallest = self._most_context(tile, trailing_text, free)
@@ -556,7 +559,7 @@ class Synthesizer:
         if note not in self.notes:
             self.notes.append(note)
             log.info("%s", note)
-        return rows
+        return rows, need
 
     def _holds(self, rows: int, need: int, trailing_text: bool, free: int | None) -> bool:
         """Whether the GPU memory holds `rows` slots: their KV cache for `need` positions within the KV
@@ -584,9 +587,10 @@ class Synthesizer:
         context: the call's rounded up, at most what the KV budget holds (requests needing more are
         refused, each with its reason)."""
         engine = self._engine_now
-        if (engine is not None and engine.rows == rows and (engine.context >= context or self._engine_capped)
-                and engine.codec_precision == self.codec_precision
-                and (engine.state.trailing_text is not None or not trailing_text)):
+        has_trailing = engine is not None and engine.state.trailing_text is not None
+        if (engine is not None and engine.rows == rows and engine.codec_precision == self.codec_precision
+                and (has_trailing or not trailing_text)
+                and (engine.context >= context or (self._engine_capped and has_trailing == trailing_text))):
             return engine   # (capped: another engine of these rows would hold no more positions)
         self._engine_now = engine = None
         context = ENGINE_CONTEXT_STEP * math.ceil(context / ENGINE_CONTEXT_STEP)

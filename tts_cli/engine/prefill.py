@@ -24,9 +24,10 @@ Fixed token counts for two reasons:
   run). The torch path's attention walks the chunks on the host: it runs without graphs.
 The codebook-0 head runs on `head_rows` prompts at a time (its GEMM's kernel, too, is chosen by shape).
 
-Voice prefixes (`voice_prefix`, where the engine asks for them): a named speaker's prompts begin
-with the same positions (the role, the codec control tokens: 8 for a CustomVoice speaker without
-an instruct), whose keys and values depend on nothing after them. They are computed once per
+Voice prefixes (`voice_prefix`, where the engine asks for them): a voice's prompts begin with the
+same positions (the role, the codec control tokens: 8 for a CustomVoice speaker without an instruct;
+a cloned voice's x-vector among them, and its ICL transcript after them: Prompt.voice_prefix), whose
+keys and values depend on nothing after them. They are computed once per
 prefix, as a prompt of its own (so to the numbers of a whole prompt's first positions, bit for bit),
 and copied into each admitted slot; the prompt's chunks then start after them.
 """

@@ -150,7 +150,8 @@ class SlotState:
         them before reading."""
         for t in self._slot_tensors():
             t.index_copy_(0, target, t.index_select(0, source))
-        self.talker_cache.index_copy_(2, target, self.talker_cache.index_select(2, source))   # every layer's
+        for layer in self.talker_cache.unbind(1):   # a layer's keys and values at a time (all at once: a copy of
+            layer.index_copy_(1, target, layer.index_select(1, source))   # up to half the cache, unbudgeted)
         self.active.index_fill_(0, source, False)
 
     def head(self, rows: int) -> "SlotState":

@@ -213,6 +213,8 @@ def test_bench_clone_requests_carry_the_reference_and_the_trailing_text():
     assert reference.text == sentences[0] and info["ref_text_chars"] == len(sentences[0])   # one sentence at least
     assert all(torch.equal(r.codec_prime, reference.codes) for r in requests)
     assert all(r.trailing_text is not None for r in requests)   # the texts outlast the 26 codec positions
+    assert reference.speaker_embedding.device.type == "cpu"   # as tts synth's reference cache holds it
+    assert len({r.voice_prefix for r in requests}) == 1 and len(requests[0].voice_prefix[0]) > 8   # transcript
     expected = synth.row_input(Request(id="1", text=sentences[1], reference=reference), 5)
     assert torch.equal(requests[1].prompt_embeds, expected.prompt_embeds)
     assert torch.equal(requests[1].trailing_text, expected.trailing_text)

@@ -86,8 +86,6 @@ def encoders(synth, size: str | None):
 def bench_reference(synth, workload: str, size: str | None, seconds: float,
                     sentences: list[str]) -> tuple[VoiceReference | None, dict]:
     """The workload's reference voice (None for customvoice) and what to report of it."""
-    import torch
-
     from tts_cli.checkpoint import CUSTOM_VOICE
     from tts_cli.request import VoiceReference
     if model_kind(workload) == CUSTOM_VOICE:
@@ -97,10 +95,10 @@ def bench_reference(synth, workload: str, size: str | None, seconds: float,
     speaker, codec = encoders(synth, size)
     audio = synthetic_voice(seconds)
     start = time.perf_counter()
-    embedding = speaker.embed(audio).float()
+    # on the host, as tts synth's reference cache keeps them (so the prompts share a voice prefix too:
+    # Prompt.voice_prefix reads no GPU tensor)
+    embedding = speaker.embed(audio).float().cpu()
     codes = codec.encode(audio).cpu() if workload == "clone-icl" else None
-    if embedding.is_cuda:
-        torch.cuda.synchronize()
     encode_s = time.perf_counter() - start
     text = transcript(sentences, seconds) if codes is not None else None
     reference = VoiceReference(speaker_embedding=embedding, codes=codes, text=text, name="synthetic voice")

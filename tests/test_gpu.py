@@ -624,6 +624,36 @@ def test_seeded_clone_row_is_bit_identical_whatever_its_batch_mates_and_slot():
     _assert_row_bit_identical_whatever_its_batch_mates_and_slot(TINY_BASE, requests)
 
 
+def test_cloned_voices_prefixes_give_the_numbers_of_whole_prompts_bit_for_bit():
+    """The engine's defaults on the GPU (fp16 weights, CUDA graphs, fused kernels): each of the six
+    kinds of Base row twice, with other texts, with voice prefixes (a cloned voice's x-vector's and ICL
+    transcript's positions computed once per voice and copied into its slots) and without: the same
+    codes and PCM, bit for bit (tests/test_engine_clone.py holds them on CPU within float rounding)."""
+    synth = Synthesizer.from_pretrained(TINY_BASE, device="cuda")
+    sampling = synth.ckpt.sampling
+    cloned = clone_requests(synth.cfg, long_frames=70)
+    cloned += [dataclasses.replace(r, id=f"{r.id}-again", text=cloned[(i + 3) % 6].text, seed=30 + i)
+               for i, r in enumerate(cloned)]
+    rows = [synth.row_input(r, 16) for r in cloned]
+    keys = [synth.prompt(r).voice_prefix() for r in cloned]
+    assert None not in keys and len(set(keys)) == 6
+
+    def run(voice_prefixes):
+        engine = Engine(synth.model, synth.codec, rows=8, context=192, talker_defaults=talker_settings(sampling),
+                        cp_defaults=code_predictor_settings(sampling), trailing_text=True,
+                        voice_prefixes=voice_prefixes)
+        queue = [EngineRequest(key=i, prompt_embeds=row.prompt_embeds, seed=100 + i, max_frames=16, min_new_tokens=17,
+                               trailing_text=row.trailing_text, codec_prime=icl_codes(r.reference), voice_prefix=key)
+                 for i, (r, row, key) in enumerate(zip(cloned, rows, keys))]
+        return engine, engine.run(queue)
+    _, whole = run(False)
+    engine, voiced = run(True)
+    assert len(engine.prefill.voices) == 6
+    for a, b in zip(voiced, whole):
+        assert np.array_equal(a.codes, b.codes), f"request {a.key}"
+        assert np.array_equal(a.pcm, b.pcm), f"request {a.key}"
+
+
 def _random_1_7b_and_prompts():
     """Random fp16 weights at the real 1.7B shapes on the GPU, the bundled model's sampling settings,
     and TEXTS' CustomVoice prompts (vivian) through those weights."""

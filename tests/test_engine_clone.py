@@ -102,15 +102,19 @@ def test_cloned_voices_prefixes_give_the_codes_and_audio_of_whole_prompts(base):
     (its x-vector's, and with ICL its transcript's, streamed beside the first reference frames in the
     streaming text mode) are computed once per voice, mode and language and copied into each slot that
     shares them: the codes and reference tails of the engine without voice prefixes, its PCM within
-    float rounding. Each of the six kinds of Base row twice, with other texts."""
-    cloned = clone_requests(base.cfg, LONG_REFERENCE)
-    cloned += [dataclasses.replace(r, id=f"{r.id}-again", text=cloned[(i + 3) % 6].text, seed=30 + i)
-               for i, r in enumerate(cloned)]
+    float rounding. Each of the six kinds of Base row twice, with other texts, and the first kind's
+    voice with another x-vector (its prefix must not be the first's)."""
+    kinds = clone_requests(base.cfg, LONG_REFERENCE)
+    # and the first kind's with another x-vector (the same transcript, frames, mode and language)
+    other = dataclasses.replace(kinds[0].reference, speaker_embedding=kinds[0].reference.speaker_embedding + 0.5)
+    kinds.append(dataclasses.replace(kinds[0], id="other-x-vector", reference=other, seed=40))
+    cloned = [request for i, r in enumerate(kinds)   # each next to its twin of the same frames: admitted together
+              for request in (r, dataclasses.replace(r, id=f"{r.id}-again", text=kinds[(i + 3) % 6].text, seed=30 + i))]
     prompts = [base.prompt(r) for r in cloned]
-    requests = [dataclasses.replace(r, voice_prefix=p.voice_prefix(), max_frames=6 + i % 5, min_new_tokens=7 + i % 5)
+    requests = [dataclasses.replace(r, voice_prefix=p.voice_prefix(), max_frames=6 + i // 2 % 5, min_new_tokens=40)
                 for i, (r, p) in enumerate(zip(_engine_requests(base, cloned, frames=1), prompts))]
     keys = {r.voice_prefix for r in requests}
-    assert None not in keys and len(keys) == 6
+    assert None not in keys and len(keys) == 7
     assert max(len(key[0]) for key in keys) > 8   # an ICL transcript's positions
 
     def run(voice_prefixes):

@@ -102,8 +102,8 @@ def prefill_head_rows(rows: int) -> int:
     return max(1, min(rows // 8, MAX_PREFILL_GEMM_ROWS // PREFILL_COLUMNS))
 
 
-# From this many slots on CUDA, the prefill computes a named speaker's leading prompt positions once
-# and prefills those prompts from after them (prefill.py, "Voice prefixes"). On the bench's admissions
+# From this many slots on CUDA, the prefill computes a voice's leading prompt positions once and
+# prefills those prompts from after them (prefill.py, "Voice prefixes"). On the bench's admissions
 # the packed tiles then take 0.85x (64 slots), 0.76x (128), 0.71x (256) and 0.68x (512) the token rows
 # of whole prompts (tools/slot_occupancy.py --prefill), for one copy of the prefix's keys and values
 # (every layer's) per admission. Fewer slots admit a prompt or two at a time, in one tile either way.

@@ -33,6 +33,7 @@ and copied into each admitted slot; the prompt's chunks then start after them.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +44,9 @@ from tts_cli.engine.slots import SlotState
 from tts_cli.model.host import to_device
 
 MIN_CHUNK_TOKENS = 8    # a tile of T tokens holds at most T / this many chunks (the attention kernel's rows)
+# Voice prefixes kept, the least recently used evicted (a corpus may clone a voice per row): 112 KiB a
+# position at the 1.7B shapes (fp16), 8-50 positions each, so at most ~180 MB.
+VOICES_KEPT = 32
 
 
 @dataclass
@@ -89,7 +93,7 @@ class Prefill:
         self.use_graphs = use_graphs
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
         self.pool = None
-        self.voices: dict[tuple, torch.Tensor] = {}   # voice_prefix's keys and values, every layer's
+        self.voices: OrderedDict[tuple, torch.Tensor] = OrderedDict()   # voice_prefix's, every layer's
 
     @torch.no_grad()
     def __call__(self, prompts: list[torch.Tensor], slots: list[int], starts: list[int]):
@@ -120,6 +124,9 @@ class Prefill:
             p, first = embeds.shape[0], slots[0]
             self([embeds], [first], [0])
             self.voices[key] = cache[:, :, first, :, :p].clone()
+            if len(self.voices) > VOICES_KEPT:
+                self.voices.popitem(last=False)
+        self.voices.move_to_end(key)
         prefix = self.voices[key]
         cache[:, :, to_device(slots, embeds.device), :, :prefix.shape[3]] = prefix[:, :, None]   # one copy
 

@@ -48,7 +48,7 @@ import gc
 import itertools
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -420,8 +420,13 @@ class Engine:
 
     def _prefill_tiles(self, requests: list[EngineRequest], slots: list[int]):
         """The prefill's tiles over the requests' prompts (prefill.py) -> (last hidden [n, H], logits
-        [n, V]), their voice prefixes' keys and values copied into their slots first."""
+        [n, V]), their voice prefixes' keys and values copied into their slots first: of a prefix kept
+        from an earlier admission, or shared by two or more of these (a voice of one row would cost a
+        prefill call of its own). Either way a prompt gets the same numbers (prefill.py)."""
         starts = [self.prefill_start(r) for r in requests]
+        shared = Counter(r.voice_prefix for r, start in zip(requests, starts) if start)
+        starts = [start if start and (shared[r.voice_prefix] > 1 or r.voice_prefix in self.prefill.voices) else 0
+                  for r, start in zip(requests, starts)]
         for key in dict.fromkeys(r.voice_prefix for r, start in zip(requests, starts) if start):
             group = [i for i, (r, start) in enumerate(zip(requests, starts)) if start and r.voice_prefix == key]
             self.prefill.voice_prefix(key, requests[group[0]].prompt_embeds[:starts[group[0]]],

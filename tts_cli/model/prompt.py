@@ -62,16 +62,17 @@ class Prompt:
         if not self.voice_positions:
             return None
         text, codec = tuple(self.text_ids[:self.voice_positions]), tuple(self.codec_ids[:self.voice_positions])
-        if SPEAKER_EMBEDDING not in codec:
-            return text, codec
         frames = codec.count(REFERENCE_FRAME)
-        tensors = [self.speaker_embedding] + ([self.reference_codes[:frames]] if frames else [])
+        tensors = ([self.speaker_embedding] if SPEAKER_EMBEDDING in codec else []) + \
+            ([self.reference_codes[:frames]] if frames else [])
+        if not tensors:
+            return text, codec
         if any(t.device.type != "cpu" for t in tensors):
             return None
         digest = hashlib.blake2b(digest_size=16)
         for t in tensors:
             digest.update(str((t.dtype, tuple(t.shape))).encode())
-            digest.update(t.contiguous().numpy().tobytes())
+            digest.update(t.detach().contiguous().numpy().tobytes())
         return text, codec, digest.hexdigest()
 
 

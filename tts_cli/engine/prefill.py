@@ -29,7 +29,8 @@ same positions (the role, the codec control tokens: 8 for a CustomVoice speaker 
 a cloned voice's x-vector among them, and its ICL transcript after them: Prompt.voice_prefix), whose
 keys and values depend on nothing after them. They are computed once per
 prefix, as a prompt of its own (so to the numbers of a whole prompt's first positions, bit for bit),
-and copied into each admitted slot; the prompt's chunks then start after them.
+kept (VOICES_KEPT) and copied into each admitted slot; the prompt's chunks then start after them.
+(The engine takes this route where two prompts of an admission, or a kept prefix, share the voice.)
 """
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ KV_MEMORY_FRACTION = 0.5
 # auto` chooses no more slots than the rest of the free memory holds at this rate. `tools/slot_memory.py
 # --rows 512,1024,2048 --frames 100` (random 1.7B fp16 weights, H100 80GB, 2026-12-06): 12.09 and 11.56
 # MiB a slot allocated at 512 and 1024 slots, 24.87 and 23.29 reserved; 2048 slots ran out of memory
-# (its vocoder's activations 2.8 GiB each), which at 16 MiB this rule had let `--rows auto` try.
+# (at 76 GiB allocated), which at 16 MiB this rule had let `--rows auto` try.
 STEP_BYTES_PER_SLOT = 25 * 2**20
 
 
@@ -541,12 +541,13 @@ class Synthesizer:
         chosen for (after rows retried alone on 64 slots, a large call chooses again)."""
         if self.engine_rows is not None:
             return self.engine_rows, max(needs)
-        tile, fill = AUTO_ROWS[-1], min(AUTO_ROWS[0], AUTO_ROWS[-1] * math.ceil(segments / AUTO_ROWS[-1]))
+        tile = AUTO_ROWS[-1]
+        fill = min(AUTO_ROWS[0], tile * math.ceil(segments / tile))   # (past the most slots, no other choice)
         chosen_fill, smallest = self._chosen_for
-        engine = self._engine_now
-        if engine is not None and engine.rows <= fill <= chosen_fill and engine.context >= _held(needs, smallest):
-            return engine.rows, _held(needs, smallest)   # keeping an earlier call's engine costs nothing
-        self._engine_now = engine = None   # its memory counts as free for the choice
+        engine, need = self._engine_now, _held(needs, smallest)
+        if engine is not None and engine.rows <= fill <= chosen_fill and engine.context >= need:
+            return engine.rows, need   # keeping an earlier call's engine costs nothing
+        self._engine_now = engine = None   # (the local too) its memory counts as free for the choice
         free = free_gpu_bytes(self._device)
         try:
             smallest = self._most_context(tile, trailing_text, free)

@@ -117,6 +117,7 @@ class StaticKV:
         self.rows: torch.Tensor | None = None
         self.segments: tuple[torch.Tensor, torch.Tensor] | None = None
         self.segments_host: list[list[int]] | None = None
+        self.segment_tokens = 0   # with segments: the most tokens a segment holds
         self.all_rows = torch.arange(batch, device=device)
 
     def for_rows(self, rows: torch.Tensor, at: int = 0) -> "StaticKV":
